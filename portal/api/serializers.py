@@ -1,0 +1,156 @@
+"""Input and output serializers. Inputs reject unknown fields; outputs are plain views of models."""
+
+from rest_framework import serializers
+
+from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
+
+MAX_SECONDS = 10 * 365 * 86400
+
+
+class StrictSerializer(serializers.Serializer):
+    """A serializer that refuses fields it does not know, so a typo is an error, not ignored."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["Expected a JSON object."]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class TokenCreateInput(StrictSerializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=256, style={"input_type": "password"})
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+
+
+class TokenCreatedOutput(serializers.Serializer):
+    token = serializers.CharField(help_text="Shown once: store it now.")
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+
+
+class TokenOutput(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created", "last_used"]
+
+
+class BookingCreateInput(StrictSerializer):
+    project = serializers.SlugField(required=False, allow_blank=False, max_length=64)
+    gpus = serializers.IntegerField(required=False, min_value=1, max_value=4096)
+    mig_profile = serializers.CharField(required=False, max_length=32)
+    gpu_model = serializers.CharField(required=False, max_length=64)
+    start = serializers.DateTimeField(required=False)
+    end = serializers.DateTimeField(required=False)
+    duration_s = serializers.IntegerField(required=False, min_value=60, max_value=MAX_SECONDS)
+    qos = serializers.ChoiceField(choices=Qos.choices, required=False, default=Qos.NORMAL)
+    preemptible = serializers.BooleanField(required=False, default=False)
+    command = serializers.CharField(
+        required=False, allow_blank=True, max_length=10000, trim_whitespace=False
+    )
+
+
+class BookingExtendInput(StrictSerializer):
+    by_s = serializers.IntegerField(min_value=60, max_value=MAX_SECONDS)
+
+
+class AllocationOutput(serializers.Serializer):
+    device = serializers.CharField(source="device_label")
+    uuid = serializers.CharField(source="device_uuid")
+    node = serializers.CharField(source="gpu.node.hostname")
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+
+class BookingOutput(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username")
+    project = serializers.CharField(source="project.slug")
+    devices = serializers.SerializerMethodField()
+    cuda_visible_devices = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Booking
+        fields = [
+            "id",
+            "owner",
+            "project",
+            "state",
+            "state_detail",
+            "gpus",
+            "mig_profile",
+            "gpu_model",
+            "start",
+            "end",
+            "duration_s",
+            "qos",
+            "preemptible",
+            "command",
+            "submitted_at",
+            "started_at",
+            "ended_at",
+            "planned_start",
+            "queue_position",
+            "pending_reason",
+            "priority",
+            "exit_code",
+            "log_tail",
+            "devices",
+            "cuda_visible_devices",
+        ]
+
+    def _live(self, obj):
+        return [a for a in obj.allocations.all() if a.live or obj.state not in Booking.LIVE_STATES]
+
+    def get_devices(self, obj) -> list[dict]:
+        return AllocationOutput(self._live(obj), many=True).data
+
+    def get_cuda_visible_devices(self, obj) -> str:
+        return ",".join(a.device_uuid for a in self._live(obj))
+
+
+class NodeOutput(serializers.ModelSerializer):
+    gpu_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "hostname",
+            "state",
+            "state_reason",
+            "last_seen",
+            "agent_version",
+            "gpu_count",
+        ]
+
+
+class MigInstanceOutput(serializers.ModelSerializer):
+    gpu = serializers.CharField(source="gpu.uuid")
+    node = serializers.CharField(source="gpu.node.hostname")
+    model = serializers.CharField(source="gpu.model")
+
+    class Meta:
+        model = MigInstance
+        fields = ["id", "uuid", "profile", "slices", "memory_mib", "gpu", "node", "model"]
+
+
+class GpuOutput(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.hostname")
+    mig_instances = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Gpu
+        fields = ["id", "uuid", "node", "index", "model", "memory_mib", "mig_mode", "mig_instances"]
+
+    def get_mig_instances(self, obj) -> list[dict]:
+        return [{"id": m.id, "uuid": m.uuid, "profile": m.profile} for m in obj.mig_instances.all()]
+
+
+class QuotaLimitOutput(serializers.Serializer):
+    project = serializers.CharField()
+    role = serializers.CharField()
+    limits = serializers.DictField()
+    usage = serializers.DictField()
+    project_usage = serializers.DictField()

@@ -1,0 +1,200 @@
+"""API views: interfaces that parse input, call one service or selector, and render output."""
+
+from django.contrib.auth import authenticate
+from django.db.models import Count, Prefetch
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.throttling import AnonRateThrottle
+from rest_framework.views import APIView
+
+from portal.api import serializers as s
+from portal.errors import NotFound, ValidationFailed
+from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
+from portal.models import Allocation, ApiToken, Gpu, MigInstance, Node
+from portal.models.tokens import hash_token, new_token
+from portal.services import bookings as booking_services
+from portal.services.quotas import quota_effective, usage_current
+
+
+class TokenThrottle(AnonRateThrottle):
+    scope = "token"
+
+
+class TokenCreateView(APIView):
+    """Exchange a username and password for an API token (shown once)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+    throttle_classes = [TokenThrottle]
+
+    @extend_schema(request=s.TokenCreateInput, responses={201: s.TokenCreatedOutput})
+    def post(self, request):
+        data = _valid(s.TokenCreateInput, request.data)
+        user = authenticate(request, username=data["username"], password=data["password"])
+        if user is None:
+            raise ValidationFailed(
+                "Wrong username or password.", fields={"password": "wrong username or password"}
+            )
+        raw = new_token("gp")
+        token = ApiToken.objects.create(
+            user=user, name=data.get("name", ""), key_hash=hash_token(raw), prefix=raw[:10]
+        )
+        return Response(
+            {"token": raw, "id": token.id, "name": token.name}, status=status.HTTP_201_CREATED
+        )
+
+
+class TokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """My API tokens: list them, revoke one with DELETE."""
+
+    serializer_class = s.TokenOutput
+
+    def get_queryset(self):
+        return ApiToken.objects.filter(user=self.request.user).order_by("-created", "id")
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """GPU nodes and their state."""
+
+    serializer_class = s.NodeOutput
+    filterset_class = NodeFilterSet
+    queryset = Node.objects.annotate(gpu_count=Count("gpus")).order_by("hostname", "id")
+
+
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    """Physical GPUs; those in MIG mode list their instances."""
+
+    serializer_class = s.GpuOutput
+    filterset_class = GpuFilterSet
+    queryset = (
+        Gpu.objects.select_related("node")
+        .prefetch_related("mig_instances")
+        .order_by("node__hostname", "index", "id")
+    )
+
+
+class MigInstanceViewSet(viewsets.ReadOnlyModelViewSet):
+    """MIG instances, each a bookable device."""
+
+    serializer_class = s.MigInstanceOutput
+    filterset_class = MigInstanceFilterSet
+    queryset = MigInstance.objects.select_related("gpu__node").order_by(
+        "gpu__node__hostname", "gpu__index", "id"
+    )
+
+
+def _valid(serializer_class, data) -> dict:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Bookings: submit, list, see one, cancel, release, extend."""
+
+    serializer_class = s.BookingOutput
+    filterset_class = BookingFilterSet
+
+    def get_queryset(self):
+        allocations = Prefetch(
+            "allocations", queryset=Allocation.objects.select_related("gpu__node", "mig_instance")
+        )
+        return (
+            booking_services.visible_bookings(self.request.user)
+            .select_related("owner", "project")
+            .prefetch_related(allocations)
+            .order_by("-submitted_at", "-id")
+        )
+
+    def _render(self, booking, code=status.HTTP_200_OK):
+        return Response(s.BookingOutput(self.get_queryset().get(pk=booking.pk)).data, status=code)
+
+    @extend_schema(request=s.BookingCreateInput, responses={201: s.BookingOutput})
+    def create(self, request, *args, **kwargs):
+        data = _valid(s.BookingCreateInput, request.data)
+        booking = booking_services.booking_submit(user=request.user, now=timezone.now(), **data)
+        return self._render(booking, status.HTTP_201_CREATED)
+
+    def retrieve(self, request, *args, **kwargs):
+        booking = self.get_queryset().filter(pk=kwargs["pk"]).first()
+        if booking is None:
+            raise NotFound(f"No booking {kwargs['pk']} among yours.")
+        return Response(s.BookingOutput(booking).data)
+
+    @extend_schema(request=None, responses={200: s.BookingOutput})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        booking = booking_services.booking_cancel(
+            user=request.user, booking_id=_pk(pk), now=timezone.now()
+        )
+        return self._render(booking)
+
+    @extend_schema(request=None, responses={200: s.BookingOutput})
+    @action(detail=True, methods=["post"])
+    def release(self, request, pk=None):
+        booking = booking_services.booking_release(
+            user=request.user, booking_id=_pk(pk), now=timezone.now()
+        )
+        return self._render(booking)
+
+    @extend_schema(request=s.BookingExtendInput, responses={200: s.BookingOutput})
+    @action(detail=True, methods=["post"])
+    def extend(self, request, pk=None):
+        data = _valid(s.BookingExtendInput, request.data)
+        booking = booking_services.booking_extend(
+            user=request.user, booking_id=_pk(pk), now=timezone.now(), by_s=data["by_s"]
+        )
+        return self._render(booking)
+
+
+def _pk(pk) -> int:
+    try:
+        return int(pk)
+    except (TypeError, ValueError) as exc:
+        raise NotFound(f"No booking {pk}.") from exc
+
+
+class MyQuotaView(APIView):
+    """My limits and current usage in each of my projects."""
+
+    @extend_schema(responses={200: s.QuotaLimitOutput(many=True)})
+    def get(self, request):
+        now = timezone.now()
+        rows = []
+        for membership in request.user.memberships.select_related("project").order_by(
+            "project__slug"
+        ):
+            project = membership.project
+            quota = quota_effective(project=project, user=request.user)
+            mine = usage_current(
+                project=project, user=request.user, now=now, period_days=quota.budget_period_days
+            )
+            theirs = usage_current(project=project, now=now, period_days=quota.budget_period_days)
+            rows.append(
+                {
+                    "project": project.slug,
+                    "role": membership.role,
+                    "limits": {
+                        "max_gpus": quota.max_gpus,
+                        "gpu_hours_budget": quota.gpu_hours_budget,
+                        "budget_period_days": quota.budget_period_days,
+                        "max_duration_s": quota.max_duration_s,
+                        "allowed_models": list(quota.allowed_models),
+                        "allowed_qos": list(quota.allowed_qos),
+                        "fairshare_shares": quota.shares,
+                    },
+                    "usage": {
+                        "gpus_in_use": mine.gpus_in_use,
+                        "gpu_hours_used": mine.gpu_hours_used,
+                    },
+                    "project_usage": {
+                        "gpus_in_use": theirs.gpus_in_use,
+                        "gpu_hours_used": theirs.gpu_hours_used,
+                    },
+                }
+            )
+        return Response({"results": rows})

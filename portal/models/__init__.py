@@ -1,0 +1,20 @@
+"""Data model of the portal, split by domain (NetBox dcim/models style)."""
+
+from portal.models.bookings import Allocation, Booking, Qos
+from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
+from portal.models.projects import Membership, Project, Quota
+from portal.models.tokens import ApiToken
+
+__all__ = [
+    "Allocation",
+    "ApiToken",
+    "Booking",
+    "Gpu",
+    "Membership",
+    "MigInstance",
+    "Node",
+    "Project",
+    "Qos",
+    "Quota",
+    "mig_fraction",
+]

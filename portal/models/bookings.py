@@ -1,0 +1,150 @@
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from portal.models.inventory import Gpu, MigInstance
+from portal.models.projects import Project
+
+
+class Qos(models.TextChoices):
+    """Quality of service: higher levels weigh more in priority and may preempt lower ones."""
+
+    LOW = "low", "Low"
+    NORMAL = "normal", "Normal"
+    HIGH = "high", "High"
+
+
+class Booking(models.Model):
+    """A request for GPUs or one MIG slice, and its life from submission to end.
+
+    Two kinds: an advance reservation has a fixed window (start, end) and is placed on devices at
+    submission; an as-soon-as-possible request has a duration and waits in the queue (pending) until
+    the allocator starts it. The devices held are the booking's Allocation rows.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        PLANNED = "planned", "Planned"
+        ACTIVE = "active", "Active"
+        FINISHED = "finished", "Finished"
+        CANCELLED = "cancelled", "Cancelled"
+        PREEMPTED = "preempted", "Preempted"
+        FAILED = "failed", "Failed"
+        EXPIRED = "expired", "Expired"
+
+    LIVE_STATES = (State.PENDING, State.PLANNED, State.ACTIVE)
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bookings"
+    )
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="bookings")
+    gpus = models.PositiveIntegerField(
+        default=0, help_text="Whole GPUs asked for; 0 with a MIG profile."
+    )
+    mig_profile = models.CharField(max_length=32, blank=True)
+    gpu_model = models.CharField(max_length=64, blank=True)
+    start = models.DateTimeField(
+        null=True, blank=True, help_text="Fixed window start (reservation)."
+    )
+    end = models.DateTimeField(null=True, blank=True, help_text="Fixed window end (reservation).")
+    duration_s = models.PositiveIntegerField()
+    qos = models.CharField(max_length=8, choices=Qos.choices, default=Qos.NORMAL)
+    preemptible = models.BooleanField(default=False)
+    command = models.TextField(blank=True)
+
+    state = models.CharField(
+        max_length=10, choices=State.choices, default=State.PENDING, db_index=True
+    )
+    submitted_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    state_detail = models.CharField(max_length=300, blank=True)
+
+    # What the last allocation pass said about a pending booking.
+    planned_start = models.DateTimeField(null=True, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    pending_reason = models.CharField(max_length=16, blank=True)
+    priority = models.JSONField(null=True, blank=True)
+
+    exit_code = models.IntegerField(null=True, blank=True)
+    log_tail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpus__gte=1, mig_profile="") | Q(gpus=0) & ~Q(mig_profile=""),
+                name="%(app_label)s_%(class)s_gpus_or_mig",
+            ),
+            models.CheckConstraint(
+                condition=Q(start__isnull=True, end__isnull=True)
+                | Q(start__isnull=False, end__isnull=False, end__gt=models.F("start")),
+                name="%(app_label)s_%(class)s_window_ordered",
+            ),
+            models.CheckConstraint(
+                condition=Q(duration_s__gt=0), name="%(app_label)s_%(class)s_duration_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"booking {self.pk} ({self.state})"
+
+    @property
+    def is_reservation(self) -> bool:
+        return self.start is not None
+
+    @property
+    def gpu_equivalents(self) -> float:
+        """GPUs this booking counts for in quotas; a MIG booking counts its held slice."""
+        if self.gpus:
+            return float(self.gpus)
+        held = [a.fraction for a in self.allocations.all()]
+        return held[0] if held else 0.0
+
+    def describe_request(self) -> str:
+        what = (
+            f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "")
+            if self.gpus
+            else f"MIG {self.mig_profile}"
+        )
+        return what + (f" {self.gpu_model}" if self.gpu_model else "")
+
+
+class Allocation(models.Model):
+    """One device held by a booking over [start, end).
+
+    A device is a whole GPU (mig_instance empty) or one MIG instance of `gpu`. PostgreSQL refuses
+    two live allocations of one device whose periods overlap (exclusion constraint
+    portal_allocation_no_overlap, added in migration 0002 because SQLite has no such thing).
+    When a booking ends, its allocations stop being live and `end` is cut to the real end.
+    """
+
+    booking = models.ForeignKey(Booking, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    mig_instance = models.ForeignKey(
+        MigInstance, on_delete=models.PROTECT, null=True, blank=True, related_name="allocations"
+    )
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    fraction = models.FloatField(help_text="GPU-equivalents of the device: 1, or slices/7.")
+    live = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["start", "id"]
+        indexes = [models.Index(fields=["live", "end"], name="portal_alloc_live_end")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(end__gt=models.F("start")), name="%(app_label)s_%(class)s_ordered"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.device_label} for booking {self.booking_id}"
+
+    @property
+    def device_label(self) -> str:
+        return str(self.mig_instance) if self.mig_instance_id else str(self.gpu)
+
+    @property
+    def device_uuid(self) -> str:
+        return self.mig_instance.uuid if self.mig_instance_id else self.gpu.uuid

@@ -1,0 +1,72 @@
+from django.db import models
+
+MIG_SLICES_PER_GPU = 7
+
+
+def mig_fraction(slices: int) -> float:
+    """Share of a whole GPU that a MIG instance of `slices` compute slices stands for."""
+    return slices / MIG_SLICES_PER_GPU
+
+
+class Node(models.Model):
+    """A GPU server running the portal's agent. Only nodes that are up get new work."""
+
+    class State(models.TextChoices):
+        UP = "up", "Up"
+        DOWN = "down", "Down"
+        DRAIN = "drain", "Drain"
+
+    hostname = models.CharField(max_length=253, unique=True)
+    state = models.CharField(max_length=8, choices=State.choices, default=State.DOWN)
+    state_reason = models.CharField(max_length=300, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    agent_version = models.CharField(max_length=64, blank=True)
+    # sha256 of the agent token; the token itself is shown once by `manage.py agent_token`.
+    agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["hostname"]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+
+class Gpu(models.Model):
+    """A physical GPU in a node. Bookable as a whole when MIG mode is off."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=96, unique=True)
+    model = models.CharField(max_length=64, db_index=True, help_text="e.g. H100-80GB")
+    memory_mib = models.PositiveIntegerField()
+    mig_mode = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["node__hostname", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="%(app_label)s_%(class)s_slot")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.hostname}/gpu{self.index}"
+
+
+class MigInstance(models.Model):
+    """A MIG slice of a GPU in MIG mode (e.g. 3g.40gb); each one is a bookable device."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_instances")
+    profile = models.CharField(max_length=32, db_index=True, help_text="e.g. 3g.40gb")
+    uuid = models.CharField(max_length=96, unique=True)
+    slices = models.PositiveSmallIntegerField()
+    memory_mib = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["gpu__node__hostname", "gpu__index", "uuid"]
+
+    def __str__(self) -> str:
+        return f"{self.gpu}/{self.profile}"
+
+    @property
+    def fraction(self) -> float:
+        return mig_fraction(self.slices)

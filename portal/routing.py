@@ -1,0 +1,3 @@
+"""Websocket routes, one visible list."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,205 @@
+"""Checks a booking request must pass before anything is written. Each names the field at fault."""
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from portal.errors import ValidationFailed
+from portal.models import Membership, MigInstance, Project, Qos, mig_fraction
+from portal.services import inventory
+from portal.services.quotas import EffectiveQuota, quota_effective
+
+PAST_SLACK = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class BookingRequest:
+    """A validated request, ready to place or queue."""
+
+    project: Project
+    gpus: int
+    mig_profile: str
+    gpu_model: str
+    start: datetime | None
+    end: datetime | None
+    duration_s: int
+    qos: str
+    preemptible: bool
+    command: str
+    gpu_equivalents: float
+    quota: EffectiveQuota
+
+
+def resolve_project(*, user, slug: str | None) -> Project:
+    """The project named by slug among the user's, or the user's only project."""
+    mine = Project.objects.filter(memberships__user=user).order_by("slug")
+    if slug:
+        project = mine.filter(slug=slug).first()
+        if project is None:
+            raise ValidationFailed.field("project", f"'{slug}' is not one of your projects.")
+        return project
+    projects = list(mine[:10])
+    if len(projects) == 1:
+        return projects[0]
+    if not projects:
+        raise ValidationFailed.field(
+            "project", "you are not a member of any project; ask an admin."
+        )
+    names = ", ".join(p.slug for p in projects)
+    raise ValidationFailed.field("project", f"required: you are in several projects ({names}).")
+
+
+def is_manager(*, user, project: Project) -> bool:
+    return Membership.objects.filter(
+        user=user, project=project, role=Membership.Role.MANAGER
+    ).exists()
+
+
+def check_request(
+    *,
+    user,
+    now: datetime,
+    project: str | None,
+    gpus: int | None,
+    mig_profile: str | None,
+    gpu_model: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    duration_s: int | None,
+    qos: str,
+    preemptible: bool,
+    command: str,
+) -> BookingRequest:
+    """Validate a submission against the inventory, the window rules and the quota."""
+    proj = resolve_project(user=user, slug=project)
+    quota = quota_effective(project=proj, user=user)
+    start, end, duration = _check_window(now=now, start=start, end=end, duration_s=duration_s)
+    model = _check_model(gpu_model or "", quota, mig=bool(mig_profile))
+    request = BookingRequest(
+        project=proj,
+        gpus=0,
+        mig_profile="",
+        gpu_model=model,
+        start=start,
+        end=end,
+        duration_s=duration,
+        qos=_check_qos(qos, quota),
+        preemptible=preemptible,
+        command=command or "",
+        gpu_equivalents=0.0,
+        quota=quota,
+    )
+    request = _check_what(request, gpus=gpus, mig_profile=mig_profile or "")
+    _check_limits(request)
+    return request
+
+
+def _check_window(*, now, start, end, duration_s) -> tuple[datetime | None, datetime | None, int]:
+    if (start is None) != (end is None):
+        missing = "end" if end is None else "start"
+        raise ValidationFailed.field(missing, "a reservation needs both start and end.")
+    if start is not None and duration_s is not None:
+        raise ValidationFailed.field(
+            "duration_s", "give either start and end, or duration_s, not both."
+        )
+    if start is None:
+        if duration_s is None:
+            raise ValidationFailed.field("duration_s", "required unless start and end are given.")
+        return None, None, duration_s
+    if end <= start:
+        raise ValidationFailed.field("end", "must be after start.")
+    if start < now - PAST_SLACK:
+        raise ValidationFailed.field("start", "is in the past.")
+    start = max(start, now)
+    return start, end, int((end - start).total_seconds())
+
+
+def _check_model(gpu_model: str, quota: EffectiveQuota, *, mig: bool) -> str:
+    known = (
+        inventory.gpu_models()
+        if not mig
+        else sorted({m for p in inventory.mig_profiles() for m in _models_with_profile(p)})
+    )
+    if gpu_model and gpu_model not in known:
+        raise ValidationFailed.field(
+            "gpu_model", f"unknown GPU model '{gpu_model}'; known: {', '.join(known) or 'none'}."
+        )
+    if gpu_model and quota.allowed_models and gpu_model not in quota.allowed_models:
+        allowed = ", ".join(quota.allowed_models)
+        raise ValidationFailed.field("gpu_model", f"your quota allows only {allowed}.")
+    return gpu_model
+
+
+def _models_with_profile(profile: str) -> list[str]:
+    return list(
+        MigInstance.objects.filter(profile=profile).values_list("gpu__model", flat=True).distinct()
+    )
+
+
+def _check_qos(qos: str, quota: EffectiveQuota) -> str:
+    if qos not in Qos.values:
+        raise ValidationFailed.field("qos", f"unknown QOS '{qos}'; one of {', '.join(Qos.values)}.")
+    if quota.allowed_qos and qos not in quota.allowed_qos:
+        raise ValidationFailed.field(
+            "qos", f"your quota allows only {', '.join(quota.allowed_qos)}."
+        )
+    return qos
+
+
+def _check_what(request: BookingRequest, *, gpus: int | None, mig_profile: str) -> BookingRequest:
+    if gpus is not None and mig_profile:
+        raise ValidationFailed.field(
+            "gpus", "give either gpus (whole GPUs) or mig_profile, not both."
+        )
+    if mig_profile:
+        return _check_mig(request, mig_profile)
+    if gpus is None:
+        raise ValidationFailed.field(
+            "gpus", "required: a number of whole GPUs, or give mig_profile."
+        )
+    if gpus < 1:
+        raise ValidationFailed.field("gpus", "must be at least 1.")
+    capacity = inventory.whole_gpu_capacity(
+        gpu_model=request.gpu_model, allowed_models=request.quota.allowed_models
+    )
+    if gpus > capacity.total:
+        kind = f" {request.gpu_model}" if request.gpu_model else ""
+        raise ValidationFailed.field(
+            "gpus", f"asks for {gpus} but the cluster has {capacity.total}{kind} GPUs in service."
+        )
+    return replace(request, gpus=gpus, gpu_equivalents=float(gpus))
+
+
+def _check_mig(request: BookingRequest, mig_profile: str) -> BookingRequest:
+    profiles = inventory.mig_profiles(gpu_model=request.gpu_model)
+    if mig_profile not in profiles:
+        raise ValidationFailed.field(
+            "mig_profile",
+            f"unknown MIG profile '{mig_profile}'; available: {', '.join(profiles) or 'none'}.",
+        )
+    slices = inventory.mig_profile_slices(mig_profile) or 1
+    return replace(request, mig_profile=mig_profile, gpu_equivalents=round(mig_fraction(slices), 4))
+
+
+def _check_limits(request: BookingRequest) -> None:
+    quota = request.quota
+    field = "end" if request.start else "duration_s"
+    site_max = settings.BOOKING_MAX_DURATION_S
+    if request.duration_s > site_max:
+        raise ValidationFailed.field(field, f"bookings last at most {site_max} s on this site.")
+    if quota.max_duration_s and request.duration_s > quota.max_duration_s:
+        raise ValidationFailed.field(
+            field, f"your quota allows bookings of at most {quota.max_duration_s} s."
+        )
+    if quota.max_gpus is not None and request.gpu_equivalents > quota.max_gpus:
+        raise ValidationFailed.field(
+            "gpus" if request.gpus else "mig_profile",
+            f"asks for {request.gpu_equivalents:g} GPUs but your quota allows {quota.max_gpus:g} at once.",
+        )
+    hours = request.gpu_equivalents * request.duration_s / 3600
+    if quota.gpu_hours_budget is not None and hours > quota.gpu_hours_budget:
+        raise ValidationFailed.field(
+            field,
+            f"needs {hours:.1f} GPU-hours but your budget is {quota.gpu_hours_budget:g} per period.",
+        )

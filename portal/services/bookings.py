@@ -1,0 +1,312 @@
+"""Booking commands: submit, cancel, release, extend. The path that must never be wrong.
+
+Each command is one durable transaction: validate, lock the contended node rows once (sorted),
+re-read availability under the lock, write, and leave side effects (allocation pass, agent
+dispatch, notifications, live updates) to on_commit. PostgreSQL's exclusion constraint on
+allocations is the backstop: if two writers still collide, the loser's IntegrityError becomes 409.
+"""
+
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Least
+
+from portal.errors import (
+    InvalidState,
+    NoCapacity,
+    NotFound,
+    QuotaExceeded,
+    ValidationFailed,
+)
+from portal.models import Allocation, Booking, Membership
+from portal.services import events, inventory
+from portal.services.booking_rules import BookingRequest, check_request
+from portal.services.locking import lock_nodes
+from portal.services.placement import FreeDevice, place_gpus, place_mig
+from portal.services.quotas import peak_use_in_window, usage_current
+
+State = Booking.State
+
+
+def booking_submit(
+    *,
+    user,
+    now: datetime,
+    project: str | None = None,
+    gpus: int | None = None,
+    mig_profile: str | None = None,
+    gpu_model: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    duration_s: int | None = None,
+    qos: str = "normal",
+    preemptible: bool = False,
+    command: str = "",
+) -> Booking:
+    """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued."""
+    request = check_request(
+        user=user,
+        now=now,
+        project=project,
+        gpus=gpus,
+        mig_profile=mig_profile,
+        gpu_model=gpu_model,
+        start=start,
+        end=end,
+        duration_s=duration_s,
+        qos=qos,
+        preemptible=preemptible,
+        command=command,
+    )
+    with transaction.atomic(durable=True):
+        if request.start is None:
+            booking = _create(user, request, now, State.PENDING)
+        else:
+            booking = _reserve(user, request, now)
+        events.booking_changed(booking, "submitted")
+    return booking
+
+
+def _create(user, request: BookingRequest, now: datetime, state: str) -> Booking:
+    booking = Booking(
+        owner=user,
+        project=request.project,
+        gpus=request.gpus,
+        mig_profile=request.mig_profile,
+        gpu_model=request.gpu_model,
+        start=request.start,
+        end=request.end,
+        duration_s=request.duration_s,
+        qos=request.qos,
+        preemptible=request.preemptible,
+        command=request.command,
+        state=state,
+        submitted_at=now,
+    )
+    booking.full_clean()
+    booking.save()
+    return booking
+
+
+def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
+    lock_nodes(
+        inventory.candidate_node_ids(gpu_model=request.gpu_model, mig_profile=request.mig_profile)
+    )
+    _check_window_quota(user, request, now)
+    devices = _place(request)
+    booking = _create(user, request, now, State.PLANNED)
+    booking.planned_start = request.start
+    booking.save(update_fields=["planned_start"])
+    try:
+        with transaction.atomic():
+            Allocation.objects.bulk_create(
+                Allocation(
+                    booking=booking,
+                    gpu_id=d.gpu_id,
+                    mig_instance_id=d.mig_id,
+                    start=request.start,
+                    end=request.end,
+                    fraction=d.fraction,
+                )
+                for d in devices
+            )
+    except IntegrityError as exc:
+        raise NoCapacity("Another booking took these devices a moment ago; try again.") from exc
+    return booking
+
+
+def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
+    quota = request.quota
+    if quota.max_gpus is not None:
+        peak = peak_use_in_window(
+            project=request.project, user=user, start=request.start, end=request.end
+        )
+        if peak + request.gpu_equivalents > quota.max_gpus + 1e-9:
+            raise QuotaExceeded(
+                f"Quota max_gpus: you already hold up to {peak:g} of {quota.max_gpus:g} GPUs in that window.",
+                fields={"gpus": "over the concurrent-GPU quota"},
+                extra={"limit": "max_gpus", "limit_value": quota.max_gpus, "usage": peak},
+            )
+    if quota.gpu_hours_budget is not None:
+        used = usage_current(
+            project=request.project, user=user, now=now, period_days=quota.budget_period_days
+        )
+        hours = request.gpu_equivalents * request.duration_s / 3600
+        if used.gpu_hours_used + hours > quota.gpu_hours_budget + 1e-9:
+            raise QuotaExceeded(
+                f"Quota gpu_hours_budget: {used.gpu_hours_used:.1f} of {quota.gpu_hours_budget:g} GPU-hours used; "
+                f"this booking needs {hours:.1f} more.",
+                fields={"end": "over the GPU-hour budget"},
+                extra={
+                    "limit": "gpu_hours_budget",
+                    "limit_value": quota.gpu_hours_budget,
+                    "usage": used.gpu_hours_used,
+                },
+            )
+
+
+def _place(request: BookingRequest) -> list[FreeDevice]:
+    free = inventory.free_devices(
+        start=request.start,
+        end=request.end,
+        gpu_model=request.gpu_model,
+        allowed_models=request.quota.allowed_models,
+        mig_profile=request.mig_profile,
+    )
+    if request.mig_profile:
+        busy = inventory.busy_slices_by_gpu(start=request.start, end=request.end)
+        chosen = place_mig(free, busy)
+        devices = [chosen] if chosen else None
+    else:
+        devices = place_gpus(free, request.gpus)
+    if not devices:
+        what = f"{request.gpus} GPU(s)" if request.gpus else f"a {request.mig_profile} MIG slice"
+        model = f" of model {request.gpu_model}" if request.gpu_model else ""
+        raise NoCapacity(
+            f"No {what}{model} free for the whole window {request.start:%Y-%m-%d %H:%M} to "
+            f"{request.end:%Y-%m-%d %H:%M} UTC ({len(free)} matching device(s) free); "
+            "pick another window or submit without a window to queue."
+        )
+    return devices
+
+
+def visible_bookings(user):
+    """Bookings a user may see: their own, their managed projects', all for staff."""
+    qs = Booking.objects.all()
+    if user.is_staff:
+        return qs
+    managed = Membership.objects.filter(user=user, role=Membership.Role.MANAGER).values(
+        "project_id"
+    )
+    return qs.filter(Q(owner=user) | Q(project_id__in=managed))
+
+
+def booking_get_for_change(*, user, booking_id: int) -> Booking:
+    """The booking if the user may change it; 404 if they may not even see it."""
+    booking = visible_bookings(user).filter(pk=booking_id).first()
+    if booking is None:
+        raise NotFound(f"No booking {booking_id} among yours.")
+    return booking
+
+
+def booking_cancel(*, user, booking_id: int, now: datetime) -> Booking:
+    """Cancel a pending, planned or active booking; its devices are freed at once."""
+    return _end(
+        user=user,
+        booking_id=booking_id,
+        now=now,
+        new_state=State.CANCELLED,
+        from_states=Booking.LIVE_STATES,
+        event="cancelled",
+    )
+
+
+def booking_release(*, user, booking_id: int, now: datetime) -> Booking:
+    """Hand back an active booking's devices early; it counts as finished."""
+    return _end(
+        user=user,
+        booking_id=booking_id,
+        now=now,
+        new_state=State.FINISHED,
+        from_states=(State.ACTIVE,),
+        event="released",
+    )
+
+
+def _end(*, user, booking_id, now, new_state, from_states, event, detail: str = "") -> Booking:
+    booking = (
+        booking_get_for_change(user=user, booking_id=booking_id)
+        if user
+        else Booking.objects.get(pk=booking_id)
+    )
+    with transaction.atomic(durable=True):
+        if not booking_transition(
+            booking.pk, from_states=from_states, to=new_state, now=now, detail=detail
+        ):
+            booking.refresh_from_db()
+            raise InvalidState(f"Booking {booking.pk} is {booking.state}; it cannot be {event}.")
+        booking.refresh_from_db()
+        events.booking_changed(booking, event)
+    return booking
+
+
+def booking_transition(
+    booking_id: int, *, from_states, to: str, now: datetime, detail: str = ""
+) -> bool:
+    """Compare-and-set a booking into a terminal state and free its devices. False: someone else did."""
+    changed = Booking.objects.filter(pk=booking_id, state__in=from_states).update(
+        state=to, ended_at=now, state_detail=detail, queue_position=None, pending_reason=""
+    )
+    if changed:
+        allocations = Allocation.objects.filter(booking_id=booking_id, live=True)
+        allocations.filter(start__lt=now).update(end=Least(F("end"), now), live=False)
+        allocations.update(live=False)
+    return bool(changed)
+
+
+def booking_extend(*, user, booking_id: int, now: datetime, by_s: int) -> Booking:
+    """Make a booking longer by `by_s` seconds, if its devices are free that long (else 409)."""
+    booking = booking_get_for_change(user=user, booking_id=booking_id)
+    if by_s <= 0:
+        raise ValidationFailed.field("by_s", "must be a positive number of seconds.")
+    with transaction.atomic(durable=True):
+        lock_nodes(
+            Allocation.objects.filter(booking=booking, live=True).values_list(
+                "gpu__node_id", flat=True
+            )
+        )
+        booking = Booking.objects.get(pk=booking.pk)
+        if booking.state not in Booking.LIVE_STATES:
+            raise InvalidState(
+                f"Booking {booking.pk} is {booking.state}; only live bookings can be extended."
+            )
+        _check_extend_quota(booking, by_s)
+        if booking.state == State.PENDING:
+            Booking.objects.filter(pk=booking.pk).update(duration_s=F("duration_s") + by_s)
+        else:
+            _extend_allocations(booking, timedelta(seconds=by_s))
+        booking.refresh_from_db()
+        events.booking_changed(booking, "extended")
+    return booking
+
+
+def _check_extend_quota(booking: Booking, by_s: int) -> None:
+    from portal.services.quotas import quota_effective
+
+    quota = quota_effective(project=booking.project, user=booking.owner)
+    new_duration = booking.duration_s + by_s
+    if quota.max_duration_s and new_duration > quota.max_duration_s:
+        raise ValidationFailed.field(
+            "by_s",
+            f"would make the booking {new_duration} s long; "
+            f"your quota allows {quota.max_duration_s} s.",
+        )
+
+
+def _extend_allocations(booking: Booking, by: timedelta) -> None:
+    allocations = list(Allocation.objects.filter(booking=booking, live=True))
+    old_end = max(a.end for a in allocations)
+    clash = Allocation.objects.filter(live=True, start__lt=old_end + by, end__gt=old_end).exclude(
+        booking=booking
+    )
+    clash = clash.filter(
+        Q(gpu_id__in=[a.gpu_id for a in allocations if not a.mig_instance_id])
+        | Q(mig_instance_id__in=[a.mig_instance_id for a in allocations if a.mig_instance_id])
+    )
+    other = clash.order_by("start").first()
+    if other:
+        raise NoCapacity(
+            f"{other.device_label} is booked from {other.start:%Y-%m-%d %H:%M} UTC by another "
+            "booking; extend by less.",
+            fields={"by_s": "devices not free that long"},
+        )
+    try:
+        with transaction.atomic():
+            Allocation.objects.filter(booking=booking, live=True).update(end=F("end") + by)
+    except IntegrityError as exc:
+        raise NoCapacity("Another booking took these devices a moment ago.") from exc
+    fields = {"duration_s": F("duration_s") + int(by.total_seconds())}
+    if booking.end:
+        fields["end"] = F("end") + by
+    Booking.objects.filter(pk=booking.pk).update(**fields)

@@ -1,0 +1,119 @@
+"""Inventory selectors: which devices exist, which are bookable, which are free in a window."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Count, Q
+
+from portal.models import Allocation, Gpu, MigInstance, Node
+from portal.services.placement import FreeDevice
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """How much of a device kind the cluster has: in all, and the most on one node."""
+
+    total: int
+    largest_node: int
+
+
+def gpu_models() -> list[str]:
+    return sorted(set(Gpu.objects.filter(mig_mode=False).values_list("model", flat=True)))
+
+
+def mig_profiles(*, gpu_model: str = "") -> list[str]:
+    qs = MigInstance.objects.all()
+    if gpu_model:
+        qs = qs.filter(gpu__model=gpu_model)
+    return sorted(set(qs.values_list("profile", flat=True)))
+
+
+def mig_profile_slices(profile: str) -> int | None:
+    return MigInstance.objects.filter(profile=profile).values_list("slices", flat=True).first()
+
+
+def whole_gpu_capacity(*, gpu_model: str = "", allowed_models: tuple[str, ...] = ()) -> Capacity:
+    """Whole GPUs (MIG off) of the model on nodes not down or draining."""
+    qs = Gpu.objects.filter(mig_mode=False).exclude(
+        node__state__in=[Node.State.DOWN, Node.State.DRAIN]
+    )
+    qs = _model_filter(qs, "model", gpu_model, allowed_models)
+    per_node = list(qs.values("node").annotate(n=Count("id")).values_list("n", flat=True))
+    return Capacity(total=sum(per_node), largest_node=max(per_node, default=0))
+
+
+def _model_filter(qs, field: str, gpu_model: str, allowed_models: tuple[str, ...]):
+    if gpu_model:
+        return qs.filter(**{field: gpu_model})
+    if allowed_models:
+        return qs.filter(**{f"{field}__in": allowed_models})
+    return qs
+
+
+def free_devices(
+    *,
+    start: datetime,
+    end: datetime,
+    gpu_model: str = "",
+    allowed_models: tuple[str, ...] = (),
+    mig_profile: str = "",
+    node_ids: list[int] | None = None,
+) -> list[FreeDevice]:
+    """Bookable devices of up nodes with no live allocation overlapping [start, end)."""
+    busy = Allocation.objects.filter(live=True, start__lt=end, end__gt=start)
+    up = Q(node__state=Node.State.UP)
+    if mig_profile:
+        qs = MigInstance.objects.filter(profile=mig_profile, gpu__mig_mode=True).filter(
+            Q(gpu__node__state=Node.State.UP)
+        )
+        qs = _model_filter(qs, "gpu__model", gpu_model, allowed_models)
+        if node_ids is not None:
+            qs = qs.filter(gpu__node_id__in=node_ids)
+        qs = qs.exclude(id__in=busy.filter(mig_instance__isnull=False).values("mig_instance_id"))
+        return [
+            FreeDevice(
+                node_id=m.gpu.node_id,
+                gpu_id=m.gpu_id,
+                mig_id=m.id,
+                fraction=m.fraction,
+                node_gpus=1,
+            )
+            for m in qs.select_related("gpu")
+        ]
+    qs = _model_filter(Gpu.objects.filter(up, mig_mode=False), "model", gpu_model, allowed_models)
+    if node_ids is not None:
+        qs = qs.filter(node_id__in=node_ids)
+    node_sizes = dict(qs.values("node").annotate(n=Count("id")).values_list("node", "n"))
+    qs = qs.exclude(id__in=busy.filter(mig_instance__isnull=True).values("gpu_id"))
+    return [
+        FreeDevice(
+            node_id=g.node_id,
+            gpu_id=g.id,
+            mig_id=None,
+            fraction=1.0,
+            node_gpus=node_sizes[g.node_id],
+        )
+        for g in qs
+    ]
+
+
+def busy_slices_by_gpu(*, start: datetime, end: datetime) -> dict[int, float]:
+    """MIG slices (as GPU fractions) already held per GPU during the window, for packing."""
+    totals: dict[int, float] = {}
+    for gpu_id, fraction in Allocation.objects.filter(
+        live=True, mig_instance__isnull=False, start__lt=end, end__gt=start
+    ).values_list("gpu_id", "fraction"):
+        totals[gpu_id] = totals.get(gpu_id, 0.0) + fraction
+    return totals
+
+
+def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[int]:
+    """Up nodes that could hold the request at all: the rows the booking path locks."""
+    qs = Node.objects.filter(state=Node.State.UP)
+    if mig_profile:
+        qs = qs.filter(gpus__mig_instances__profile=mig_profile)
+    else:
+        qs = qs.filter(gpus__mig_mode=False)
+    if gpu_model:
+        qs = qs.filter(gpus__model=gpu_model)
+    return sorted(set(qs.values_list("id", flat=True)))

@@ -1,0 +1,100 @@
+"""Quota selectors: the limits a user has in a project, and what they use now."""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+
+from portal.models import Allocation, Project, Quota
+
+DEFAULT_BUDGET_PERIOD_DAYS = 30
+_FIELDS = (
+    "max_gpus",
+    "gpu_hours_budget",
+    "budget_period_days",
+    "max_duration_s",
+    "allowed_models",
+    "allowed_qos",
+)
+
+
+@dataclass(frozen=True)
+class EffectiveQuota:
+    """A user's limits in a project: the user's override where set, else the project's."""
+
+    max_gpus: float | None = None
+    gpu_hours_budget: float | None = None
+    budget_period_days: int = DEFAULT_BUDGET_PERIOD_DAYS
+    max_duration_s: int | None = None
+    allowed_models: tuple[str, ...] = ()
+    allowed_qos: tuple[str, ...] = ()
+    shares: float = 1.0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """GPUs held right now and GPU-hours used in the rolling budget period."""
+
+    gpus_in_use: float
+    gpu_hours_used: float
+
+
+def quota_project(*, project: Project) -> EffectiveQuota:
+    """The project's own limits (no user override)."""
+    row = Quota.objects.filter(project=project, user__isnull=True).first()
+    return _merge([row])
+
+
+def quota_effective(*, project: Project, user) -> EffectiveQuota:
+    """Limits for `user` in `project`: the override row field by field, then the project row."""
+    rows = {
+        q.user_id: q
+        for q in Quota.objects.filter(Q(user__isnull=True) | Q(user=user), project=project)
+    }
+    return _merge([rows.get(user.pk), rows.get(None)])
+
+
+def _merge(rows: list[Quota | None]) -> EffectiveQuota:
+    values: dict = {}
+    for name in _FIELDS:
+        for row in rows:
+            value = getattr(row, name, None) if row else None
+            if value not in (None, []):
+                values[name] = tuple(value) if isinstance(value, list) else value
+                break
+    project_row = rows[-1]
+    if project_row and project_row.fairshare_shares is not None:
+        values["shares"] = project_row.fairshare_shares
+    return EffectiveQuota(**values)
+
+
+def usage_current(*, project: Project, user=None, now: datetime, period_days: int) -> Usage:
+    """Usage of a project (or of one user in it) at `now`."""
+    since = now - timedelta(days=period_days)
+    allocations = Allocation.objects.filter(booking__project=project, start__lt=now, end__gt=since)
+    if user is not None:
+        allocations = allocations.filter(booking__owner=user)
+    in_use = 0.0
+    gpu_seconds = 0.0
+    for start, end, fraction, live in allocations.values_list("start", "end", "fraction", "live"):
+        if live and start <= now < end:
+            in_use += fraction
+        gpu_seconds += fraction * (min(end, now) - max(start, since)).total_seconds()
+    return Usage(gpus_in_use=round(in_use, 4), gpu_hours_used=round(gpu_seconds / 3600, 4))
+
+
+def peak_use_in_window(*, project: Project, user=None, start: datetime, end: datetime) -> float:
+    """Most GPU-equivalents held at any moment of [start, end) by live allocations."""
+    allocations = Allocation.objects.filter(
+        booking__project=project, live=True, start__lt=end, end__gt=start
+    )
+    if user is not None:
+        allocations = allocations.filter(booking__owner=user)
+    events: list[tuple[datetime, float]] = []
+    for a_start, a_end, fraction in allocations.values_list("start", "end", "fraction"):
+        events += [(max(a_start, start), fraction), (min(a_end, end), -fraction)]
+    peak = level = 0.0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        level += delta
+        peak = max(peak, level)
+    return round(peak, 4)

@@ -1,0 +1,30 @@
+"""Celery tasks: they only wire. Load by id, call one service, handle retries."""
+
+from celery import shared_task
+from django.utils import timezone
+
+from portal.models import Allocation, Booking
+from portal.services import live, notifications
+
+
+@shared_task(ignore_result=True)
+def allocation_pass() -> None:
+    """One allocator pass (skipped if another is running)."""
+    from portal.services.allocation import allocation_pass as run_pass
+
+    run_pass(now=timezone.now())
+
+
+@shared_task(ignore_result=True)
+def booking_event(booking_id: int, event: str) -> None:
+    """After-commit effects of a booking change: live views, agent push, notifications."""
+    booking = Booking.objects.select_related("owner", "project").filter(pk=booking_id).first()
+    if booking is None:
+        return
+    live.booking_broadcast(
+        booking_id=booking.pk, owner_id=booking.owner_id, state=booking.state, event=event
+    )
+    live.agents_push(
+        Allocation.objects.filter(booking=booking).values_list("gpu__node_id", flat=True)
+    )
+    notifications.booking_notify(booking=booking, event=event)

@@ -1,0 +1,49 @@
+"""Shared fixtures. The suite runs on PostgreSQL and Redis (portal.settings_test)."""
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
+
+
+@pytest.fixture(autouse=True)
+def _clean_cache():
+    """The cache is Redis db 15 in tests: start every test from empty."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+
+
+@pytest.fixture
+def user(db):
+    return UserFactory(username="alice")
+
+
+@pytest.fixture
+def project(db, user):
+    project = ProjectFactory(slug="vision")
+    member(user, project)
+    QuotaFactory(project=project, max_gpus=16)
+    return project
+
+
+@pytest.fixture
+def cluster(db):
+    """Two up nodes of 8 A100-80GB each."""
+    return [make_node("node-a"), make_node("node-b")]
+
+
+@pytest.fixture
+def api(user):
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def error_of(response) -> dict:
+    """The error object of an API error response (asserting it has the one shape)."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert {"code", "message", "fields"} <= set(body["error"]), body
+    return body["error"]

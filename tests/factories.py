@@ -1,0 +1,125 @@
+"""factory_boy factories for every model the tests build (one module, PX/HS style)."""
+
+import itertools
+from datetime import timedelta
+
+import factory
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from portal.models import Allocation, Booking, Gpu, Membership, MigInstance, Node, Project, Quota
+
+_uuid = itertools.count(1)
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ["username"]
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.org")
+    password = factory.django.Password("pw-secret-123")
+
+
+class ProjectFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Project
+        django_get_or_create = ["slug"]
+
+    slug = factory.Sequence(lambda n: f"proj{n}")
+    name = factory.LazyAttribute(lambda p: p.slug.title())
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    project = factory.SubFactory(ProjectFactory)
+    user = factory.SubFactory(UserFactory)
+    role = Membership.Role.MEMBER
+
+
+class QuotaFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Quota
+
+    project = factory.SubFactory(ProjectFactory)
+
+
+class NodeFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Node
+
+    hostname = factory.Sequence(lambda n: f"node{n:02d}")
+    state = Node.State.UP
+    last_seen = factory.LazyFunction(timezone.now)
+
+
+class GpuFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Gpu
+
+    node = factory.SubFactory(NodeFactory)
+    index = factory.Sequence(lambda n: n % 8)
+    uuid = factory.LazyFunction(lambda: f"GPU-test-{next(_uuid):08d}")
+    model = "A100-80GB"
+    memory_mib = 81920
+
+
+class MigInstanceFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = MigInstance
+
+    gpu = factory.SubFactory(GpuFactory, mig_mode=True)
+    profile = "3g.40gb"
+    uuid = factory.LazyFunction(lambda: f"MIG-test-{next(_uuid):08d}")
+    slices = 3
+    memory_mib = 40960
+
+
+class BookingFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Booking
+
+    owner = factory.SubFactory(UserFactory)
+    project = factory.SubFactory(ProjectFactory)
+    gpus = 1
+    duration_s = 3600
+    submitted_at = factory.LazyFunction(timezone.now)
+
+
+class AllocationFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Allocation
+
+    booking = factory.SubFactory(BookingFactory)
+    gpu = factory.SubFactory(GpuFactory)
+    start = factory.LazyFunction(timezone.now)
+    end = factory.LazyAttribute(lambda a: a.start + timedelta(hours=1))
+    fraction = 1.0
+
+
+def make_node(
+    hostname: str, *, gpus: int = 8, model: str = "A100-80GB", state: str = Node.State.UP
+) -> Node:
+    """A node with `gpus` whole GPUs of one model, indexed 0..gpus-1."""
+    node = NodeFactory(hostname=hostname, state=state)
+    for index in range(gpus):
+        GpuFactory(node=node, index=index, model=model)
+    return node
+
+
+def make_mig_gpu(
+    node: Node, index: int, profiles=("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+) -> Gpu:
+    """A GPU in MIG mode on `node` with one instance per profile."""
+    gpu = GpuFactory(node=node, index=index, mig_mode=True)
+    for profile in profiles:
+        slices = int(profile.split("g.")[0])
+        MigInstanceFactory(gpu=gpu, profile=profile, slices=slices, memory_mib=slices * 10240)
+    return gpu
+
+
+def member(user, project, role: str = Membership.Role.MEMBER) -> Membership:
+    return MembershipFactory(user=user, project=project, role=role)
