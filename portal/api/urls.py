@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from portal.api import views
+from portal.api import schema, views  # noqa: F401  (schema registers the auth extension)
 
 router = DefaultRouter()
 router.register("nodes", views.NodeViewSet, basename="node")
