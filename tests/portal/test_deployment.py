@@ -49,11 +49,17 @@ def test_it_only_sets_environment_variables_that_settings_read():
 
 
 def test_it_passes_the_deploy_checks_under_production_settings():
-    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PORTAL_VAR_DIR")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PORTAL_VAR_DIR")
+    }
     env.update(PROD_ENV, DJANGO_SETTINGS_MODULE="portal.settings")
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
@@ -62,8 +68,14 @@ def test_it_passes_the_deploy_checks_under_production_settings():
 def test_it_refuses_to_start_in_server_mode_without_a_secret_key():
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(PROD_ENV, SECRET_KEY="", DJANGO_SETTINGS_MODULE="portal.settings")
-    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0 and "Set SECRET_KEY" in result.stderr
 
 

@@ -49,11 +49,18 @@ class Command(BaseCommand):
         self._banner(url, no_demo)
         from daphne.cli import CommandLineInterface
 
-        CommandLineInterface().run(["-b", host, "-p", str(port), "--proxy-headers", "portal.asgi:application"])
+        CommandLineInterface().run(
+            ["-b", host, "-p", str(port), "--proxy-headers", "portal.asgi:application"]
+        )
 
     def _banner(self, url: str, no_demo: bool) -> None:
-        mode = "PostgreSQL + Redis + Celery" if settings.REDIS_URL else "embedded (SQLite, in-process)"
-        lines = [f"GPU Portal running at {url}/  ({mode})", f"  API docs: {url}/api/docs/  admin: {url}/admin/"]
+        mode = (
+            "PostgreSQL + Redis + Celery" if settings.REDIS_URL else "embedded (SQLite, in-process)"
+        )
+        lines = [
+            f"GPU Portal running at {url}/  ({mode})",
+            f"  API docs: {url}/api/docs/  admin: {url}/admin/",
+        ]
         if not no_demo:
             users = ", ".join(name for name, _, _ in DEMO_USERS)
             lines.append(f"  demo logins: {users}  password: {DEMO_PASSWORD}")
@@ -68,8 +75,21 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
         state_dir = settings.VAR_DIR / "agents" / hostname
         state_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "GPU_PORTAL_TOKEN": token}
-        command = [sys.executable, "-m", "agents", "--portal", url, "--hostname", hostname,
-                   "--simulate", spec, "--state-dir", str(state_dir), "--log-level", "WARNING"]
+        command = [
+            sys.executable,
+            "-m",
+            "agents",
+            "--portal",
+            url,
+            "--hostname",
+            hostname,
+            "--simulate",
+            spec,
+            "--state-dir",
+            str(state_dir),
+            "--log-level",
+            "WARNING",
+        ]
         children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR))
     return children
 
@@ -77,9 +97,13 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
 def _start_celery() -> list[subprocess.Popen]:
     base = [sys.executable, "-m", "celery", "-A", "portal"]
     return [
-        subprocess.Popen(base + ["worker", "--loglevel", "WARNING", "--concurrency", "2"], cwd=settings.BASE_DIR),
-        subprocess.Popen(base + ["beat", "--loglevel", "WARNING", "--schedule", str(settings.VAR_DIR / "beat")],
-                         cwd=settings.BASE_DIR),
+        subprocess.Popen(
+            base + ["worker", "--loglevel", "WARNING", "--concurrency", "2"], cwd=settings.BASE_DIR
+        ),
+        subprocess.Popen(
+            base + ["beat", "--loglevel", "WARNING", "--schedule", str(settings.VAR_DIR / "beat")],
+            cwd=settings.BASE_DIR,
+        ),
     ]
 
 
