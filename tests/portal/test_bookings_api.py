@@ -264,3 +264,28 @@ def test_it_requires_authentication(db):
     response = APIClient().get("/api/v1/bookings/")
     assert response.status_code in (401, 403)
     assert error_of(response)["code"] == "not_authenticated"
+
+
+def test_it_returns_the_first_booking_for_a_repeated_idempotency_key(api, project, cluster):
+    start, end = _window()
+    body = {"gpus": 1, "start": start, "end": end}
+    first = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-1")
+    again = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-1")
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert Booking.objects.count() == 1
+    other = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-2")
+    assert other.status_code == 201 and Booking.objects.count() == 2
+
+
+def test_it_forgets_an_idempotency_key_whose_request_failed(api, project, cluster):
+    bad = {"gpus": 17, "duration_s": 3600}  # refused by the service, inside the key's hold
+    assert (
+        api.post("/api/v1/bookings/", bad, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code
+        == 400
+    )
+    good = {"gpus": 1, "duration_s": 3600}
+    assert (
+        api.post("/api/v1/bookings/", good, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code
+        == 201
+    )
