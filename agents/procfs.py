@@ -106,20 +106,21 @@ def identify(pid: int) -> ProcInfo | None:
 
 
 def tty_path(pid: int) -> str | None:
-    """The controlling terminal of `pid` as a /dev path, or None when it has none."""
+    """The terminal of `pid` as a /dev path: its controlling tty, else a tty on its stdin."""
     stat = read_stat(pid)
-    if stat is None or stat.tty_nr == 0:
+    if stat is None:
         return None
     major, minor = os.major(stat.tty_nr), os.minor(stat.tty_nr)
     if 136 <= major <= 143:  # Unix98 pseudo-terminals
         return f"/dev/pts/{(major - 136) * 256 + minor}"
-    if major == 4 and minor < 64:
+    if major == 4 and 0 < minor < 64:
         return f"/dev/tty{minor}"
+    # Daemonized (setsid) processes have no controlling tty but may still write to one.
     try:
         target = os.readlink(f"{PROC}/{pid}/fd/0")
     except OSError:
         return None
-    return target if target.startswith("/dev/tty") or target.startswith("/dev/pts/") else None
+    return target if target.startswith(("/dev/pts/", "/dev/tty")) else None
 
 
 class ProcTable:
