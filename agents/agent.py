@@ -56,6 +56,7 @@ class Agent:
         sync_interval_s: float | None = None,
         grace_s: float = 30.0,
         push: bool = True,
+        push_url: str | None = None,
         max_queued_events: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
@@ -73,6 +74,7 @@ class Agent:
         self.sync_interval_s = _given(sync_interval_s, DEFAULT_SYNC_INTERVAL_S)
         self._clock, self._now = clock, now
         self._push_enabled = push
+        self._push_url = push_url or self.portal.websocket_url
         self._push = None
         self._backoff = Backoff()
         self._registered = False
@@ -94,7 +96,7 @@ class Agent:
             from agents.push import PushListener  # websockets is only needed for push
 
             self._push = PushListener(
-                self.portal.websocket_url, self.portal.auth_header, self.on_push, self.on_reconnect
+                self._push_url, self.portal.auth_header, self.on_push, self.on_reconnect
             )
             self._push.start()
 
