@@ -201,9 +201,12 @@ class Agent:
         return None if self.desired is None else self.desired.bookings
 
     def _sample_if_due(self) -> list[DeviceReading] | None:
-        if self._clock() < self._next_report:
+        now = self._clock()
+        if now < self._next_report:
             return None
-        self._next_report = self._clock() + self.report_interval_s
+        # Keep to the schedule rather than drift by each cycle's own duration.
+        on_time = now - self._next_report < self.report_interval_s
+        self._next_report = (self._next_report if on_time else now) + self.report_interval_s
         return self.backend.sample()
 
     def _send_readings(self, readings: list[DeviceReading], now: datetime) -> None:
