@@ -166,7 +166,7 @@ class Agent:
             return
         try:
             call()
-        except PortalUnavailable as exc:
+        except (PortalUnavailable, Rejected) as exc:
             delay = self._backoff.next_delay()
             log.warning("portal unavailable (%s); retrying in %.1f s", exc, delay)
             self._offline_until = self._clock() + delay
