@@ -9,6 +9,7 @@ import pytest
 from websockets.sync.server import serve
 
 from agents import protocol
+from agents.backoff import Backoff
 from agents.portal import AuthError
 
 
@@ -68,6 +69,14 @@ def test_it_bounds_the_event_queue_dropping_the_oldest(portal, make_agent):
     events = [protocol.Event("exited", protocol.utcnow(), booking_id=i) for i in range(5)]
     agent._queue(events)
     assert [e.booking_id for e in agent.events] == [2, 3, 4]
+
+
+def test_it_backs_off_exponentially_capped_and_jittered():
+    rolls = iter([1.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    backoff = Backoff(base_s=1, cap_s=5, rand=lambda: next(rolls))
+    assert [backoff.next_delay() for _ in range(5)] == [1, 2, 4, 2.5, 5]
+    backoff.reset()
+    assert backoff.next_delay() == 1
 
 
 def test_it_raises_on_a_refused_token(portal, make_agent):
