@@ -117,10 +117,12 @@ class Dispatcher:
         )
 
     def _stop_unwanted(self, bookings: list[DesiredBooking] | None, now: datetime) -> None:
-        wanted = None if bookings is None else {b.booking_id for b in bookings}
+        wanted = None if bookings is None else {b.booking_id: b for b in bookings}
         for job in self.jobs.values():
             if job.stop_reason is not None:
                 continue
+            if wanted and job.booking_id in wanted:
+                job.end = wanted[job.booking_id].end.isoformat()  # follow extensions
             if datetime.fromisoformat(job.end) <= now:
                 self._begin_stop(job, "the booking's end time passed")
             elif wanted is not None and job.booking_id not in wanted:

@@ -2,9 +2,16 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from datetime import datetime, timedelta
 
+from agents import protocol
 from agents.procfs import is_alive, read_cuda_devices, read_stat
+from agents.simulate import SimulatedBackend
+
+TOKEN = "node-token-1"  # what the stand-in portal accepts (conftest.py)
 
 
 def _gpu_uuids(agent):
@@ -123,3 +130,73 @@ def test_it_stops_work_whose_booking_ended_even_while_the_portal_is_down(
     cycle_until(agent, lambda: 7 not in agent.dispatcher.jobs, timeout_s=15)
     assert read_stat(pid) is None or read_stat(pid).state == "Z"
     assert [e.kind for e in agent.events] == ["stopped"]
+
+
+def test_it_follows_an_extended_booking_instead_of_stopping_at_the_old_end(
+    portal, make_agent, cycle_until
+):
+    agent = make_agent()
+    portal.book(8, "root", _gpu_uuids(agent)[:1], command="sleep 30", minutes=0.03)
+    cycle_until(agent, lambda: ("started", 8) in _kinds(portal))
+    booking = portal.desired["bookings"][0]
+    booking["end"] = (datetime.fromisoformat(booking["end"]) + timedelta(hours=1)).isoformat()
+    deadline = time.monotonic() + 3  # well past the original end
+    while time.monotonic() < deadline:
+        agent.handle_one_cycle()
+        time.sleep(0.1)
+    assert _kinds(portal) == [("started", 8)]
+    assert 8 in agent.dispatcher.jobs
+
+
+def test_a_restarted_agent_process_readopts_without_relaunching(portal, tmp_path, cycle_until):
+    hostname = "restart-node"
+    uuid = SimulatedBackend("1xH100-80GB", hostname).discover()[0].uuid
+    portal.book(9, "root", [uuid], command="sleep 30")
+    args = [
+        sys.executable,
+        "-m",
+        "agents",
+        "--portal",
+        portal.url,
+        "--token",
+        TOKEN,
+        "--simulate",
+        "1xH100-80GB",
+        "--hostname",
+        hostname,
+        "--state-dir",
+        str(tmp_path),
+        "--no-push",
+        "--interval",
+        "0.2",
+        "--sync-interval",
+        "0.2",
+        "--grace",
+        "1",
+    ]
+    first = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: ("started", 9) in _kinds(portal))
+        pid = _event(portal, "started", 9).pid
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=10) == 0
+        assert read_stat(pid).state != "Z"  # the job outlived its agent
+        second = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+        _wait(lambda: portal.paths().count(protocol.DESIRED_PATH) >= 6)
+        assert _kinds(portal) == [("started", 9)]
+        portal.desired["bookings"].clear()
+        _wait(lambda: ("stopped", 9) in _kinds(portal))
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=10) == 0
+    finally:
+        for proc in (first, locals().get("second")):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert read_stat(pid) is None or read_stat(pid).state == "Z"
+
+
+def _wait(condition, timeout_s=15.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
