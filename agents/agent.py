@@ -84,6 +84,7 @@ class Agent:
         self._dropped_events = 0
         self._events_seen = 0
         self._inventory = backend.discover()
+        self._mig_children = {g.uuid: [m.uuid for m in g.mig_instances] for g in self._inventory}
         self.stopping = threading.Event()
         self._wake = threading.Event()
 
@@ -222,7 +223,6 @@ class Agent:
         return self.enforcer.check(readings, self._holders(now), self.policy, protected, now)
 
     def _holders(self, now: datetime) -> dict[str, Holder]:
-        children = {gpu.uuid: [mig.uuid for mig in gpu.mig_instances] for gpu in self._inventory}
         holders = {}
         for booking in active_bookings(self.desired.bookings, now):
             holder = Holder(
@@ -230,7 +230,7 @@ class Agent:
             )
             for uuid in booking.device_uuids:
                 # A booking of a whole GPU covers its MIG instances too.
-                for covered in [uuid, *children.get(uuid, [])]:
+                for covered in [uuid, *self._mig_children.get(uuid, [])]:
                     holders[covered] = holder
         return holders
 

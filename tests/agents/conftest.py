@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -200,3 +201,16 @@ def _cycle_until(agent, condition, timeout_s=10.0):
 def cycle_until():
     """Run agent cycles until `condition()` holds; fail the test after `timeout_s`."""
     return _cycle_until
+
+
+@pytest.fixture
+def me():
+    """The Unix user running the tests: booking owners whose jobs need no user switch."""
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+@pytest.fixture
+def as_root():
+    """Skip unless root: the test switches to the `nobody` user, as the agent does on nodes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run processes as another user")

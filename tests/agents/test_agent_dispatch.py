@@ -27,12 +27,12 @@ def _event(portal, kind, booking_id):
 
 
 def test_it_launches_a_command_and_reports_its_exit_code_and_log_tail(
-    portal, make_agent, cycle_until
+    portal, make_agent, cycle_until, me
 ):
     agent = make_agent()
     gpu0, gpu1 = _gpu_uuids(agent)
     portal.book(
-        1, "root", [gpu0, gpu1], command="sh -c 'echo hi; echo cvd=$CUDA_VISIBLE_DEVICES; exit 3'"
+        1, me, [gpu0, gpu1], command="sh -c 'echo hi; echo cvd=$CUDA_VISIBLE_DEVICES; exit 3'"
     )
     cycle_until(agent, lambda: ("exited", 1) in _kinds(portal))
     assert _kinds(portal) == [("started", 1), ("exited", 1)], [e.detail for e in portal.events()]
@@ -44,7 +44,7 @@ def test_it_launches_a_command_and_reports_its_exit_code_and_log_tail(
     assert _kinds(portal) == [("started", 1), ("exited", 1)]  # never relaunched
 
 
-def test_it_runs_the_command_as_the_mapped_unix_user(portal, make_agent, cycle_until):
+def test_it_runs_the_command_as_the_mapped_unix_user(portal, make_agent, cycle_until, as_root):
     agent = make_agent(user_map={"ann": "nobody"})
     gpu0 = _gpu_uuids(agent)[0]
     portal.book(2, "ann", [gpu0], command="sleep 30")
@@ -69,10 +69,12 @@ def test_it_reports_an_unknown_unix_user_instead_of_crashing(portal, make_agent,
     assert ("started", 3) not in _kinds(portal)
 
 
-def test_it_stops_a_cancelled_booking_with_sigterm_then_sigkill(portal, make_agent, cycle_until):
+def test_it_stops_a_cancelled_booking_with_sigterm_then_sigkill(
+    portal, make_agent, cycle_until, me
+):
     agent = make_agent(grace_s=1.0)
     script = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.1; done"
-    portal.book(4, "root", _gpu_uuids(agent)[:1], command=script)
+    portal.book(4, me, _gpu_uuids(agent)[:1], command=script)
     cycle_until(agent, lambda: ("started", 4) in _kinds(portal))
     pid = _event(portal, "started", 4).pid
     time.sleep(0.2)
@@ -87,9 +89,9 @@ def test_it_stops_a_cancelled_booking_with_sigterm_then_sigkill(portal, make_age
     assert read_stat(pid) is None or read_stat(pid).state == "Z"
 
 
-def test_it_readopts_running_work_after_a_restart(portal, make_agent, cycle_until):
+def test_it_readopts_running_work_after_a_restart(portal, make_agent, cycle_until, me):
     first = make_agent()
-    portal.book(5, "root", _gpu_uuids(first)[:1], command="sleep 1.5; echo done")
+    portal.book(5, me, _gpu_uuids(first)[:1], command="sleep 1.5; echo done")
     cycle_until(first, lambda: ("started", 5) in _kinds(portal))
     started = _event(portal, "started", 5)
     first.close()  # the agent goes away; its work must not
@@ -107,9 +109,9 @@ def test_it_readopts_running_work_after_a_restart(portal, make_agent, cycle_unti
     assert "re-adopted" in exited.detail
 
 
-def test_it_stops_readopted_work_when_its_booking_is_cancelled(portal, make_agent, cycle_until):
+def test_it_stops_readopted_work_when_its_booking_is_cancelled(portal, make_agent, cycle_until, me):
     first = make_agent()
-    portal.book(6, "root", _gpu_uuids(first)[:1], command="sleep 30")
+    portal.book(6, me, _gpu_uuids(first)[:1], command="sleep 30")
     cycle_until(first, lambda: ("started", 6) in _kinds(portal))
     first.close()
     second = make_agent()
@@ -120,10 +122,10 @@ def test_it_stops_readopted_work_when_its_booking_is_cancelled(portal, make_agen
 
 
 def test_it_stops_work_whose_booking_ended_even_while_the_portal_is_down(
-    portal, make_agent, cycle_until
+    portal, make_agent, cycle_until, me
 ):
     agent = make_agent()
-    portal.book(7, "root", _gpu_uuids(agent)[:1], command="sleep 30", minutes=0.03)
+    portal.book(7, me, _gpu_uuids(agent)[:1], command="sleep 30", minutes=0.03)
     cycle_until(agent, lambda: ("started", 7) in _kinds(portal))
     pid = _event(portal, "started", 7).pid
     portal.stop()
@@ -133,10 +135,10 @@ def test_it_stops_work_whose_booking_ended_even_while_the_portal_is_down(
 
 
 def test_it_follows_an_extended_booking_instead_of_stopping_at_the_old_end(
-    portal, make_agent, cycle_until
+    portal, make_agent, cycle_until, me
 ):
     agent = make_agent()
-    portal.book(8, "root", _gpu_uuids(agent)[:1], command="sleep 30", minutes=0.03)
+    portal.book(8, me, _gpu_uuids(agent)[:1], command="sleep 30", minutes=0.03)
     cycle_until(agent, lambda: ("started", 8) in _kinds(portal))
     booking = portal.desired["bookings"][0]
     booking["end"] = (datetime.fromisoformat(booking["end"]) + timedelta(hours=1)).isoformat()
@@ -148,10 +150,10 @@ def test_it_follows_an_extended_booking_instead_of_stopping_at_the_old_end(
     assert 8 in agent.dispatcher.jobs
 
 
-def test_a_restarted_agent_process_readopts_without_relaunching(portal, tmp_path, cycle_until):
+def test_a_restarted_agent_process_readopts_without_relaunching(portal, tmp_path, cycle_until, me):
     hostname = "restart-node"
     uuid = SimulatedBackend("1xH100-80GB", hostname).discover()[0].uuid
-    portal.book(9, "root", [uuid], command="sleep 30")
+    portal.book(9, me, [uuid], command="sleep 30")
     args = [
         sys.executable,
         "-m",
