@@ -141,3 +141,15 @@ def test_it_pulls_desired_state_at_once_when_the_portal_pushes(portal, make_agen
         assert portal.paths().count(protocol.DESIRED_PATH) == pulls + 1
         agent.close()
         server.shutdown()
+
+
+def test_it_refuses_to_start_on_a_bad_spec_or_user_map(tmp_path, caplog):
+    from agents.__main__ import main
+
+    base = ["--portal", "http://127.0.0.1:9", "--token", "t", "--state-dir", str(tmp_path)]
+    assert main([*base, "--simulate", "8xH100"]) == 2
+    assert "bad group '8xH100'" in caplog.text
+    user_map = tmp_path / "users.json"
+    user_map.write_text('["ann"]')
+    assert main([*base, "--simulate", "1xH100-80GB", "--user-map", str(user_map)]) == 2
+    assert "expected a JSON object of portal user -> Unix user" in caplog.text
