@@ -22,6 +22,7 @@ from agents.dispatch import Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
 from agents.protocol import (
+    DesiredBooking,
     DesiredState,
     DeviceReading,
     Event,
@@ -169,7 +170,7 @@ class Agent:
             call()
         except (PortalUnavailable, Rejected) as exc:
             delay = self._backoff.next_delay()
-            log.warning("portal unavailable (%s); retrying in %.1f s", exc, delay)
+            log.warning("portal request failed (%s); retrying in %.1f s", exc, delay)
             self._offline_until = self._clock() + delay
             self._registered = False
         else:
@@ -198,7 +199,7 @@ class Agent:
         self._offline_until = None
         self._pull_requested = True  # whatever changed while away: pull it now
 
-    def _bookings(self):
+    def _bookings(self) -> list[DesiredBooking] | None:
         return None if self.desired is None else self.desired.bookings
 
     def _sample_if_due(self) -> list[DeviceReading] | None:

@@ -106,7 +106,7 @@ class Dispatcher:
             events += [self._launch(b, now) for b in bookings if self._should_launch(b, now)]
             self._done &= {b.booking_id for b in bookings}
         if events or self._dirty:
-            self._save()
+            self.save()
         return events
 
     def _should_launch(self, booking: DesiredBooking, now: datetime) -> bool:
@@ -228,7 +228,8 @@ class Dispatcher:
             popen,
         )
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """Write the state file (after every change, and on agent shutdown)."""
         state = {
             "jobs": [job.persisted() for job in self.jobs.values()],
             "done": sorted(self._done),
@@ -238,10 +239,6 @@ class Dispatcher:
         tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, path)  # a crash mid-write must not lose the running jobs
         self._dirty = False
-
-    def save(self) -> None:
-        """Write the state file now (the agent does it on shutdown too)."""
-        self._save()
 
 
 def _identity(account: pwd.struct_passwd) -> dict:
