@@ -8,6 +8,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -214,3 +215,22 @@ def as_root():
     """Skip unless root: the test switches to the `nobody` user, as the agent does on nodes."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run processes as another user")
+
+
+@pytest.fixture
+def agent_argv(portal, tmp_path):
+    """The command line of a real agent process on one simulated H100 at the stand-in."""
+
+    def argv(*extra, token=TOKEN):
+        base = f"-m agents --portal {portal.url} --simulate 1xH100-80GB --no-push"
+        return [
+            sys.executable,
+            *base.split(),
+            "--token",
+            token,
+            "--state-dir",
+            str(tmp_path),
+            *extra,
+        ]
+
+    return argv

@@ -3,15 +3,12 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import datetime, timedelta
 
 from agents import protocol
 from agents.procfs import is_alive, read_cuda_devices, read_stat
 from agents.simulate import SimulatedBackend
-
-TOKEN = "node-token-1"  # what the stand-in portal accepts (conftest.py)
 
 
 def _gpu_uuids(agent):
@@ -150,32 +147,11 @@ def test_it_follows_an_extended_booking_instead_of_stopping_at_the_old_end(
     assert 8 in agent.dispatcher.jobs
 
 
-def test_a_restarted_agent_process_readopts_without_relaunching(portal, tmp_path, cycle_until, me):
+def test_a_restarted_agent_process_readopts_without_relaunching(portal, agent_argv, me):
     hostname = "restart-node"
     uuid = SimulatedBackend("1xH100-80GB", hostname).discover()[0].uuid
     portal.book(9, me, [uuid], command="sleep 30")
-    args = [
-        sys.executable,
-        "-m",
-        "agents",
-        "--portal",
-        portal.url,
-        "--token",
-        TOKEN,
-        "--simulate",
-        "1xH100-80GB",
-        "--hostname",
-        hostname,
-        "--state-dir",
-        str(tmp_path),
-        "--no-push",
-        "--interval",
-        "0.2",
-        "--sync-interval",
-        "0.2",
-        "--grace",
-        "1",
-    ]
+    args = agent_argv("--hostname", hostname, "--interval", "0.2", "--sync-interval", "0.2")
     first = subprocess.Popen(args, stderr=subprocess.DEVNULL)
     try:
         _wait(lambda: ("started", 9) in _kinds(portal))

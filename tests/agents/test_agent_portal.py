@@ -1,7 +1,6 @@
 """Talking to the portal: reconnects, queued events, bad tokens, pushes."""
 
 import subprocess
-import sys
 import threading
 import time
 
@@ -85,26 +84,8 @@ def test_it_raises_on_a_refused_token(portal, make_agent):
         agent.handle_one_cycle()
 
 
-def test_it_exits_non_zero_with_a_clear_error_on_a_bad_token(portal, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agents",
-            "--portal",
-            portal.url,
-            "--token",
-            "wrong",
-            "--simulate",
-            "1xH100-80GB",
-            "--state-dir",
-            str(tmp_path),
-            "--no-push",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+def test_it_exits_non_zero_with_a_clear_error_on_a_bad_token(agent_argv):
+    result = subprocess.run(agent_argv(token="wrong"), capture_output=True, text=True, timeout=30)
     assert result.returncode == 3
     assert "refused the node token" in result.stderr
 
