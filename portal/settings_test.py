@@ -1,5 +1,6 @@
 """Test settings: the real settings, on PostgreSQL and Redis (never SQLite for the suite)."""
 
+import hashlib
 import os
 
 os.environ.setdefault("DEBUG", "1")
@@ -7,6 +8,13 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpupor
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 
 from portal.settings import *  # noqa: E402,F403
+
+# Checkouts side by side on one machine (worktrees, CI beside a developer) must not share a test
+# database, cache keys or channel-layer groups.
+TEST_RUN_ID = hashlib.sha1(str(BASE_DIR).encode()).hexdigest()[:8]  # noqa: F405
+DATABASES["default"]["TEST"] = {"NAME": f"test_gpuportal_{TEST_RUN_ID}"}  # noqa: F405
+CACHES["default"]["KEY_PREFIX"] = TEST_RUN_ID  # noqa: F405
+CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"asgi{TEST_RUN_ID}"  # noqa: F405
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True

@@ -7,11 +7,15 @@ from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node
 
 
 @pytest.fixture(autouse=True)
-def _clean_cache():
-    """The cache is Redis db 15 in tests: start every test from empty."""
-    from django.core.cache import cache
+def _clean_cache(settings):
+    """Start every test with none of this checkout's cache keys in Redis (others' are left alone)."""
+    import redis
 
-    cache.clear()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    keys = list(client.scan_iter(f"{settings.TEST_RUN_ID}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
     yield
 
 

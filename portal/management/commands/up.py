@@ -111,6 +111,7 @@ def _embedded_beat() -> None:
     """Run every CELERY_BEAT_SCHEDULE entry in-process at its interval (embedded mode's beat)."""
     from celery import current_app
 
+    current_app.loader.import_default_modules()
     due = {name: 0.0 for name in settings.CELERY_BEAT_SCHEDULE}
     while True:
         now = time.monotonic()
