@@ -62,3 +62,13 @@ def node_b(db):
 @pytest.fixture
 def agent_a(node_a):
     return AgentClient(node_a[1])
+
+
+@pytest.fixture
+def allocation_passes(monkeypatch):
+    """Record requested allocation passes instead of running the allocator (not under test)."""
+    from portal import tasks
+
+    requested: list[int] = []
+    monkeypatch.setattr(tasks.allocation_pass, "delay", lambda: requested.append(1))
+    return requested

@@ -327,7 +327,9 @@ def test_it_stores_a_foreign_process_and_notifies_owner(
     assert "mallory" in mail.outbox[0].body
 
 
-def test_it_stores_an_unbooked_process_without_mailing_anyone(node_a, agent_a):
+def test_it_stores_an_unbooked_process_without_mailing_anyone(
+    node_a, agent_a, django_capture_on_commit_callbacks
+):
     gpu = node_a[0].gpus.first()
     event = {
         "kind": "unbooked_process",
