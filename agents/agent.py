@@ -56,6 +56,7 @@ class Agent:
         sync_interval_s: float | None = None,
         grace_s: float = 30.0,
         push: bool = True,
+        push_url: str | None = None,
         max_queued_events: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
@@ -73,6 +74,7 @@ class Agent:
         self.sync_interval_s = _given(sync_interval_s, DEFAULT_SYNC_INTERVAL_S)
         self._clock, self._now = clock, now
         self._push_enabled = push
+        self._push_url = push_url or self.portal.websocket_url
         self._push = None
         self._backoff = Backoff()
         self._registered = False
@@ -94,7 +96,7 @@ class Agent:
             from agents.push import PushListener  # websockets is only needed for push
 
             self._push = PushListener(
-                self.portal.websocket_url, self.portal.auth_header, self.on_push, self.on_reconnect
+                self._push_url, self.portal.auth_header, self.on_push, self.on_reconnect
             )
             self._push.start()
 
@@ -164,7 +166,7 @@ class Agent:
             return
         try:
             call()
-        except PortalUnavailable as exc:
+        except (PortalUnavailable, Rejected) as exc:
             delay = self._backoff.next_delay()
             log.warning("portal unavailable (%s); retrying in %.1f s", exc, delay)
             self._offline_until = self._clock() + delay
@@ -199,9 +201,12 @@ class Agent:
         return None if self.desired is None else self.desired.bookings
 
     def _sample_if_due(self) -> list[DeviceReading] | None:
-        if self._clock() < self._next_report:
+        now = self._clock()
+        if now < self._next_report:
             return None
-        self._next_report = self._clock() + self.report_interval_s
+        # Keep to the schedule rather than drift by each cycle's own duration.
+        on_time = now - self._next_report < self.report_interval_s
+        self._next_report = (self._next_report if on_time else now) + self.report_interval_s
         return self.backend.sample()
 
     def _send_readings(self, readings: list[DeviceReading], now: datetime) -> None:

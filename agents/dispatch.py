@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 
@@ -45,10 +45,8 @@ class Job:
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
-        data = asdict(self)
-        for transient in ("popen", "stop_reason", "kill_at"):
-            data.pop(transient)
-        return data
+        transient = ("popen", "stop_reason", "kill_at")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in transient}
 
     def exit_code(self) -> tuple[bool, int | None]:
         """(exited?, exit code); an adopted job's exit code is unknowable, so None."""

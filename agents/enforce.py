@@ -57,17 +57,26 @@ class Enforcer:
                 key = (proc.pid, stat.start_ticks, reading.uuid)
                 seen.add(key)
                 holder = holders.get(reading.uuid)
-                if key in self._reported or not _objectionable(proc, holder):
+                protected = stat.pgid in protected_pgids
+                if key in self._reported or not _objectionable(proc, holder, protected):
                     continue
                 self._reported.add(key)
-                protected = stat.pgid in protected_pgids
                 events.append(
                     self._act(proc, stat.start_ticks, reading.uuid, holder, policy, protected, now)
                 )
         self._reported &= seen  # forget exited processes, so pid reuse is judged afresh
         return events
 
-    def _act(self, proc, start_ticks, device, holder, policy, protected, now) -> Event:
+    def _act(
+        self,
+        proc: ProcessReading,
+        start_ticks: int,
+        device: str,
+        holder: Holder | None,
+        policy: str,
+        protected: bool,
+        now: datetime,
+    ) -> Event:
         if holder is None:
             kind, detail = (
                 "unbooked_process",
@@ -112,9 +121,10 @@ class Enforcer:
         return bool(due)
 
 
-def _objectionable(proc: ProcessReading, holder: Holder | None) -> bool:
+def _objectionable(proc: ProcessReading, holder: Holder | None, protected: bool) -> bool:
     if holder is None:
-        return True
+        # The agent's own work outside any booking is being stopped by the dispatcher.
+        return not protected
     return proc.user is not None and proc.user != holder.unix_user
 
 

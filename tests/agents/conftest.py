@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
+import zlib
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -135,13 +138,18 @@ def portal():
 
 
 @pytest.fixture
-def make_agent(portal, tmp_path):
-    """Build agents on simulated GPUs against the stand-in portal; closes them afterwards."""
+def make_agent(portal, tmp_path, request):
+    """Build agents on simulated GPUs against the stand-in portal; cleans up after them.
+
+    Each test gets its own hostname, hence its own device UUIDs, so a process another
+    test left behind can never show up on this test's devices.
+    """
     agents = []
+    hostname = f"{HOSTNAME}-{zlib.crc32(request.node.nodeid.encode()):08x}"
 
     def make(spec="2xH100-80GB", **kwargs):
         kwargs.setdefault("state_dir", tmp_path / "state")
-        kwargs.setdefault("hostname", HOSTNAME)
+        kwargs.setdefault("hostname", hostname)
         kwargs.setdefault("push", False)
         kwargs.setdefault("grace_s", 1.0)
         backend = SimulatedBackend(spec, kwargs["hostname"], seed=1)
@@ -153,6 +161,9 @@ def make_agent(portal, tmp_path):
     yield make
     for agent in agents:
         agent.backend.close()
+        for job in agent.dispatcher.jobs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pgid, signal.SIGKILL)
 
 
 @pytest.fixture

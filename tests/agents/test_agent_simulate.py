@@ -82,8 +82,8 @@ def test_it_is_deterministic_for_a_seed_and_changes_over_time():
 def test_it_reports_real_processes_that_were_given_the_device(spawn):
     backend = SimulatedBackend("2xH100-80GB", "node-a", seed=3)
     gpu0, gpu1 = (g.uuid for g in backend.discover())
+    idle = [backend.sample()[1].utilization_gpu for _ in range(5)]
     sleeper = spawn(["sleep", "30"], cuda_devices=gpu1)
-    idle = [backend.sample()[1].utilization_gpu for _ in range(3)]
     readings = backend.sample()
     assert readings[0].processes == []
     (proc,) = readings[1].processes
