@@ -79,7 +79,7 @@ class ReadingsView(AgentView):
     def post(self, request):
         message = self.parse(protocol.ReadingsRequest)
         accepted = samples_ingest(node=request.auth, request=message)
-        answer = protocol.ReadingsResponse(accepted=accepted)
+        answer = protocol.AcceptedResponse(accepted=accepted)
         return Response(protocol.to_json(answer), status=status.HTTP_202_ACCEPTED)
 
 
@@ -98,5 +98,5 @@ class EventsView(AgentView):
     def post(self, request):
         message = self.parse(protocol.EventsRequest)
         accepted = agent_services.agent_events_record(node=request.auth, request=message)
-        answer = protocol.EventsResponse(accepted=accepted)
+        answer = protocol.AcceptedResponse(accepted=accepted)
         return Response(protocol.to_json(answer), status=status.HTTP_202_ACCEPTED)

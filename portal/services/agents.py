@@ -296,17 +296,22 @@ def _record_exit(event: Event, when: datetime) -> None:
     booking = Booking.objects.get(pk=event.booking_id)
     if event.kind != "exited" or not booking.command:
         return
-    if event.exit_code == 0:
-        to, what, detail = Booking.State.FINISHED, "finished", "command exited with code 0"
-    elif event.exit_code is None:
-        to, what, detail = Booking.State.FAILED, "failed", event.detail or "command did not run"
-    else:
-        to, what = Booking.State.FAILED, "failed"
-        detail = f"command exited with code {event.exit_code}"
+    to, what, detail = _outcome(event)
     if booking_transition(
         booking.pk, from_states=(Booking.State.ACTIVE,), to=to, now=when, detail=detail[:300]
     ):
         booking_events.booking_changed(booking, what)
+
+
+def _outcome(event: Event) -> tuple[str, str, str]:
+    if event.exit_code == 0:
+        return Booking.State.FINISHED, "finished", "command exited with code 0"
+    if event.exit_code is not None:
+        return Booking.State.FAILED, "failed", f"command exited with code {event.exit_code}"
+    if event.detail.startswith("not launched"):
+        return Booking.State.FAILED, "failed", event.detail
+    # A job re-adopted after an agent restart is no child of the agent: its status is unknown.
+    return Booking.State.FINISHED, "finished", f"command ended, exit code unknown ({event.detail})"
 
 
 def _alert(node: Node, event: Event) -> None:

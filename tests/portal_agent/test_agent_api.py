@@ -345,3 +345,28 @@ def test_it_stores_an_unbooked_process_without_mailing_anyone(
     assert alert.kind == "unbooked_process" and alert.booking is None
     assert len(callbacks) == 1  # the site is told (Slack, when configured)
     assert mail.outbox == []
+
+
+@pytest.mark.parametrize(
+    ("detail", "state", "state_detail"),
+    [
+        (
+            "not launched: Unix user 'zoe' (portal user 'zoe') does not exist on this node",
+            "failed",
+            "not launched: Unix user 'zoe' (portal user 'zoe') does not exist on this node",
+        ),
+        (
+            "exited (re-adopted after an agent restart)",
+            "finished",
+            "command ended, exit code unknown (exited (re-adopted after an agent restart))",
+        ),
+    ],
+)
+def test_it_ends_a_batch_booking_whose_exit_code_is_unknown(
+    node_a, agent_a, detail, state, state_detail
+):
+    booking = make_active_booking([node_a[0].gpus.first()], command="x")
+    event = {**_exited(booking, None, tail=None), "detail": detail}
+    assert agent_a.events(event).status_code == 202
+    booking.refresh_from_db()
+    assert (booking.state, booking.state_detail, booking.exit_code) == (state, state_detail, None)
