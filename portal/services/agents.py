@@ -6,6 +6,7 @@ what the database stores. A bad message is refused whole (400 naming the field) 
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -83,7 +84,7 @@ def _check_unknown(cls: type, data, path: str) -> None:
     # protocol.from_json ignores unknown fields; the portal refuses them (a typo loses data).
     if not isinstance(data, dict):
         return
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for key in data:
         where = f"{path}.{key}" if path else str(key)
         if key not in hints:
@@ -97,6 +98,12 @@ def _check_unknown(cls: type, data, path: str) -> None:
             _check_unknown(inner, item, f"{where}[{i}]" if suffix else where)
 
 
+@functools.cache
+def _hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
 def _dataclass_in(hint) -> type | None:
     if dataclasses.is_dataclass(hint):
         return hint

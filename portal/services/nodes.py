@@ -90,16 +90,28 @@ def node_inventory_from_spec(*, hostname: str, spec: str) -> Node:
     return node
 
 
+# Heartbeats closer together than this are not written again (agents post several times a
+# second under load; the heartbeat timeout is a minute).
+HEARTBEAT_WRITE_INTERVAL = timedelta(seconds=1)
+
+
 def node_mark_seen(*, node: Node, agent_version: str = "") -> bool:
-    """Record a heartbeat; a node that was down comes back up (True then) and may get work."""
+    """Record a heartbeat; a node that was down comes back up (True then) and may get work.
+
+    `node` should be freshly read (as token authentication does): its state and last_seen decide
+    whether anything needs writing.
+    """
     now = timezone.now()
+    recent = node.last_seen is not None and now - node.last_seen < HEARTBEAT_WRITE_INTERVAL
+    if recent and node.state != Node.State.DOWN and not agent_version:
+        return False
     fields = {"last_seen": now}
     if agent_version:
         fields["agent_version"] = agent_version
     Node.objects.filter(pk=node.pk).update(**fields)
-    came_up = Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
-        state=Node.State.UP, state_reason=""
-    )
+    came_up = node.state == Node.State.DOWN and Node.objects.filter(
+        pk=node.pk, state=Node.State.DOWN
+    ).update(state=Node.State.UP, state_reason="")
     if came_up:
         events.request_allocation_pass()
     return bool(came_up)

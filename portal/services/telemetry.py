@@ -7,6 +7,7 @@ TELEMETRY_RAW_RETENTION_H hours, per-minute rollups TELEMETRY_ROLLUP_RETENTION_D
 """
 
 import math
+import time
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -18,7 +19,8 @@ from django.utils import timezone
 from agents.protocol import DeviceReading, ReadingsRequest, to_json
 from portal.errors import NotAllowed, ValidationFailed
 from portal.models import Gpu, MigInstance, Node, Sample, SampleMinute
-from portal.services import live, telemetry_cache
+from portal.services import telemetry_cache
+from portal.services.live_nowait import live_send_nowait
 
 TELEMETRY_GROUP = "telemetry"
 # Minutes already rolled up are recomputed this far back, to count samples that arrived late.
@@ -42,6 +44,24 @@ def node_device_uuids(*, node_id: int) -> set[str]:
     return set(gpus.union(migs))
 
 
+# node id -> (read at, device UUIDs): ingest checks every batch against the node's devices, and
+# a query per batch would cost more than the write. An unknown UUID re-reads before refusing,
+# so a device added at register is accepted at once; a removed one is forgotten within the TTL.
+_DEVICE_TTL_S = 60.0
+_devices: dict[int, tuple[float, frozenset[str]]] = {}
+
+
+def _unknown_uuid(node_id: int, uuids: list[str]) -> int | None:
+    """Index of the first UUID that is not a device of the node, else None."""
+    read_at, known = _devices.get(node_id, (0.0, frozenset()))
+    fresh = time.monotonic() - read_at < _DEVICE_TTL_S
+    if fresh and all(u in known for u in uuids):
+        return None
+    known = frozenset(node_device_uuids(node_id=node_id))
+    _devices[node_id] = (time.monotonic(), known)
+    return next((i for i, u in enumerate(uuids) if u not in known), None)
+
+
 def samples_ingest(*, node: Node, request: ReadingsRequest) -> int:
     """Store one batch of readings of `node` (all or nothing) and publish them after commit.
 
@@ -53,12 +73,12 @@ def samples_ingest(*, node: Node, request: ReadingsRequest) -> int:
             f"This token belongs to {node.hostname}, not {request.hostname}.",
             fields={"hostname": "not the node this token belongs to"},
         )
-    known = node_device_uuids(node_id=node.pk)
-    for index, reading in enumerate(request.readings):
-        if reading.uuid not in known:
-            raise ValidationFailed.field(
-                f"readings[{index}].uuid", f"{reading.uuid} is not a device of {node.hostname}"
-            )
+    index = _unknown_uuid(node.pk, [r.uuid for r in request.readings])
+    if index is not None:
+        uuid = request.readings[index].uuid
+        raise ValidationFailed.field(
+            f"readings[{index}].uuid", f"{uuid} is not a device of {node.hostname}"
+        )
     rows = [(node.pk, r.uuid, request.time, *_values(r)) for r in request.readings]
     with transaction.atomic():
         _write(rows)
@@ -77,20 +97,24 @@ def _write(rows: list[tuple]) -> None:
         Sample.objects.bulk_create(Sample(**dict(zip(_COLUMNS, row, strict=True))) for row in rows)
         return
     sql = f"COPY {Sample._meta.db_table} ({', '.join(_COLUMNS)}) FROM STDIN"
-    with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
-        for row in rows:
-            copy.write_row(row)
+    with connection.cursor() as cursor:
+        # Samples are not worth an fsync wait each: a crash may lose the last fraction of a
+        # second of telemetry, never consistency. Only this transaction is affected.
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        with cursor.cursor.copy(sql) as copy:
+            for row in rows:
+                copy.write_row(row)
 
 
 def _publish(hostname: str, request: ReadingsRequest) -> None:
-    time = to_json(request)["time"]
+    when = to_json(request)["time"]
     readings = [to_json(r) for r in request.readings]
     telemetry_cache.latest_store(
-        {r["uuid"]: {**r, "node": hostname, "time": time} for r in readings}
+        {r["uuid"]: {**r, "node": hostname, "time": when} for r in readings}
     )
-    live.group_send(
+    live_send_nowait(
         TELEMETRY_GROUP,
-        {"type": "telemetry.readings", "node": hostname, "time": time, "readings": readings},
+        {"type": "telemetry.readings", "node": hostname, "time": when, "readings": readings},
     )
 
 
