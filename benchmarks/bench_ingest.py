@@ -83,9 +83,7 @@ def _setup() -> dict[str, dict]:
         backend = SimulatedBackend(spec, hostname=hostname, seed=1)
         bodies = [
             protocol.dumps(
-                protocol.ReadingsRequest(
-                    hostname, start + timedelta(seconds=i), backend.sample()
-                )
+                protocol.ReadingsRequest(hostname, start + timedelta(seconds=i), backend.sample())
             )
             for i in range(BATCHES_PER_AGENT)
         ]
@@ -183,7 +181,9 @@ def main() -> None:
                 "database": database,
                 "cache": settings.CACHES["default"]["BACKEND"].rsplit(".", 1)[-1],
                 "channel_layer": settings.CHANNEL_LAYERS["default"]["BACKEND"].rsplit(".", 1)[-1],
-                "batch_sizes": [len(json.loads(a["bodies"][0])["readings"]) for a in agents.values()],
+                "batch_sizes": [
+                    len(json.loads(a["bodies"][0])["readings"]) for a in agents.values()
+                ],
                 "seconds_per_phase": args.seconds,
                 "service_readings_per_s": round(service_rate),
                 "service_batches": service["batches"],

@@ -36,11 +36,12 @@ from portal.services import live
 from portal.services.bookings import booking_transition
 from portal.services.nodes import node_inventory_update
 from portal.services.notifications import slack_post
-from portal.services.telemetry import node_device_uuids
+from portal.services.telemetry import node_device_uuids, node_devices_forget
 
 log = logging.getLogger(__name__)
 
 _INT_RANGE = (-(2**31), 2**31 - 1)  # what an IntegerField holds
+_BIG_INTS = {"booking_id"}  # primary keys are 64-bit
 _FLOAT_LIMIT = 1e9
 _STRING_LIMITS = {"uuid": 96, "device_uuid": 96, "hostname": 253, "user": 64, "model": 64}
 _STRING_LIMIT = 65536
@@ -133,7 +134,8 @@ def _check_limits(value, path: str, name: str = "") -> None:
 
 
 def _check_number(value: float, path: str, name: str) -> None:
-    if isinstance(value, int) and not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+    low, high = (-(2**63), 2**63 - 1) if name in _BIG_INTS else _INT_RANGE
+    if isinstance(value, int) and not low <= value <= high:
         raise ValidationFailed.field(path, "is out of range")
     if not math.isfinite(value) or abs(value) > _FLOAT_LIMIT:
         raise ValidationFailed.field(path, "is out of range")
@@ -166,6 +168,7 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
         Node.objects.filter(pk=node.pk).update(agent_version=request.agent_version)
         booking_events.request_allocation_pass()  # the inventory may have grown
+    node_devices_forget(node_id=node.pk)
     return RegisterResponse(
         node=node.hostname,
         report_interval_s=settings.AGENT_REPORT_INTERVAL_S,

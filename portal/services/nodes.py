@@ -136,9 +136,9 @@ def nodes_heartbeat_check(*, now: datetime) -> list[str]:
 def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> bool:
     reason = f"node {hostname} stopped reporting"
     with transaction.atomic(durable=True):
-        if not Node.objects.filter(
-            pk=node_id, state=Node.State.UP, last_seen__lt=cutoff
-        ).update(state=Node.State.DOWN, state_reason=f"no heartbeat since {cutoff:%H:%M:%S} UTC"):
+        if not Node.objects.filter(pk=node_id, state=Node.State.UP, last_seen__lt=cutoff).update(
+            state=Node.State.DOWN, state_reason=f"no heartbeat since {cutoff:%H:%M:%S} UTC"
+        ):
             return False
         held = Booking.objects.filter(
             state=Booking.State.ACTIVE, allocations__live=True, allocations__gpu__node_id=node_id
@@ -151,7 +151,10 @@ def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> 
 
 def _fail_booking(booking: Booking, reason: str, now: datetime) -> None:
     if not booking_transition(
-        booking.pk, from_states=(Booking.State.ACTIVE,), to=Booking.State.FAILED, now=now,
+        booking.pk,
+        from_states=(Booking.State.ACTIVE,),
+        to=Booking.State.FAILED,
+        now=now,
         detail=reason,
     ):
         return
@@ -159,7 +162,9 @@ def _fail_booking(booking: Booking, reason: str, now: datetime) -> None:
     if requeue:
         # Like a preempted batch job: back to the queue, keeping its submit time (its age).
         Booking.objects.filter(pk=booking.pk, state=Booking.State.FAILED).update(
-            state=Booking.State.PENDING, ended_at=None, started_at=None,
+            state=Booking.State.PENDING,
+            ended_at=None,
+            started_at=None,
             state_detail=f"{reason}; requeued",
         )
     events.booking_changed(booking, "requeued" if requeue else "failed")

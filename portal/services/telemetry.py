@@ -51,6 +51,11 @@ _DEVICE_TTL_S = 60.0
 _devices: dict[int, tuple[float, frozenset[str]]] = {}
 
 
+def node_devices_forget(*, node_id: int) -> None:
+    """Drop this process's cached device list of the node (its inventory just changed)."""
+    _devices.pop(node_id, None)
+
+
 def _unknown_uuid(node_id: int, uuids: list[str]) -> int | None:
     """Index of the first UUID that is not a device of the node, else None."""
     read_at, known = _devices.get(node_id, (0.0, frozenset()))

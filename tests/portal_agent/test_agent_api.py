@@ -29,8 +29,18 @@ REGISTER = {
             "memory_total_mib": 81920,
             "mig_mode": True,
             "mig_instances": [
-                {"uuid": "MIG-new-0a", "profile": "3g.40gb", "slices": 3, "memory_total_mib": 40960},
-                {"uuid": "MIG-new-0b", "profile": "2g.20gb", "slices": 2, "memory_total_mib": 20480},
+                {
+                    "uuid": "MIG-new-0a",
+                    "profile": "3g.40gb",
+                    "slices": 3,
+                    "memory_total_mib": 40960,
+                },
+                {
+                    "uuid": "MIG-new-0b",
+                    "profile": "2g.20gb",
+                    "slices": 2,
+                    "memory_total_mib": 20480,
+                },
             ],
         },
         {
@@ -47,7 +57,9 @@ REGISTER = {
 
 def _uuids(node):
     gpus = list(Gpu.objects.filter(node=node).order_by("index").values_list("uuid", flat=True))
-    migs = list(MigInstance.objects.filter(gpu__node=node).order_by("uuid").values_list("uuid", flat=True))
+    migs = list(
+        MigInstance.objects.filter(gpu__node=node).order_by("uuid").values_list("uuid", flat=True)
+    )
     return gpus, migs
 
 
@@ -151,7 +163,9 @@ def test_it_stores_readings_in_the_database_and_the_cache(
     node = node_a[0]
     gpu = node.gpus.filter(mig_mode=False).first()
     mig = MigInstance.objects.filter(gpu__node=node).first()
-    whole = reading(gpu.uuid, utilization_gpu=87.5, utilization_memory=40.0, temperature_c=61.0, power_w=350.5)
+    whole = reading(
+        gpu.uuid, utilization_gpu=87.5, utilization_memory=40.0, temperature_c=61.0, power_w=350.5
+    )
     with django_capture_on_commit_callbacks(execute=True):
         response = agent_a.readings(
             "node-a", [whole, reading(mig.uuid)], time="2026-01-01T10:00:00Z"
@@ -199,8 +213,14 @@ def test_it_refuses_bad_batches_naming_the_field(node_a, agent_a, body, field):
         ({"memory_used_mib": -1}, "readings[1].memory_used_mib"),
         ({"uuid": "X" * 200}, "readings[1].uuid"),
         ({"surprise": 1}, "readings[1].surprise"),
-        ({"processes": [{"pid": 1, "user": "a", "used_memory_mib": 1}]}, "readings[1].processes[0].name"),
-        ({"processes": [{"pid": 1, "user": "a", "used_memory_mib": 1, "name": "x", "y": 2}]}, "readings[1].processes[0].y"),
+        (
+            {"processes": [{"pid": 1, "user": "a", "used_memory_mib": 1}]},
+            "readings[1].processes[0].name",
+        ),
+        (
+            {"processes": [{"pid": 1, "user": "a", "used_memory_mib": 1, "name": "x", "y": 2}]},
+            "readings[1].processes[0].y",
+        ),
     ],
 )
 def test_it_refuses_a_bad_reading_and_stores_none_of_the_batch(node_a, agent_a, change, field):
@@ -215,8 +235,12 @@ def test_it_refuses_a_bad_reading_and_stores_none_of_the_batch(node_a, agent_a, 
 
 def test_it_refuses_nan_and_infinity(node_a, agent_a):
     uuid = node_a[0].gpus.first().uuid
-    raw = json.dumps({"hostname": "node-a", "time": "2026-01-01T00:00:00Z", "readings": [reading(uuid)]})
-    response = agent_a.post(protocol.READINGS_PATH, raw.replace('"power_w": null', '"power_w": NaN'))
+    raw = json.dumps(
+        {"hostname": "node-a", "time": "2026-01-01T00:00:00Z", "readings": [reading(uuid)]}
+    )
+    response = agent_a.post(
+        protocol.READINGS_PATH, raw.replace('"power_w": null', '"power_w": NaN')
+    )
     assert response.status_code == 400
     assert "body" in error_of(response)["fields"]
     assert Sample.objects.count() == 0
@@ -321,7 +345,12 @@ def test_it_stores_a_foreign_process_and_notifies_owner(
         response = agent_a.events(event)
     assert response.status_code == 202
     alert = NodeAlert.objects.get()
-    assert (alert.kind, alert.pid, alert.user, alert.action) == ("foreign_process", 4242, "mallory", "warn")
+    assert (alert.kind, alert.pid, alert.user, alert.action) == (
+        "foreign_process",
+        4242,
+        "mallory",
+        "warn",
+    )
     assert alert.booking == booking and alert.owner == owner and alert.node == node_a[0]
     assert [m.to for m in mail.outbox] == [["carol@example.org"]]
     assert "mallory" in mail.outbox[0].body
@@ -370,3 +399,14 @@ def test_it_ends_a_batch_booking_whose_exit_code_is_unknown(
     assert agent_a.events(event).status_code == 202
     booking.refresh_from_db()
     assert (booking.state, booking.state_detail, booking.exit_code) == (state, state_detail, None)
+
+
+def test_it_lists_alerts_in_the_admin(node_a, client):
+    NodeAlert.objects.create(
+        node=node_a[0], kind="unbooked_process", time=timezone.now(), pid=99, user="eve"
+    )
+    admin = UserFactory(username="root", is_staff=True, is_superuser=True)
+    client.force_login(admin)
+    response = client.get("/admin/portal/nodealert/")
+    assert response.status_code == 200
+    assert b"eve" in response.content

@@ -26,8 +26,16 @@ def _at(minute: int, second: int = 0) -> datetime:
 def test_it_rolls_up_per_device_and_minute_without_double_counting(settings):
     node = NodeFactory()
     for second, util in [(0, 10.0), (20, 30.0), (40, 80.0)]:
-        SampleFactory(node=node, uuid="GPU-1", time=_at(-2, second), utilization_gpu=util, temperature_c=40 + second)
-    SampleFactory(node=node, uuid="MIG-1", time=_at(-2, 5), utilization_gpu=None, utilization_memory=None)
+        SampleFactory(
+            node=node,
+            uuid="GPU-1",
+            time=_at(-2, second),
+            utilization_gpu=util,
+            temperature_c=40 + second,
+        )
+    SampleFactory(
+        node=node, uuid="MIG-1", time=_at(-2, 5), utilization_gpu=None, utilization_memory=None
+    )
     SampleFactory(node=node, uuid="GPU-1", time=_at(0, 10))  # the current minute: not yet whole
 
     assert samples_rollup(now=NOW) == 2
@@ -81,7 +89,12 @@ def test_it_returns_raw_history_within_raw_retention():
     node = NodeFactory()
     now = timezone.now()
     for i in range(10):
-        SampleFactory(node=node, uuid="GPU-1", time=now - timedelta(seconds=50 - 5 * i), utilization_gpu=float(i))
+        SampleFactory(
+            node=node,
+            uuid="GPU-1",
+            time=now - timedelta(seconds=50 - 5 * i),
+            utilization_gpu=float(i),
+        )
     SampleFactory(node=node, uuid="MIG-1", time=now - timedelta(seconds=5), utilization_gpu=None)
     points = samples_history(uuid="GPU-1", since=now - timedelta(minutes=1), until=now)
     assert len(points) == 10
@@ -103,9 +116,15 @@ def test_it_downsamples_to_at_most_max_points_keeping_nulls_null():
     node = NodeFactory()
     now = timezone.now()
     for i in range(100):
-        SampleFactory(node=node, uuid="GPU-1", time=now - timedelta(seconds=100 - i), utilization_gpu=float(i))
-        SampleFactory(node=node, uuid="MIG-1", time=now - timedelta(seconds=100 - i), utilization_gpu=None)
-    points = samples_history(uuid="GPU-1", since=now - timedelta(minutes=5), until=now, max_points=10)
+        SampleFactory(
+            node=node, uuid="GPU-1", time=now - timedelta(seconds=100 - i), utilization_gpu=float(i)
+        )
+        SampleFactory(
+            node=node, uuid="MIG-1", time=now - timedelta(seconds=100 - i), utilization_gpu=None
+        )
+    points = samples_history(
+        uuid="GPU-1", since=now - timedelta(minutes=5), until=now, max_points=10
+    )
     assert len(points) == 10
     assert points[0]["utilization_gpu"] == pytest.approx(4.5)  # mean of 0..9
     assert [p["time"] for p in points] == sorted(p["time"] for p in points)
@@ -119,8 +138,13 @@ def test_it_uses_minute_rollups_beyond_raw_retention(settings):
     now = timezone.now().replace(second=0, microsecond=0)
     for m in range(1, 4):
         SampleMinute.objects.create(
-            node=node, uuid="GPU-1", minute=now - timedelta(hours=2, minutes=m), samples=12,
-            utilization_gpu_avg=float(m), memory_used_mib_avg=100.0, memory_total_mib=81920,
+            node=node,
+            uuid="GPU-1",
+            minute=now - timedelta(hours=2, minutes=m),
+            samples=12,
+            utilization_gpu_avg=float(m),
+            memory_used_mib_avg=100.0,
+            memory_total_mib=81920,
         )
     SampleFactory(node=node, uuid="GPU-1", time=now - timedelta(hours=2, minutes=2))  # ignored
     points = samples_history(uuid="GPU-1", since=now - timedelta(hours=3), until=now)
