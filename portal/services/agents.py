@@ -34,7 +34,7 @@ from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert
 from portal.services import events as booking_events
 from portal.services import live
 from portal.services.bookings import booking_transition
-from portal.services.nodes import node_inventory_update
+from portal.services.nodes import node_check_hostname, node_inventory_update
 from portal.services.notifications import slack_post
 from portal.services.telemetry import node_device_uuids, node_devices_forget
 
@@ -137,7 +137,7 @@ def _check_number(value: float, path: str, name: str) -> None:
     low, high = (-(2**63), 2**63 - 1) if name in _BIG_INTS else _INT_RANGE
     if isinstance(value, int) and not low <= value <= high:
         raise ValidationFailed.field(path, "is out of range")
-    if not math.isfinite(value) or abs(value) > _FLOAT_LIMIT:
+    if isinstance(value, float) and (not math.isfinite(value) or abs(value) > _FLOAT_LIMIT):
         raise ValidationFailed.field(path, "is out of range")
     if name in _PERCENT and not 0 <= value <= 100:
         raise ValidationFailed.field(path, "must be a percentage between 0 and 100")
@@ -145,20 +145,12 @@ def _check_number(value: float, path: str, name: str) -> None:
         raise ValidationFailed.field(path, "must not be negative")
 
 
-def _check_own_hostname(node: Node, hostname: str) -> None:
-    if hostname != node.hostname:
-        raise NotAllowed(
-            f"This token belongs to {node.hostname}, not {hostname}.",
-            fields={"hostname": "not the node this token belongs to"},
-        )
-
-
 # -- register ------------------------------------------------------------------------------
 
 
 def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
     """Take the node's discovered inventory (GPUs, MIG instances) and answer its settings."""
-    _check_own_hostname(node, request.hostname)
+    node_check_hostname(node=node, hostname=request.hostname)
     if request.protocol != protocol.PROTOCOL_VERSION:
         raise ValidationFailed.field(
             "protocol", f"this portal speaks protocol {protocol.PROTOCOL_VERSION}"

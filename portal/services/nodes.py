@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from portal.errors import NotAllowed
 from portal.models import Booking, Gpu, MigInstance, Node
 from portal.models.tokens import hash_token, new_token
 from portal.services import events
@@ -23,6 +24,15 @@ def node_token_issue(*, hostname: str) -> str:
 def node_token_revoke(*, hostname: str) -> bool:
     """Revoke the node's agent token; False if the node does not exist."""
     return bool(Node.objects.filter(hostname=hostname).update(agent_token_hash=""))
+
+
+def node_check_hostname(*, node: Node, hostname: str) -> None:
+    """Refuse (403) a message in which the agent of `node` speaks for another host."""
+    if hostname != node.hostname:
+        raise NotAllowed(
+            f"This token belongs to {node.hostname}, not {hostname}.",
+            fields={"hostname": "not the node this token belongs to"},
+        )
 
 
 def node_for_token(raw: str) -> Node | None:

@@ -17,10 +17,11 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from agents.protocol import DeviceReading, ReadingsRequest, to_json
-from portal.errors import NotAllowed, ValidationFailed
+from portal.errors import ValidationFailed
 from portal.models import Gpu, MigInstance, Node, Sample, SampleMinute
 from portal.services import telemetry_cache
 from portal.services.live_nowait import live_send_nowait
+from portal.services.nodes import node_check_hostname
 
 TELEMETRY_GROUP = "telemetry"
 # Minutes already rolled up are recomputed this far back, to count samples that arrived late.
@@ -73,11 +74,7 @@ def samples_ingest(*, node: Node, request: ReadingsRequest) -> int:
     The batch must be the node's own (hostname) and name only its devices (uuid): otherwise
     nothing is stored. Returns the number of readings stored.
     """
-    if request.hostname != node.hostname:
-        raise NotAllowed(
-            f"This token belongs to {node.hostname}, not {request.hostname}.",
-            fields={"hostname": "not the node this token belongs to"},
-        )
+    node_check_hostname(node=node, hostname=request.hostname)
     index = _unknown_uuid(node.pk, [r.uuid for r in request.readings])
     if index is not None:
         uuid = request.readings[index].uuid
