@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents import protocol
+from portal.api.auth import authorization_key
 from portal.models import Node
 from portal.services import agents as agent_services
 from portal.services.nodes import node_for_token, node_mark_seen
@@ -24,15 +25,9 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request):
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+        raw = authorization_key(request, self.keyword)
+        if raw is None:
             return None
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Invalid header: expected 'Bearer <token>'.")
-        try:
-            raw = header[1].decode()
-        except UnicodeError as exc:
-            raise exceptions.AuthenticationFailed("Invalid token header.") from exc
         node = node_for_token(raw)
         if node is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked node token.")
