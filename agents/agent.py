@@ -22,6 +22,7 @@ from agents.dispatch import Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
 from agents.protocol import (
+    DesiredBooking,
     DesiredState,
     DeviceReading,
     Event,
@@ -84,6 +85,7 @@ class Agent:
         self._dropped_events = 0
         self._events_seen = 0
         self._inventory = backend.discover()
+        self._mig_children = {g.uuid: [m.uuid for m in g.mig_instances] for g in self._inventory}
         self.stopping = threading.Event()
         self._wake = threading.Event()
 
@@ -168,7 +170,7 @@ class Agent:
             call()
         except (PortalUnavailable, Rejected) as exc:
             delay = self._backoff.next_delay()
-            log.warning("portal unavailable (%s); retrying in %.1f s", exc, delay)
+            log.warning("portal request failed (%s); retrying in %.1f s", exc, delay)
             self._offline_until = self._clock() + delay
             self._registered = False
         else:
@@ -197,7 +199,7 @@ class Agent:
         self._offline_until = None
         self._pull_requested = True  # whatever changed while away: pull it now
 
-    def _bookings(self):
+    def _bookings(self) -> list[DesiredBooking] | None:
         return None if self.desired is None else self.desired.bookings
 
     def _sample_if_due(self) -> list[DeviceReading] | None:
@@ -222,7 +224,6 @@ class Agent:
         return self.enforcer.check(readings, self._holders(now), self.policy, protected, now)
 
     def _holders(self, now: datetime) -> dict[str, Holder]:
-        children = {gpu.uuid: [mig.uuid for mig in gpu.mig_instances] for gpu in self._inventory}
         holders = {}
         for booking in active_bookings(self.desired.bookings, now):
             holder = Holder(
@@ -230,7 +231,7 @@ class Agent:
             )
             for uuid in booking.device_uuids:
                 # A booking of a whole GPU covers its MIG instances too.
-                for covered in [uuid, *children.get(uuid, [])]:
+                for covered in [uuid, *self._mig_children.get(uuid, [])]:
                     holders[covered] = holder
         return holders
 

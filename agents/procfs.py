@@ -141,6 +141,8 @@ class ProcTable:
         pids = {int(name) for name in os.listdir(PROC) if name.isdigit()}
         for pid in self._entries.keys() - pids:
             del self._entries[pid]
+        # A pid that exited and was reused between two refreshes would keep its old entry;
+        # the kernel hands out all of pid_max before reusing one, so in a second that is rare.
         self._settled &= pids
         unsettled = pids - self._settled
         if unsettled:

@@ -14,8 +14,8 @@ def _gone(proc):
     return proc.poll() is not None
 
 
-def test_it_reports_a_foreign_process_once(portal, make_agent, spawn, cycle_until):
-    agent = make_agent(user_map={"alice": "root"})
+def test_it_reports_a_foreign_process_once(portal, make_agent, spawn, cycle_until, me, as_root):
+    agent = make_agent(user_map={"alice": me})
     gpu0 = agent.backend.discover()[0].uuid
     portal.book(1, "alice", [gpu0])
     intruder = spawn(["sleep", "60"], cuda_devices=gpu0, user="nobody")
@@ -29,7 +29,7 @@ def test_it_reports_a_foreign_process_once(portal, make_agent, spawn, cycle_unti
     assert intruder.poll() is None  # report only: left running
 
 
-def test_it_leaves_the_booking_owners_own_processes_alone(portal, make_agent, spawn):
+def test_it_leaves_the_booking_owners_own_processes_alone(portal, make_agent, spawn, as_root):
     agent = make_agent(user_map={"alice": "nobody"})
     gpu0 = agent.backend.discover()[0].uuid
     portal.book(1, "alice", [gpu0])
@@ -39,9 +39,11 @@ def test_it_leaves_the_booking_owners_own_processes_alone(portal, make_agent, sp
     assert portal.events() == []
 
 
-def test_it_kills_a_foreign_process_under_policy_kill(portal, make_agent, spawn, cycle_until):
+def test_it_kills_a_foreign_process_under_policy_kill(
+    portal, make_agent, spawn, cycle_until, me, as_root
+):
     portal.register_answer["enforcement"] = "kill"
-    agent = make_agent(user_map={"alice": "root"})
+    agent = make_agent(user_map={"alice": me})
     gpu0 = agent.backend.discover()[0].uuid
     portal.book(1, "alice", [gpu0])
     intruder = spawn(["sleep", "60"], cuda_devices=gpu0, user="nobody")
@@ -51,10 +53,12 @@ def test_it_kills_a_foreign_process_under_policy_kill(portal, make_agent, spawn,
     assert intruder.returncode == -15  # SIGTERM was enough
 
 
-def test_it_sigkills_a_foreign_process_that_ignores_sigterm(portal, make_agent, spawn, cycle_until):
+def test_it_sigkills_a_foreign_process_that_ignores_sigterm(
+    portal, make_agent, spawn, cycle_until, me, as_root
+):
     agent = make_agent(policy="kill", grace_s=0.5)
     gpu0 = agent.backend.discover()[0].uuid
-    portal.book(1, "root", [gpu0])
+    portal.book(1, me, [gpu0])
     intruder = spawn(
         ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"], cuda_devices=gpu0, user="nobody"
     )
@@ -68,6 +72,11 @@ def test_it_reports_unbooked_processes_once_and_only_after_the_first_pull(
     agent = make_agent()
     gpu1 = agent.backend.discover()[1].uuid
     squatter = spawn(["sleep", "60"], cuda_devices=gpu1)
+    portal.status_override = 503  # no desired state yet: every device would look unbooked
+    for _ in range(3):
+        agent.handle_one_cycle()
+    assert list(agent.events) == []
+    portal.status_override = None
     cycle_until(agent, lambda: _found(portal, "unbooked_process"))
     for _ in range(5):
         agent.handle_one_cycle()
@@ -76,7 +85,7 @@ def test_it_reports_unbooked_processes_once_and_only_after_the_first_pull(
     assert "no booking holds" in event.detail
 
 
-def test_it_covers_mig_instances_of_a_booked_whole_gpu(portal, make_agent, spawn):
+def test_it_covers_mig_instances_of_a_booked_whole_gpu(portal, make_agent, spawn, as_root):
     agent = make_agent("1xA100-80GB:mig=3g.40gb+3g.40gb", user_map={"alice": "nobody"})
     gpu = agent.backend.discover()[0]
     portal.book(1, "alice", [gpu.uuid])
@@ -87,7 +96,7 @@ def test_it_covers_mig_instances_of_a_booked_whole_gpu(portal, make_agent, spawn
 
 
 def test_it_warns_on_the_controlling_terminal_under_policy_warn(
-    portal, make_agent, spawn, cycle_until
+    portal, make_agent, spawn, cycle_until, as_root
 ):
     agent = make_agent(policy="warn")
     gpu0 = agent.backend.discover()[0].uuid

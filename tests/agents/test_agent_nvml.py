@@ -131,7 +131,7 @@ def test_it_derives_profile_names_when_nvml_will_not_say():
     assert [m.profile for m in migs] == ["1g.10gb", "3g.40gb"]
 
 
-def test_it_reads_fields_and_nulls_the_unsupported_ones():
+def test_it_reads_fields_and_nulls_the_unsupported_ones(me):
     backend = NvmlBackend(nvml=FakeNvml())
     whole, mig_gpu, mig0, mig2 = backend.sample()
     assert (whole.utilization_gpu, whole.utilization_memory) == (37.0, 12.0)
@@ -141,7 +141,7 @@ def test_it_reads_fields_and_nulls_the_unsupported_ones():
     assert (mig0.utilization_gpu, mig0.temperature_c, mig0.power_w) == (None, None, None)
     assert mig0.memory_used_mib == 100
     (proc,) = mig0.processes
-    assert (proc.pid, proc.used_memory_mib, proc.user) == (os.getpid(), 300, "root")
+    assert (proc.pid, proc.used_memory_mib, proc.user) == (os.getpid(), 300, me)
     assert mig_gpu.processes == []  # reported once, on the instance it runs in
     assert mig2.processes == []
     backend.close()

@@ -1,7 +1,6 @@
 """Talking to the portal: reconnects, queued events, bad tokens, pushes."""
 
 import subprocess
-import sys
 import threading
 import time
 
@@ -45,17 +44,17 @@ def test_it_takes_policy_and_intervals_from_the_portal_unless_overridden(portal,
 
 
 def test_it_queues_events_while_the_portal_is_down_and_resyncs_when_it_returns(
-    portal, make_agent, cycle_until
+    portal, make_agent, cycle_until, me
 ):
     agent = make_agent()
     gpu0 = agent.backend.discover()[0].uuid
-    portal.book(1, "root", [gpu0], command="sleep 0.3; exit 4")
+    portal.book(1, me, [gpu0], command="sleep 0.3; exit 4")
     cycle_until(agent, lambda: ("started", 1) in _kinds(portal))
     portal.stop()
     cycle_until(agent, lambda: any(e.kind == "exited" for e in agent.events))
     assert ("exited", 1) not in _kinds(portal)  # nowhere to send it yet
     portal.received.clear()
-    portal.book(2, "root", [gpu0], command="exit 0")  # changed while the agent was away
+    portal.book(2, me, [gpu0], command="exit 0")  # changed while the agent was away
     portal.start()
     cycle_until(agent, lambda: ("exited", 2) in _kinds(portal), timeout_s=15)
     assert portal.paths()[:2] == [protocol.REGISTER_PATH, protocol.DESIRED_PATH]
@@ -85,31 +84,13 @@ def test_it_raises_on_a_refused_token(portal, make_agent):
         agent.handle_one_cycle()
 
 
-def test_it_exits_non_zero_with_a_clear_error_on_a_bad_token(portal, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agents",
-            "--portal",
-            portal.url,
-            "--token",
-            "wrong",
-            "--simulate",
-            "1xH100-80GB",
-            "--state-dir",
-            str(tmp_path),
-            "--no-push",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+def test_it_exits_non_zero_with_a_clear_error_on_a_bad_token(agent_argv):
+    result = subprocess.run(agent_argv(token="wrong"), capture_output=True, text=True, timeout=30)
     assert result.returncode == 3
     assert "refused the node token" in result.stderr
 
 
-def test_it_pulls_desired_state_at_once_when_the_portal_pushes(portal, make_agent, cycle_until):
+def test_it_pulls_desired_state_at_once_when_the_portal_pushes(portal, make_agent, cycle_until, me):
     connected = threading.Event()
     sockets = []
 
@@ -135,9 +116,21 @@ def test_it_pulls_desired_state_at_once_when_the_portal_pushes(portal, make_agen
         pulls = portal.paths().count(protocol.DESIRED_PATH)
         agent.handle_one_cycle()
         assert portal.paths().count(protocol.DESIRED_PATH) == pulls  # not due for an hour
-        portal.book(9, "root", [agent.backend.discover()[0].uuid], command="exit 0")
+        portal.book(9, me, [agent.backend.discover()[0].uuid], command="exit 0")
         sockets[0].send(protocol.dumps(protocol.PushMessage("desired_changed", 99)).decode())
         cycle_until(agent, lambda: ("started", 9) in _kinds(portal))
         assert portal.paths().count(protocol.DESIRED_PATH) == pulls + 1
         agent.close()
         server.shutdown()
+
+
+def test_it_refuses_to_start_on_a_bad_spec_or_user_map(tmp_path, caplog):
+    from agents.__main__ import main
+
+    base = ["--portal", "http://127.0.0.1:9", "--token", "t", "--state-dir", str(tmp_path)]
+    assert main([*base, "--simulate", "8xH100"]) == 2
+    assert "bad group '8xH100'" in caplog.text
+    user_map = tmp_path / "users.json"
+    user_map.write_text('["ann"]')
+    assert main([*base, "--simulate", "1xH100-80GB", "--user-map", str(user_map)]) == 2
+    assert "expected a JSON object of portal user -> Unix user" in caplog.text
