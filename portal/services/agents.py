@@ -176,12 +176,9 @@ def _check_devices_not_elsewhere(node: Node, request: RegisterRequest) -> None:
         where[gpu.uuid] = f"gpus[{i}].uuid"
         for j, mig in enumerate(gpu.mig_instances):
             where[mig.uuid] = f"gpus[{i}].mig_instances[{j}].uuid"
-    taken = Gpu.objects.filter(uuid__in=where).exclude(node=node).values_list("uuid", flat=True)
-    taken = taken.union(
-        MigInstance.objects.filter(uuid__in=where)
-        .exclude(gpu__node=node)
-        .values_list("uuid", flat=True)
-    )
+    gpus = Gpu.objects.filter(uuid__in=where).exclude(node=node).order_by()
+    migs = MigInstance.objects.filter(uuid__in=where).exclude(gpu__node=node).order_by()
+    taken = gpus.values_list("uuid", flat=True).union(migs.values_list("uuid", flat=True))
     uuid = min(taken, default=None)
     if uuid is not None:
         raise NotAllowed(

@@ -40,8 +40,11 @@ _COLUMNS = ("node_id", "uuid", "time", *_VALUES)
 
 def node_device_uuids(*, node_id: int) -> set[str]:
     """UUIDs of the node's GPUs and MIG instances, in one query."""
-    gpus = Gpu.objects.filter(node_id=node_id).values_list("uuid", flat=True)
-    migs = MigInstance.objects.filter(gpu__node_id=node_id).values_list("uuid", flat=True)
+    # order_by(): SQLite refuses the models' default ordering inside a UNION.
+    gpus = Gpu.objects.filter(node_id=node_id).order_by().values_list("uuid", flat=True)
+    migs = (
+        MigInstance.objects.filter(gpu__node_id=node_id).order_by().values_list("uuid", flat=True)
+    )
     return set(gpus.union(migs))
 
 
