@@ -282,17 +282,25 @@ def _apply(node: Node, event: Event, now: datetime) -> None:
             started_at=event.time
         )
     elif event.kind in ("exited", "stopped"):
-        _record_exit(event, min(event.time, now))
+        _record_exit(node, event, min(event.time, now))
     else:
         _alert(node, event)
 
 
-def _record_exit(event: Event, when: datetime) -> None:
+def _record_exit(node: Node, event: Event, when: datetime) -> None:
+    # A job left over on a node that came back must not end the booking's new run elsewhere
+    # (it was requeued and started again): only the node holding it now has a say.
+    held_here = Allocation.objects.filter(
+        booking_id=event.booking_id, live=True, gpu__node=node
+    ).exists()
+    booking = Booking.objects.get(pk=event.booking_id)
+    if booking.state == Booking.State.ACTIVE and not held_here:
+        log.info("ignoring %s of booking %s: it runs elsewhere now", event.kind, booking.pk)
+        return
     fields = {"log_tail": event.log_tail, "exit_code": event.exit_code}
     fields = {name: value for name, value in fields.items() if value is not None}
     if fields:
         Booking.objects.filter(pk=event.booking_id).update(**fields)
-    booking = Booking.objects.get(pk=event.booking_id)
     if event.kind != "exited" or not booking.command:
         return
     to, what, detail = _outcome(event)

@@ -410,3 +410,15 @@ def test_it_lists_alerts_in_the_admin(node_a, client):
     response = client.get("/admin/portal/nodealert/")
     assert response.status_code == 200
     assert b"eve" in response.content
+
+
+def test_it_ignores_the_exit_of_a_leftover_job_when_the_booking_runs_elsewhere_now(
+    node_a, node_b, agent_a
+):
+    booking = make_active_booking([node_a[0].gpus.first()], command="x")
+    # Node A went down, the booking was requeued and now runs on node B.
+    booking.allocations.update(live=False)
+    make_active_booking([node_b[0].gpus.get()]).allocations.update(booking=booking)
+    assert agent_a.events(_exited(booking, 1)).status_code == 202
+    booking.refresh_from_db()
+    assert (booking.state, booking.exit_code) == ("active", None)
