@@ -14,3 +14,15 @@ class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
             "name": "Authorization",
             "description": 'Send "Token <key>"; get a key from POST /api/v1/auth/token/.',
         }
+
+
+class AgentTokenAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = "portal.api.agent.AgentTokenAuthentication"
+    name = "agentToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A node's agent token, from `manage.py agent_token HOSTNAME`.",
+        }
