@@ -9,6 +9,7 @@ one, raising `ProtocolError` that names the offending field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -205,15 +206,21 @@ def _encode(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[dataclasses.Field, Any], ...]:
+    # Resolving type hints is slow (string annotations); a portal decodes thousands a second.
+    hints = typing.get_type_hints(cls)
+    return tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
+
+
 def _decode_dataclass(cls: type, data: Any, path: str) -> Any:
     if not isinstance(data, dict):
         raise ProtocolError(path or "body", "must be an object")
-    hints = typing.get_type_hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
+    for f, hint in _fields(cls):
         where = f"{path}.{f.name}" if path else f.name
         if f.name in data:
-            kwargs[f.name] = _decode(hints[f.name], data[f.name], where)
+            kwargs[f.name] = _decode(hint, data[f.name], where)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ProtocolError(where, "is required")
     return cls(**kwargs)

@@ -16,7 +16,7 @@ _SUBJECTS = {
     "started": "Booking {id} is active: {what}",
     "finished": "Booking {id} finished",
     "preempted": "Booking {id} was preempted",
-    "requeued": "Booking {id} was preempted and requeued",
+    "requeued": "Booking {id} is back in the queue: {detail}",
     "failed": "Booking {id} failed: {detail}",
     "expired": "Booking {id} expired: {detail}",
 }
