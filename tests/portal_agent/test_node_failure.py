@@ -49,7 +49,7 @@ def test_it_marks_a_silent_node_down_and_fails_or_requeues_its_bookings(
     subjects = sorted(m.subject for m in mail.outbox)
     assert subjects == [
         f"Booking {interactive.pk} failed: node node-dead stopped reporting",
-        f"Booking {batch.pk} was preempted and requeued",
+        f"Booking {batch.pk} is back in the queue: node node-dead stopped reporting; requeued",
     ]
     assert allocation_passes  # the queue may move now
     assert nodes_heartbeat_check(now=timezone.now()) == []  # already down: nothing twice
