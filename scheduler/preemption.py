@@ -1,0 +1,103 @@
+"""Preemption: a booking of a higher QOS, pending past the grace period, may stop preemptible
+running bookings of lower QOS (as few and as low as possible) on one node to start there."""
+
+from __future__ import annotations
+
+from scheduler.placement import Fit, fewest_victims, fits_window, is_multi_node
+from scheduler.types import Allocation, Preemption, Request
+
+
+def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
+    """Pick victims for eligible bookings in priority order; hold their devices from now.
+
+    Runs before the planning walk, so a preempting booking takes precedence over the queue.
+    Only single-node requests preempt (a whole-node request waits for its nodes).
+    """
+    policy, now = run.policy, run.now
+    candidates = [
+        alloc
+        for alloc in run.state.allocations
+        if alloc.running and alloc.preemptible and alloc.start <= now < alloc.end
+    ]
+    preemptions: list[Preemption] = []
+    preempting: dict[str, Fit] = {}
+    for request, _ in ranked:
+        level = policy.qos_level(request.qos)
+        lower = [a for a in candidates if policy.qos_level(a.qos) < level]
+        if not lower or not _eligible(run, request):
+            continue
+        choice = _best_victims(run, request, lower)
+        if choice is None:
+            continue
+        node_index, mask, victims = choice
+        for victim in victims:
+            _release(run, victim)
+            candidates.remove(victim)
+            preemptions.append(Preemption(victim.booking_id, request.booking_id))
+        fit = Fit(now, ((node_index, mask),))
+        run.reserve(request, fit)
+        preempting[request.booking_id] = fit
+    return preemptions, preempting
+
+
+def _eligible(run, request: Request) -> bool:
+    """Pending past the grace period, single-node, within quota now, and not fitting already."""
+    now, duration = run.now, request.duration_s
+    if now - request.submit_time < run.policy.preempt_grace_s:
+        return False
+    if is_multi_node(request, run.nodes):
+        return False
+    ledgers = run.quotas.of(request.user, request.project)
+    if run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
+        return False
+    timelines = [node.timeline for node in run.nodes]
+    return not fits_window(run.nodes, timelines, request, False, now, now + duration)
+
+
+def _best_victims(run, request: Request, lower: list[Allocation]):
+    """(node index, device mask, victims) with the fewest, lowest-QOS victims, or None."""
+    now, end = run.now, run.now + request.duration_s
+    best = None
+    for node in run.nodes:
+        need = node.need(request.mig_profile, request.gpu_model)
+        if need.bit_count() < request.gpus:
+            continue
+        free = node.timeline.free_mask(now, end) & need
+        options = []
+        for alloc in lower:
+            bits = _freed_bits(run, node, alloc, need, end)
+            if bits:
+                options.append((run.policy.qos_level(alloc.qos), bits, alloc.booking_id))
+        combo = fewest_victims(options, request.gpus - free.bit_count()) if options else None
+        if combo is None:
+            continue
+        key = (len(combo), sum(v[0] for v in combo), node.index)
+        if best is None or key < best[0]:
+            freed = free
+            for victim in combo:
+                freed |= victim[1]
+            ids = {victim[2] for victim in combo}
+            chosen = [a for a in lower if a.booking_id in ids]
+            best = (key, node.index, node.choose(freed, request.gpus), chosen)
+    return None if best is None else best[1:]
+
+
+def _freed_bits(run, node, alloc: Allocation, need: int, end: float) -> int:
+    """Devices of ``alloc`` on ``node`` that would be free until ``end`` once it stops."""
+    bits = 0
+    for device_id in alloc.device_ids:
+        where = run.where.get(device_id)
+        if where is None or where[0] is not node or not (need >> where[1] & 1):
+            continue
+        if alloc.end >= end or node.timeline.free_mask(alloc.end, end) >> where[1] & 1:
+            bits |= 1 << where[1]
+    return bits
+
+
+def _release(run, alloc: Allocation) -> None:
+    for device_id in alloc.device_ids:
+        where = run.where.get(device_id)
+        if where is not None and where[0].up:
+            where[0].timeline.release(1 << where[1], run.now, alloc.end)
+    for ledger in run.quotas.of(alloc.user, alloc.project):
+        ledger.remove(alloc.booking_id)
