@@ -197,6 +197,8 @@ class _Walk:
         if over:
             return planned(None, None, REASON_QUOTA, over)
         multi = is_multi_node(request, run.nodes)
+        if self._skip_estimate(request, multi, ledgers, amount):
+            return planned(None, None, *self._reason(request, multi, ledgers, amount))
         fit = self._search(request, multi, ledgers, amount)
         if fit is None:
             if run.quotas.earliest(ledgers, amount, request.duration_s, run.now) is None:
@@ -216,6 +218,19 @@ class _Walk:
         self.reserved += 1
         run.reserve(request, fit)
         return planned(fit.start, fit, *reason)
+
+    def _skip_estimate(self, request: Request, multi: bool, ledgers, amount: float) -> bool:
+        """Past the reservation depth with estimate_all off: plan only what starts now."""
+        run = self.run
+        if run.policy.estimate_all or self.depth is None or self.reserved < self.depth:
+            return False
+        if self.strict and self.last_start > run.now:
+            return True
+        if run.quotas.blocking_now(ledgers, amount, run.now, request.duration_s):
+            return True
+        timelines = [node.timeline for node in run.nodes]
+        end = run.now + request.duration_s
+        return not fits_window(run.nodes, timelines, request, multi, run.now, end)
 
     def _search(self, request: Request, multi: bool, ledgers, amount: float) -> Fit | None:
         """Earliest start that both the devices and the quotas allow."""

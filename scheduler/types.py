@@ -113,6 +113,8 @@ class Policy:
     later ones may not delay), "easy" (only the first booking gets one) or "none" (strict order).
     ``size_scale_gpu_s``: the size factor is 1 / (1 + gpu-equivalents * duration / scale), so small,
     short bookings rank higher; ``age_max_s`` is where the age factor saturates at 1.
+    ``estimate_all=False`` skips the planned start of bookings past the reservation depth that
+    cannot start now (start None): the same decisions, a cheaper pass (used by replay baselines).
     """
 
     weight_age: float = 1000.0
@@ -126,6 +128,7 @@ class Policy:
     preempt_grace_s: float = 300.0
     backfill: str = "conservative"
     reservation_depth: int | None = None
+    estimate_all: bool = True
 
     def qos_level(self, qos: str) -> int:
         """The numeric level of a QOS name (unknown names rank lowest)."""
