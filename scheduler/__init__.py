@@ -1,5 +1,6 @@
 """Pure GPU allocator: frozen dataclasses in, a plan out (see docs/scheduling.md)."""
 
+from scheduler.admission import never_fits
 from scheduler.allocator import plan
 from scheduler.priority import decay_usage
 from scheduler.types import (
@@ -31,5 +32,6 @@ __all__ = [
     "Start",
     "State",
     "decay_usage",
+    "never_fits",
     "plan",
 ]

@@ -227,27 +227,33 @@ def fits_window(
     return False
 
 
-def fewest_victims(victims: list[tuple[int, int, int]], missing: int) -> tuple | None:
-    """Fewest, then lowest-QOS, victims (level, bitmask, id) whose devices cover ``missing`` more.
+def fewest_victims(victims: list[tuple[int, int, str]], missing: int) -> tuple | None:
+    """Victims (level, bitmask, id) covering ``missing`` devices: lowest QOS first, then fewest.
 
-    Exact over subsets for up to 10 candidates, greedy (lowest level, most devices) beyond.
+    The highest QOS level touched is kept as low as possible, then the number of victims, then
+    the sum of their levels. Exact over subsets for up to 10 candidates, greedy beyond.
     """
-    if len(victims) <= 10:
-        for size in range(1, len(victims) + 1):
-            options = [
-                combo
-                for combo in combinations(victims, size)
-                if _freed(combo).bit_count() >= missing
-            ]
-            if options:
-                return min(options, key=lambda c: (sum(v[0] for v in c), [v[2] for v in c]))
+    for ceiling in sorted({victim[0] for victim in victims}):
+        allowed = [victim for victim in victims if victim[0] <= ceiling]
+        found = _fewest(allowed, missing)
+        if found is not None:
+            return found
+    return None
+
+
+def _fewest(victims: list[tuple[int, int, str]], missing: int) -> tuple | None:
+    if len(victims) > 10:
+        picked, freed = [], 0
+        for victim in sorted(victims, key=lambda v: (v[0], -v[1].bit_count(), v[2])):
+            picked.append(victim)
+            freed |= victim[1]
+            if freed.bit_count() >= missing:
+                return tuple(picked)
         return None
-    picked, freed = [], 0
-    for victim in sorted(victims, key=lambda v: (v[0], -v[1].bit_count(), v[2])):
-        picked.append(victim)
-        freed |= victim[1]
-        if freed.bit_count() >= missing:
-            return tuple(picked)
+    for size in range(1, len(victims) + 1):
+        options = [c for c in combinations(victims, size) if _freed(c).bit_count() >= missing]
+        if options:
+            return min(options, key=lambda c: (sum(v[0] for v in c), [v[2] for v in c]))
     return None
 
 

@@ -71,7 +71,8 @@ def _best_victims(run, request: Request, lower: list[Allocation]):
         combo = fewest_victims(options, request.gpus - free.bit_count()) if options else None
         if combo is None:
             continue
-        key = (len(combo), sum(v[0] for v in combo), node.index)
+        levels = [victim[0] for victim in combo]
+        key = (max(levels), len(combo), sum(levels), node.index)
         if best is None or key < best[0]:
             freed = free
             for victim in combo:

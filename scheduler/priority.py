@@ -73,8 +73,11 @@ def priority_of(
 ) -> Priority:
     """The weighted factors of one pending request and their sum."""
     top_qos = max((level for _, level in policy.qos_levels), default=0) or 1
-    age = policy.weight_age * min(1.0, max(0.0, now - request.submit_time) / policy.age_max_s)
+    aged = min(1.0, max(0.0, now - request.submit_time) / policy.age_max_s)
+    age = policy.weight_age * aged
     fair = policy.weight_fairshare * fairshare
     small = policy.weight_size / (1.0 + size * request.duration_s / policy.size_scale_gpu_s)
+    if policy.size_fades_with_age:
+        small *= 1.0 - aged
     qos = policy.weight_qos * policy.qos_level(request.qos) / top_qos
     return Priority(total=age + fair + small + qos, age=age, fairshare=fair, size=small, qos=qos)
