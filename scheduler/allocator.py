@@ -53,7 +53,7 @@ class _Pass:
         self.quotas = Quotas(state.user_quotas, state.project_quotas)
         self._load_allocations()
         self.fixed = [_copy(node.timeline) for node in self.nodes]
-        self.finder = Finder(self.nodes)
+        self.finder = Finder(self.nodes, state.now)
         self._why_cache: dict[tuple, tuple[str, str]] = {}
 
     def _load_allocations(self) -> None:
@@ -235,8 +235,10 @@ class _Walk:
     def _search(self, request: Request, multi: bool, ledgers, amount: float) -> Fit | None:
         """Earliest start that both the devices and the quotas allow."""
         run, t = self.run, self.last_start if self.strict else self.run.now
+        if not ledgers:
+            return run.finder.find(request, multi, t)
         while True:
-            t = run.quotas.earliest(ledgers, amount, request.duration_s, t) if ledgers else t
+            t = run.quotas.earliest(ledgers, amount, request.duration_s, t)
             if t is None:
                 return None
             fit = run.finder.find(request, multi, t)

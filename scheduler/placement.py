@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
 
 from scheduler.timeline import NodeTimeline
@@ -36,6 +37,7 @@ class Node:
         self.timeline = NodeTimeline(now, self.full)
         self.whole = all(device.profile is None for device in devices)
         self._need: dict[tuple[str | None, str | None], int] = {}
+        self.cool = self.heat(self.full)
 
     def need(self, profile: str | None, model: str | None) -> int:
         """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and model."""
@@ -98,26 +100,50 @@ def is_multi_node(request: Request, nodes: list[Node]) -> bool:
     """True when no single node has enough matching devices: the request takes whole nodes."""
     if request.mig_profile is not None:
         return False
-    need = [n.need(None, request.gpu_model).bit_count() for n in nodes]
-    return request.gpus > max(need, default=0)
+    return request.gpus > _largest(tuple(nodes), request.gpu_model)
+
+
+@lru_cache(maxsize=64)
+def _largest(nodes: tuple[Node, ...], model: str | None) -> int:
+    return max((n.need(None, model).bit_count() for n in nodes), default=0)
 
 
 class Finder:
     """Earliest-fit searches over a list of nodes, with the lazy per-shape heaps."""
 
-    def __init__(self, nodes: list[Node]) -> None:
+    def __init__(self, nodes: list[Node], now: float) -> None:
         self.nodes = nodes
+        self.now = now
         self._heaps: dict[tuple, list] = {}
-        self._heap_floor: dict[tuple, float] = {}
+        self._whole: dict[float, dict] = {}
 
     def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
-        """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes)."""
+        """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
+
+        The shared heaps hold earliest starts from ``now``; a later ``not_before`` (quota, strict
+        order) scans the nodes directly so the heaps stay lower bounds.
+        """
         if multi:
             return self._find_whole_nodes(request, not_before)
         shape = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s)
-        if not_before < self._heap_floor.get(shape, not_before):
-            return self._choose_single(self._scan(request, not_before), request.gpus)
-        return self._find_single(shape, request, not_before)
+        if shape not in self._heaps:
+            self._heaps[shape] = self._scan(request, self.now)
+            heapq.heapify(self._heaps[shape])
+        if not_before > self.now:
+            return self._find_later(self._heaps[shape], request, not_before)
+        return self._find_single(self._heaps[shape], request, not_before)
+
+    def _find_later(self, heap: list, request: Request, not_before: float) -> Fit | None:
+        """Like _find_single for a start after now: heap entries are only lower bounds here."""
+        found = []
+        for entry in sorted(heap):
+            if found and entry[0] > min(f[0] for f in found):
+                break
+            node = self.nodes[entry[2]]
+            exact = self._entry(node, request, max(entry[0], not_before))
+            if exact is not None:
+                found.append(exact)
+        return self._choose_single(found, request.gpus)
 
     def _entry(self, node: Node, request: Request, not_before: float):
         need = node.need(request.mig_profile, request.gpu_model)
@@ -136,20 +162,15 @@ class Finder:
                     entries.append(entry)
         return entries
 
-    def _find_single(self, shape: tuple, request: Request, not_before: float) -> Fit | None:
-        heap = self._heaps.get(shape)
-        if heap is None:
-            heap = self._heaps[shape] = self._scan(request, not_before)
-            heapq.heapify(heap)
-        self._heap_floor[shape] = max(self._heap_floor.get(shape, not_before), not_before)
+    def _find_single(self, heap: list, request: Request, not_before: float) -> Fit | None:
         fresh = []
         while heap and (not fresh or heap[0][0] <= fresh[0][0]):
             entry = heapq.heappop(heap)
             node = self.nodes[entry[2]]
-            if entry[3] == node.timeline.version and entry[0] >= not_before:
+            if entry[3] == node.timeline.version:
                 fresh.append(entry)
                 continue
-            again = self._entry(node, request, max(entry[0], not_before))
+            again = self._entry(node, request, entry[0])
             if again is not None:
                 heapq.heappush(heap, again)
         for entry in fresh:
@@ -160,10 +181,10 @@ class Finder:
         """Earliest start; then best fit (fewest spare devices); then coolest, idlest node."""
         if not entries:
             return None
-        start = min(entry[0] for entry in entries)
+        start, waste = min(entry[:2] for entry in entries)
         best = None
         for entry in entries:
-            if entry[0] != start:
+            if entry[0] != start or entry[1] != waste:
                 continue
             node = self.nodes[entry[2]]
             chosen = node.choose(entry[4], count)
@@ -180,22 +201,35 @@ class Finder:
         eligible = self.whole_nodes(request.gpu_model)
         if sum(n.full.bit_count() for n in eligible) < request.gpus:
             return None
-        t = not_before
+        cache = self._whole.setdefault(request.duration_s, {})
+        t, duration = not_before, request.duration_s
         while True:
-            starts = []
-            for node in eligible:
-                found = node.timeline.earliest(
-                    node.full, node.full.bit_count(), request.duration_s, t
-                )
-                if found is not None:
-                    starts.append((found[0], node.heat(node.full), node.index))
-            starts.sort()
+            starts = sorted(
+                (self._whole_start(node, cache, duration, t), node.cool, node.index)
+                for node in eligible
+            )
             enough = _enough_nodes(starts, self.nodes, request.gpus)
             if enough is None:
                 return None
             if enough[-1][0] == t:
                 return Fit(t, tuple((entry[2], self.nodes[entry[2]].full) for entry in enough))
             t = enough[-1][0]
+
+    @staticmethod
+    def _whole_start(node: Node, cache: dict, duration: float, t: float) -> float:
+        """Earliest t' >= t with the whole node free for ``duration``, cached across searches.
+
+        A cached (version, from, start) is exact while the version holds and from <= t <= start;
+        after a change it is still a lower bound to resume from.
+        """
+        known = cache.get(node.index)
+        if known is not None and known[1] <= t <= known[2]:
+            if known[0] == node.timeline.version:
+                return known[2]
+            t = known[2]
+        found = node.timeline.earliest(node.full, node.full.bit_count(), duration, t)
+        cache[node.index] = (node.timeline.version, t, found[0])
+        return found[0]
 
 
 def _enough_nodes(starts: list, nodes: list[Node], gpus: int) -> list | None:

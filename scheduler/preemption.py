@@ -11,36 +11,46 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
     """Pick victims for eligible bookings in priority order; hold their devices from now.
 
     Runs before the planning walk, so a preempting booking takes precedence over the queue.
-    Only single-node requests preempt (a whole-node request waits for its nodes).
+    Only single-node requests preempt (a whole-node request waits for its nodes). Free devices
+    only shrink during the phase, so a shape that fits now, or finds no victims, is remembered.
     """
     policy, now = run.policy, run.now
-    candidates = [
-        alloc
-        for alloc in run.state.allocations
-        if alloc.running and alloc.preemptible and alloc.start <= now < alloc.end
-    ]
+    by_node: dict[int, list[Allocation]] = {}
+    for alloc in run.state.allocations:
+        if alloc.running and alloc.preemptible and alloc.start <= now < alloc.end:
+            for index in {run.where[d][0].index for d in alloc.device_ids if d in run.where}:
+                by_node.setdefault(index, []).append(alloc)
+    if not by_node:
+        return [], {}
+    lowest = min(policy.qos_level(a.qos) for allocs in by_node.values() for a in allocs)
     preemptions: list[Preemption] = []
     preempting: dict[str, Fit] = {}
+    fits_now: dict[tuple, bool] = {}
+    hopeless: set[tuple] = set()
     for request, _ in ranked:
         level = policy.qos_level(request.qos)
-        lower = [a for a in candidates if policy.qos_level(a.qos) < level]
-        if not lower or not _eligible(run, request):
+        shape = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s, level)
+        if level <= lowest or shape in hopeless or not _eligible(run, request, shape, fits_now):
             continue
-        choice = _best_victims(run, request, lower)
+        choice = _best_victims(run, request, level, by_node)
         if choice is None:
+            hopeless.add(shape)
             continue
         node_index, mask, victims = choice
         for victim in victims:
             _release(run, victim)
-            candidates.remove(victim)
+            for allocs in by_node.values():
+                if victim in allocs:
+                    allocs.remove(victim)
             preemptions.append(Preemption(victim.booking_id, request.booking_id))
         fit = Fit(now, ((node_index, mask),))
         run.reserve(request, fit)
         preempting[request.booking_id] = fit
+        fits_now.clear()
     return preemptions, preempting
 
 
-def _eligible(run, request: Request) -> bool:
+def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
     """Pending past the grace period, single-node, within quota now, and not fitting already."""
     now, duration = run.now, request.duration_s
     if now - request.submit_time < run.policy.preempt_grace_s:
@@ -48,26 +58,30 @@ def _eligible(run, request: Request) -> bool:
     if is_multi_node(request, run.nodes):
         return False
     ledgers = run.quotas.of(request.user, request.project)
-    if run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
+    if ledgers and run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
         return False
-    timelines = [node.timeline for node in run.nodes]
-    return not fits_window(run.nodes, timelines, request, False, now, now + duration)
+    if shape not in fits_now:
+        timelines = [node.timeline for node in run.nodes]
+        fits_now[shape] = fits_window(run.nodes, timelines, request, False, now, now + duration)
+    return not fits_now[shape]
 
 
-def _best_victims(run, request: Request, lower: list[Allocation]):
-    """(node index, device mask, victims) with the fewest, lowest-QOS victims, or None."""
+def _best_victims(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):
+    """(node index, device mask, victims) with the lowest-QOS, then fewest, victims, or None."""
     now, end = run.now, run.now + request.duration_s
     best = None
-    for node in run.nodes:
+    for index in sorted(by_node):
+        node = run.nodes[index]
         need = node.need(request.mig_profile, request.gpu_model)
         if need.bit_count() < request.gpus:
             continue
         free = node.timeline.free_mask(now, end) & need
         options = []
-        for alloc in lower:
-            bits = _freed_bits(run, node, alloc, need, end)
+        for alloc in by_node[index]:
+            alloc_level = run.policy.qos_level(alloc.qos)
+            bits = _freed_bits(run, node, alloc, need, end) if alloc_level < level else 0
             if bits:
-                options.append((run.policy.qos_level(alloc.qos), bits, alloc.booking_id))
+                options.append((alloc_level, bits, alloc.booking_id))
         combo = fewest_victims(options, request.gpus - free.bit_count()) if options else None
         if combo is None:
             continue
@@ -78,7 +92,7 @@ def _best_victims(run, request: Request, lower: list[Allocation]):
             for victim in combo:
                 freed |= victim[1]
             ids = {victim[2] for victim in combo}
-            chosen = [a for a in lower if a.booking_id in ids]
+            chosen = [a for a in by_node[index] if a.booking_id in ids]
             best = (key, node.index, node.choose(freed, request.gpus), chosen)
     return None if best is None else best[1:]
 

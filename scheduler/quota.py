@@ -7,6 +7,7 @@ quotas too and a booking held back by quota gets the time its owner's use drops 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping
 
 from scheduler.types import Quota
@@ -22,20 +23,43 @@ class Ledger:
         self.quota = quota
         self.intervals: list[tuple[float, float, float, str]] = []
         self.planned_hours = 0.0
+        self._steps: tuple[list[float], list[float]] | None = None
 
     def add(self, start: float, end: float, amount: float, booking_id: str) -> None:
         """Count ``amount`` GPU-equivalents in use over [start, end)."""
         self.intervals.append((start, end, amount, booking_id))
+        self._steps = None
 
     def remove(self, booking_id: str) -> None:
         """Forget a booking's use (it is being preempted)."""
         self.intervals = [iv for iv in self.intervals if iv[3] != booking_id]
+        self._steps = None
+
+    def steps(self) -> tuple[list[float], list[float]]:
+        """Use as a step function: ``levels[i]`` holds over [times[i], times[i+1])."""
+        if self._steps is None:
+            deltas: dict[float, float] = {}
+            for start, end, amount, _ in self.intervals:
+                deltas[start] = deltas.get(start, 0.0) + amount
+                deltas[end] = deltas.get(end, 0.0) - amount
+            times, levels, level = [], [], 0.0
+            for t in sorted(deltas):
+                level += deltas[t]
+                times.append(t)
+                levels.append(level)
+            self._steps = (times, levels)
+        return self._steps
 
     def peak(self, start: float, end: float) -> float:
         """Highest concurrent use at any instant of [start, end)."""
-        inside = [iv for iv in self.intervals if iv[0] < end and iv[1] > start]
-        points = {start} | {iv[0] for iv in inside if iv[0] > start}
-        return max((sum(iv[2] for iv in inside if iv[0] <= p < iv[1]) for p in points), default=0)
+        times, levels = self.steps()
+        i = bisect_right(times, start) - 1
+        top = levels[i] if i >= 0 else 0.0
+        for j in range(i + 1, len(times)):
+            if times[j] >= end:
+                break
+            top = max(top, levels[j])
+        return top
 
     def earliest(self, amount: float, duration: float, not_before: float) -> float | None:
         """Earliest t >= not_before at which ``amount`` more fits over [t, t+duration)."""
@@ -44,8 +68,10 @@ class Ledger:
             return not_before
         if amount > limit + _EPS:
             return None
-        ends = sorted({iv[1] for iv in self.intervals if iv[1] > not_before})
-        for t in [not_before, *ends]:
+        if self.peak(not_before, not_before + duration) + amount <= limit + _EPS:
+            return not_before
+        times, _ = self.steps()
+        for t in times[bisect_right(times, not_before) :]:
             if self.peak(t, t + duration) + amount <= limit + _EPS:
                 return t
         return None

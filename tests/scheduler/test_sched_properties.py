@@ -71,7 +71,7 @@ def scenarios(draw):
 
 
 def _holds(state, result):
-    """(device, start, end, user, project, amount) for everything the plan leaves holding devices."""
+    """(device, start, end, user, project, booking) for everything the plan holds devices for."""
     preempted = {p.booking_id for p in result.preemptions}
     out = [
         (d, max(a.start, state.now), a.end, a.user, a.project, a.booking_id)
