@@ -76,7 +76,8 @@ def priority_of(
     aged = min(1.0, max(0.0, now - request.submit_time) / policy.age_max_s)
     age = policy.weight_age * aged
     fair = policy.weight_fairshare * fairshare
-    small = policy.weight_size / (1.0 + size * request.duration_s / policy.size_scale_gpu_s)
+    amount = request.duration_s if policy.size_by == "seconds" else size * request.duration_s
+    small = policy.weight_size / (1.0 + amount / policy.size_scale_gpu_s)
     if policy.size_fades_with_age:
         small *= 1.0 - aged
     qos = policy.weight_qos * policy.qos_level(request.qos) / top_qos

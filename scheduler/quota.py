@@ -28,7 +28,12 @@ class Ledger:
     def add(self, start: float, end: float, amount: float, booking_id: str) -> None:
         """Count ``amount`` GPU-equivalents in use over [start, end)."""
         self.intervals.append((start, end, amount, booking_id))
-        self._steps = None
+        if self._steps is None:
+            return
+        times, levels = self._steps
+        first, last = _breakpoint(times, levels, start), _breakpoint(times, levels, end)
+        for i in range(first, last):
+            levels[i] += amount
 
     def remove(self, booking_id: str) -> None:
         """Forget a booking's use (it is being preempted)."""
@@ -142,3 +147,13 @@ class Quotas:
             if ledger.earliest(amount, duration, now) != now:
                 return ledger.describe_now(now, amount)
         return None
+
+
+def _breakpoint(times: list[float], levels: list[float], t: float) -> int:
+    """Index of the step starting at ``t``, inserted (with the level before it) if missing."""
+    i = bisect_right(times, t) - 1
+    if i >= 0 and times[i] == t:
+        return i
+    times.insert(i + 1, t)
+    levels.insert(i + 1, levels[i] if i >= 0 else 0.0)
+    return i + 1

@@ -78,11 +78,13 @@ class NodeTimeline:
         """
         times, masks = self.times, self.masks
         n = len(times)
-        i = max(0, bisect_right(times, not_before) - 1)
+        i = bisect_right(times, not_before) - 1
+        if i < 0:
+            i = 0
         while i < n:
             mask = masks[i] & need
             if mask.bit_count() >= count:
-                start = max(times[i], not_before)
+                start = times[i] if times[i] > not_before else not_before
                 end = start + duration
                 j = i + 1
                 while j < n and times[j] < end:
@@ -92,6 +94,9 @@ class NodeTimeline:
                     j += 1
                 else:
                     return start, mask
+                # Starts before segment j would still overlap it: jump past the blocker.
+                i = j if (masks[j] & need).bit_count() < count else i + 1
+                continue
             i += 1
         return None
 

@@ -112,7 +112,8 @@ class Policy:
     ``backfill``: "conservative" (every booking up to ``reservation_depth`` gets a reservation that
     later ones may not delay), "easy" (only the first booking gets one) or "none" (strict order).
     ``size_scale_gpu_s``: the size factor is 1 / (1 + gpu-equivalents * duration / scale), so small,
-    short bookings rank higher; ``age_max_s`` is where the age factor saturates at 1. With
+    short bookings rank higher (``size_by="seconds"``: by duration alone, in seconds against the
+    same scale); ``age_max_s`` is where the age factor saturates at 1. With
     ``size_fades_with_age`` the size bonus shrinks as (1 - age factor): with weight_age >=
     weight_size, a booking older than age_max_s outranks every younger one and old bookings go in
     arrival order, so small jobs jump the queue only while young and nobody starves.
@@ -127,6 +128,7 @@ class Policy:
     age_max_s: float = 7 * 86400.0
     size_scale_gpu_s: float = 8 * 3600.0
     size_fades_with_age: bool = True
+    size_by: str = "gpu_seconds"
     fairshare_half_life_s: float = 7 * 86400.0
     qos_levels: tuple[tuple[str, int], ...] = DEFAULT_QOS_LEVELS
     preempt_grace_s: float = 300.0
