@@ -163,7 +163,8 @@ def main() -> int:
         f"{len(result.preemptions)} preemptions; reasons {dict(sorted(reasons.items()))}"
     )
     print(
-        f"time: best {min(times):.3f} s, median {statistics.median(times):.3f} s over {len(times)} passes"
+        f"time: best {min(times):.3f} s, median {statistics.median(times):.3f} s"
+        f" over {len(times)} passes"
     )
     return 0
 

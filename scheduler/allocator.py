@@ -96,8 +96,16 @@ class _Pass:
             )
             for request in state.pending
         ]
-        ranked.sort(key=lambda rp: (-rp[1].total, rp[0].submit_time, rp[0].booking_id))
+        ranked.sort(key=self._rank)
         return ranked
+
+    def _rank(self, pair: tuple[Request, Priority]) -> tuple:
+        """Sort key: starving bookings first in arrival order, then by priority, age, id."""
+        request, prio = pair
+        starve = self.policy.starve_after_s
+        if starve is not None and self.now - request.submit_time >= starve:
+            return (0, request.submit_time, 0.0, request.booking_id)
+        return (1, -prio.total, request.submit_time, request.booking_id)
 
     def run(self) -> Plan:
         """The whole pass."""

@@ -117,6 +117,8 @@ class Policy:
     ``size_fades_with_age`` the size bonus shrinks as (1 - age factor): with weight_age >=
     weight_size, a booking older than age_max_s outranks every younger one and old bookings go in
     arrival order, so small jobs jump the queue only while young and nobody starves.
+    ``starve_after_s``: bookings pending at least this long rank ahead of all others, in arrival
+    order (an anti-starvation guard on top of the factors).
     ``estimate_all=False`` skips the planned start of bookings past the reservation depth that
     cannot start now (start None): the same decisions, a cheaper pass (used by replay baselines).
     """
@@ -129,6 +131,7 @@ class Policy:
     size_scale_gpu_s: float = 8 * 3600.0
     size_fades_with_age: bool = True
     size_by: str = "gpu_seconds"
+    starve_after_s: float | None = None
     fairshare_half_life_s: float = 7 * 86400.0
     qos_levels: tuple[tuple[str, int], ...] = DEFAULT_QOS_LEVELS
     preempt_grace_s: float = 300.0
