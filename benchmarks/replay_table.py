@@ -68,20 +68,22 @@ def targets(rows: list[dict]) -> str:
 
 
 def projects_table(rows: list[dict]) -> str:
-    """Per-project GPU-hours against an equal share, one column per policy."""
+    """Per-project GPU-hours (and fraction of all) against an equal share, and mean wait."""
     names = sorted(rows[0]["projects"])
-    head = (
-        "| project | share | " + " | ".join(f"{r['policy']} GPU-h (fraction)" for r in rows) + " |"
+    head = "| project | jobs | share | " + " | ".join(
+        f"{r['policy']}: GPU-h (fraction), mean wait s" for r in rows
     )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    lines = [head + " |", "|" + "---|" * (head.count("|"))]
     for name in names:
         cells = []
         for row in rows:
             total = sum(p["gpu_hours"] for p in row["projects"].values()) or 1.0
-            hours = row["projects"][name]["gpu_hours"]
-            cells.append(f"{hours:,.1f} ({hours / total:.3f})")
+            project = row["projects"][name]
+            hours = project["gpu_hours"]
+            cells.append(f"{hours:,.1f} ({hours / total:.3f}), {project['mean_wait_s']:,.0f}")
+        first = rows[0]["projects"][name]
         lines.append(
-            f"| {name} | {rows[0]['projects'][name]['share']:.3f} | " + " | ".join(cells) + " |"
+            f"| {name} | {first['jobs']} | {first['share']:.3f} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
 
@@ -92,14 +94,16 @@ def main() -> int:
     parser.add_argument("--trace", default="../shared/traces/public_a.csv")
     parser.add_argument("--gpus", type=int, nargs="+", default=[80, 88])
     parser.add_argument("--philly", default=None)
-    parser.add_argument("--philly-gpus", type=int, default=560)
+    parser.add_argument("--philly-gpus", type=int, nargs="+", default=[560])
     args = parser.parse_args()
     rows = replay_rows(args.trace, args.gpus)
     print(f"### {Path(args.trace).name}\n\n{table(rows)}\n\n{targets(rows)}\n")
     if args.philly:
-        rows = replay_rows(args.philly, [args.philly_gpus], project_column="vc")
-        print(f"### {Path(args.philly).name}, project = vc, equal shares\n\n{table(rows)}\n")
-        print(projects_table(rows))
+        for gpus in args.philly_gpus:
+            rows = replay_rows(args.philly, [gpus], project_column="vc")
+            name = Path(args.philly).name
+            print(f"### {name} at {gpus} GPUs, project = vc, equal shares\n\n{table(rows)}\n")
+            print(projects_table(rows) + "\n")
     return 0
 
 

@@ -176,6 +176,7 @@ def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | N
     """The JSON line: waits, job completion time, bounded slowdown, utilization, makespan."""
     waits, jcts, bslds, busy, last_end = [], [], [], 0.0, 0.0
     hours: dict[str, float] = {}
+    project_waits: dict[str, list[float]] = {}
     for job in replay.jobs:
         run = min(job.duration, job.walltime)
         wait = replay.started[job.job_id] - job.submit
@@ -184,6 +185,7 @@ def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | N
         bslds.append(max(1.0, (wait + run) / max(run, BSLD_BOUND_S)))
         busy += job.gpus * run
         hours[job.project] = hours.get(job.project, 0.0) + job.gpus * run / 3600.0
+        project_waits.setdefault(job.project, []).append(wait)
         last_end = max(last_end, replay.started[job.job_id] + run)
     first = min((job.submit for job in replay.jobs), default=0.0)
     makespan = last_end - first
@@ -206,7 +208,13 @@ def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | N
     if project_column:
         share = 1.0 / len(hours) if hours else 0.0
         out["projects"] = {
-            p: {"gpu_hours": round(h, 1), "share": share} for p, h in sorted(hours.items())
+            p: {
+                "gpu_hours": round(h, 1),
+                "share": share,
+                "jobs": len(project_waits[p]),
+                "mean_wait_s": round(_mean(project_waits[p]), 1),
+            }
+            for p, h in sorted(hours.items())
         }
     return out
 
