@@ -298,3 +298,26 @@ def test_it_refuses_at_submission_what_could_never_run(request_, quota, word):
     devices = gpus("a", 8, state="down") + mig("m", {0: [MIG_3G]})
     reason = never_fits(request_, devices, quota)
     assert (reason is None) if word is None else (word in reason)
+
+
+@pytest.mark.parametrize(("fades", "old_first"), [(True, True), (False, False)])
+def test_it_fades_the_small_job_bonus_as_a_booking_ages(fades, old_first):
+    policy = Policy(age_max_s=1000.0, size_fades_with_age=fades)  # weight_age == weight_size
+    old_big = req("old", 8, duration=36_000, submit=0)
+    young_small = req("young", 1, duration=60, submit=3800)  # a fifth of the way to saturation
+    lines = by_id(plan(state(NODE, [old_big, young_small], SIX_BUSY, now=4000.0), policy))
+    assert (lines["old"].position == 1) is old_first
+    assert (lines["old"].priority.size == 0.0) is fades
+
+
+def test_it_puts_starving_bookings_first_in_arrival_order():
+    policy = Policy(starve_after_s=500.0)
+    pending = [
+        req("big-old", 8, duration=9000, submit=0),
+        req("mid-old", 4, duration=9000, submit=100),
+        req("small-new", 1, duration=10, submit=900, qos="high"),
+    ]
+    lines = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), policy))
+    assert [lines[b].position for b in ("big-old", "mid-old", "small-new")] == [1, 2, 3]
+    unguarded = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), Policy()))
+    assert unguarded["small-new"].position == 1
