@@ -174,21 +174,16 @@ class Replay:
 
 def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | None) -> dict:
     """The JSON line: waits, job completion time, bounded slowdown, utilization, makespan."""
-    waits, jcts, bslds, busy, last_end = [], [], [], 0.0, 0.0
-    hours: dict[str, float] = {}
-    project_waits: dict[str, list[float]] = {}
-    for job in replay.jobs:
-        run = min(job.duration, job.walltime)
-        wait = replay.started[job.job_id] - job.submit
-        waits.append(wait)
-        jcts.append(wait + run)
-        bslds.append(max(1.0, (wait + run) / max(run, BSLD_BOUND_S)))
-        busy += job.gpus * run
-        hours[job.project] = hours.get(job.project, 0.0) + job.gpus * run / 3600.0
-        project_waits.setdefault(job.project, []).append(wait)
-        last_end = max(last_end, replay.started[job.job_id] + run)
+    runs = [min(job.duration, job.walltime) for job in replay.jobs]
+    waits = [replay.started[job.job_id] - job.submit for job in replay.jobs]
+    jcts = [wait + run for wait, run in zip(waits, runs, strict=True)]
+    bslds = [max(1.0, jct / max(run, BSLD_BOUND_S)) for jct, run in zip(jcts, runs, strict=True)]
+    busy = sum(job.gpus * run for job, run in zip(replay.jobs, runs, strict=True))
     first = min((job.submit for job in replay.jobs), default=0.0)
-    makespan = last_end - first
+    makespan = max(
+        (job.submit + jct for job, jct in zip(replay.jobs, jcts, strict=True)), default=0.0
+    )
+    makespan -= first
     out = {
         "policy": policy_name,
         "jobs": len(replay.jobs),
@@ -206,17 +201,27 @@ def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | N
         "users": f"synthetic: crc32(job_id) % {SYNTHETIC_USERS}",
     }
     if project_column:
-        share = 1.0 / len(hours) if hours else 0.0
-        out["projects"] = {
-            p: {
-                "gpu_hours": round(h, 1),
-                "share": share,
-                "jobs": len(project_waits[p]),
-                "mean_wait_s": round(_mean(project_waits[p]), 1),
-            }
-            for p, h in sorted(hours.items())
-        }
+        out["projects"] = _projects(replay.jobs, runs, waits)
     return out
+
+
+def _projects(jobs: list[Job], runs: list[float], waits: list[float]) -> dict:
+    """GPU-hours, equal share, job count and mean wait per project."""
+    hours: dict[str, float] = {}
+    project_waits: dict[str, list[float]] = {}
+    for job, run, wait in zip(jobs, runs, waits, strict=True):
+        hours[job.project] = hours.get(job.project, 0.0) + job.gpus * run / 3600.0
+        project_waits.setdefault(job.project, []).append(wait)
+    share = 1.0 / len(hours) if hours else 0.0
+    return {
+        name: {
+            "gpu_hours": round(total, 1),
+            "share": share,
+            "jobs": len(project_waits[name]),
+            "mean_wait_s": round(_mean(project_waits[name]), 1),
+        }
+        for name, total in sorted(hours.items())
+    }
 
 
 def _mean(values: list[float]) -> float:
