@@ -14,12 +14,8 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
     Only single-node requests preempt (a whole-node request waits for its nodes). Free devices
     only shrink during the phase, so a shape that fits now, or finds no victims, is remembered.
     """
-    policy, now = run.policy, run.now
-    by_node: dict[int, list[Allocation]] = {}
-    for alloc in run.state.allocations:
-        if alloc.running and alloc.preemptible and alloc.start <= now < alloc.end:
-            for index in {run.where[d][0].index for d in alloc.device_ids if d in run.where}:
-                by_node.setdefault(index, []).append(alloc)
+    policy = run.policy
+    by_node = _preemptible_by_node(run)
     if not by_node:
         return [], {}
     lowest = min(policy.qos_level(a.qos) for allocs in by_node.values() for a in allocs)
@@ -38,16 +34,24 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
             continue
         node_index, mask, victims = choice
         for victim in victims:
-            _release(run, victim)
-            for allocs in by_node.values():
-                if victim in allocs:
-                    allocs.remove(victim)
+            _release(run, victim, by_node)
             preemptions.append(Preemption(victim.booking_id, request.booking_id))
-        fit = Fit(now, ((node_index, mask),))
-        run.reserve(request, fit)
-        preempting[request.booking_id] = fit
+        preempting[request.booking_id] = Fit(run.now, ((node_index, mask),))
+        run.reserve(request, preempting[request.booking_id])
         fits_now.clear()
     return preemptions, preempting
+
+
+def _preemptible_by_node(run) -> dict[int, list[Allocation]]:
+    """Running preemptible allocations on up nodes, listed under every node they touch."""
+    by_node: dict[int, list[Allocation]] = {}
+    for alloc in run.state.allocations:
+        if alloc.running and alloc.preemptible and alloc.start <= run.now < alloc.end:
+            nodes = {run.where[d][0] for d in alloc.device_ids if d in run.where}
+            for node in nodes:
+                if node.up:
+                    by_node.setdefault(node.index, []).append(alloc)
+    return by_node
 
 
 def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
@@ -109,7 +113,11 @@ def _freed_bits(run, node, alloc: Allocation, need: int, end: float) -> int:
     return bits
 
 
-def _release(run, alloc: Allocation) -> None:
+def _release(run, alloc: Allocation, by_node: dict[int, list[Allocation]]) -> None:
+    """Free a victim's devices and quota use, and drop it from the candidates."""
+    for allocs in by_node.values():
+        if alloc in allocs:
+            allocs.remove(alloc)
     for device_id in alloc.device_ids:
         where = run.where.get(device_id)
         if where is not None and where[0].up:

@@ -321,3 +321,22 @@ def test_it_puts_starving_bookings_first_in_arrival_order():
     assert [lines[b].position for b in ("big-old", "mid-old", "small-new")] == [1, 2, 3]
     unguarded = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), Policy()))
     assert unguarded["small-new"].position == 1
+
+
+def test_it_plans_the_same_whatever_the_input_order():
+    devices = gpus("a") + gpus("b", 8, temps=[50.0] * 8) + mig("m", {0: [MIG_3G, MIG_3G]})
+    pending = [req(f"r{i}", gpus=1 + i % 3, duration=100 + 10 * i, submit=i % 4) for i in range(9)]
+    pending.append(req("mig", mig_profile=MIG_3G))
+    first = plan(state(devices, pending, SIX_BUSY), Policy())
+    again = plan(state(tuple(reversed(devices)), list(reversed(pending)), SIX_BUSY), Policy())
+    assert first == again
+
+
+def test_it_ignores_preemptible_bookings_on_down_nodes():
+    devices = gpus("a", 2) + gpus("b", 2, state="down")
+    running = [
+        alloc("on-down", ["b-g0", "b-g1"], 9000, qos="low", preemptible=True),
+        alloc("on-up", ["a-g0", "a-g1"], 9000, qos="low", preemptible=True),
+    ]
+    result = plan(state(devices, [req("vip", 2, qos="high")], running, now=1000.0), Policy())
+    assert [p.booking_id for p in result.preemptions] == ["on-up"]
