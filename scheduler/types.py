@@ -181,9 +181,11 @@ class Start:
 class Planned:
     """Where a pending booking stands: planned start and devices, queue position, why it waits.
 
-    ``start`` is None when no start can be planned (reason "never", "node_down" with no other
-    devices, a spent GPU-hour budget, or a booking beyond ``reservation_depth`` that only gets an
-    estimate and then ``device_ids`` is empty). ``position`` is 1-based in priority order.
+    ``start`` is None when no start can be planned: reason "never", "node_down" with no up node
+    that fits, "quota" with a spent budget or a limit below the request, or a booking past
+    ``reservation_depth`` under ``estimate_all=False``. Past ``reservation_depth`` otherwise,
+    ``start`` is an estimate and ``device_ids`` is empty (nothing is held for it).
+    ``position`` is 1-based in priority order.
     """
 
     booking_id: str
