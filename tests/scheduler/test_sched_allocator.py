@@ -119,59 +119,23 @@ def test_it_decays_usage_by_the_half_life():
     assert decay_usage([("p", 200, 300, 1.0)], now=100, half_life_s=50) == {}
 
 
+# fmt: off
 QUOTA_CASES = [
     # (name, devices, running, pending, user quotas, project quotas, expected reason, detail word)
-    (
-        "user limit",
-        NODE,
-        [alloc("r", ["a-g0", "a-g1"], 500, user="u", project="q")],
-        req("x", 1),
-        {"u": Quota(max_gpus=2)},
-        {},
-        "quota",
-        "user u",
-    ),
-    (
-        "project limit",
-        NODE,
-        [alloc("r", ["a-g0", "a-g1"], 500, user="v", project="p")],
-        req("x", 2),
-        {},
-        {"p": Quota(max_gpus=3)},
-        "quota",
-        "project p",
-    ),
-    (
-        "MIG fits as 6/7",
-        mig("m", {0: [MIG_3G, MIG_3G]}),
-        [alloc("r", ["m-g0-0"], 500, user="u", project="p")],
-        req("x", mig_profile=MIG_3G),
-        {},
-        {"p": Quota(max_gpus=1)},
-        "starting",
-        "starts",
-    ),
-    (
-        "MIG over as 9/7",
-        mig("m", {0: [MIG_3G, MIG_3G], 1: [MIG_3G]}),
-        [alloc("r", ["m-g0-0", "m-g0-1"], 500, user="u", project="p")],
-        req("x", mig_profile=MIG_3G),
-        {},
-        {"p": Quota(max_gpus=1)},
-        "quota",
-        "project p",
-    ),
-    (
-        "budget",
-        NODE,
-        [],
-        req("x", 2, duration=3600),
-        {},
-        {"p": Quota(gpu_hours_budget=10, gpu_hours_used=9)},
-        "quota",
-        "budget",
-    ),
+    ("user limit", NODE, [alloc("r", ["a-g0", "a-g1"], 500, user="u", project="q")],
+     req("x", 1), {"u": Quota(max_gpus=2)}, {}, "quota", "user u"),
+    ("project limit", NODE, [alloc("r", ["a-g0", "a-g1"], 500, user="v", project="p")],
+     req("x", 2), {}, {"p": Quota(max_gpus=3)}, "quota", "project p"),
+    ("MIG fits as 6/7", mig("m", {0: [MIG_3G, MIG_3G]}),
+     [alloc("r", ["m-g0-0"], 500, user="u", project="p")],
+     req("x", mig_profile=MIG_3G), {}, {"p": Quota(max_gpus=1)}, "starting", "starts"),
+    ("MIG over as 9/7", mig("m", {0: [MIG_3G, MIG_3G], 1: [MIG_3G]}),
+     [alloc("r", ["m-g0-0", "m-g0-1"], 500, user="u", project="p")],
+     req("x", mig_profile=MIG_3G), {}, {"p": Quota(max_gpus=1)}, "quota", "project p"),
+    ("budget", NODE, [], req("x", 2, duration=3600), {},
+     {"p": Quota(gpu_hours_budget=10, gpu_hours_used=9)}, "quota", "budget"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize(
