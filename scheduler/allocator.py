@@ -209,10 +209,9 @@ class _Walk:
             return planned(None, None, *self._reason(request, multi, ledgers, amount))
         fit = self._search(request, multi, ledgers, amount)
         if fit is None:
-            if run.quotas.earliest(ledgers, amount, request.duration_s, run.now) is None:
-                return planned(
-                    None, None, REASON_QUOTA, "a concurrency limit is below what it asks"
-                )
+            below = run.quotas.below(ledgers, amount)
+            if below:
+                return planned(None, None, REASON_QUOTA, below)
             return planned(None, None, *run.never(request))
         if self.strict:
             self.last_start = fit.start

@@ -128,6 +128,14 @@ class Quotas:
                 return t
             t = latest
 
+    def below(self, ledgers: list[Ledger], amount: float) -> str | None:
+        """A sentence naming a concurrency limit lower than ``amount`` itself, else None."""
+        for ledger in ledgers:
+            limit = ledger.quota.max_gpus
+            if limit is not None and amount > limit + _EPS:
+                return f"{ledger.label} quota: limit {limit:g} GPUs, asks {amount:g}"
+        return None
+
     def over_budget(self, ledgers: list[Ledger], gpu_hours: float) -> str | None:
         """A sentence naming the first GPU-hour budget this booking would overrun, else None."""
         for ledger in ledgers:

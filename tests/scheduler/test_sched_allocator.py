@@ -304,3 +304,10 @@ def test_it_ignores_preemptible_bookings_on_down_nodes():
     ]
     result = plan(state(devices, [req("vip", 2, qos="high")], running, now=1000.0), Policy())
     assert [p.booking_id for p in result.preemptions] == ["on-up"]
+
+
+def test_it_names_the_limit_a_booking_can_never_fit_under():
+    result = plan(state(NODE, [req("x", 4)], user_quotas={"u": Quota(max_gpus=2)}), Policy())
+    line = by_id(result)["x"]
+    assert (line.start, line.reason) == (None, "quota")
+    assert line.detail == "user u quota: limit 2 GPUs, asks 4"
