@@ -1,0 +1,37 @@
+"""Pure GPU allocator: frozen dataclasses in, a plan out (see docs/scheduling.md)."""
+
+from scheduler.admission import never_fits
+from scheduler.allocator import plan
+from scheduler.priority import decay_usage
+from scheduler.types import (
+    REASONS,
+    Allocation,
+    Device,
+    Plan,
+    Planned,
+    Policy,
+    Preemption,
+    Priority,
+    Quota,
+    Request,
+    Start,
+    State,
+)
+
+__all__ = [
+    "REASONS",
+    "Allocation",
+    "Device",
+    "Plan",
+    "Planned",
+    "Policy",
+    "Preemption",
+    "Priority",
+    "Quota",
+    "Request",
+    "Start",
+    "State",
+    "decay_usage",
+    "never_fits",
+    "plan",
+]

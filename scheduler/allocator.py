@@ -1,0 +1,261 @@
+"""The allocation pass: ``plan(state, policy) -> Plan``. Pure: no Django, no I/O, no clock.
+
+One pass sorts the pending bookings by multifactor priority, lets eligible high-QOS bookings
+preempt, then walks the queue in priority order and gives every booking the earliest start that
+fits on the devices, the quotas and everything planned before it (conservative backfill: a booking
+can only take what higher-priority bookings leave free, so it never delays them). Bookings whose
+planned start is ``now`` start now.
+"""
+
+from __future__ import annotations
+
+from scheduler.placement import Finder, Fit, build_nodes, fits_window, is_multi_node
+from scheduler.preemption import preempt_phase
+from scheduler.priority import fairshare_factors, priority_of, profile_fractions, request_size
+from scheduler.quota import Quotas
+from scheduler.timeline import NodeTimeline
+from scheduler.types import (
+    REASON_NEVER,
+    REASON_NODE_DOWN,
+    REASON_PREEMPTING,
+    REASON_PRIORITY,
+    REASON_QUOTA,
+    REASON_RESERVATION,
+    REASON_RESOURCES,
+    REASON_STARTING,
+    Plan,
+    Planned,
+    Policy,
+    Priority,
+    Request,
+    Start,
+    State,
+)
+
+
+def plan(state: State, policy: Policy) -> Plan:
+    """Decide which pending bookings start now, plan the rest, and list the preemptions to make."""
+    return _Pass(state, policy).run()
+
+
+class _Pass:
+    """Working state of one allocation pass (mutable inside, discarded after)."""
+
+    def __init__(self, state: State, policy: Policy) -> None:
+        self.state, self.policy, self.now = state, policy, state.now
+        nodes = build_nodes(state.devices, state.now)
+        self.nodes = [node for node in nodes if node.up]
+        self.down = [node for node in nodes if not node.up]
+        for index, node in enumerate(self.nodes):
+            node.index = index
+        self.where = {dev.id: (node, bit) for node in nodes for bit, dev in enumerate(node.devices)}
+        self.fractions = profile_fractions(state.devices)
+        self.quotas = Quotas(state.user_quotas, state.project_quotas)
+        self._load_allocations()
+        self.fixed = [_copy(node.timeline) for node in self.nodes]
+        self.finder = Finder(self.nodes, state.now)
+        self._why_cache: dict[tuple, tuple[str, str]] = {}
+
+    def _load_allocations(self) -> None:
+        now = self.now
+        for alloc in self.state.allocations:
+            if alloc.end <= now:
+                continue  # overran its end: the portal is stopping it, treat it as gone
+            amount = sum(
+                self.where[d][0].devices[self.where[d][1]].fraction
+                for d in alloc.device_ids
+                if d in self.where
+            )
+            self.quotas.add(
+                alloc.user,
+                alloc.project,
+                (max(alloc.start, now), alloc.end),
+                amount,
+                alloc.booking_id,
+            )
+            for device_id in alloc.device_ids:
+                if device_id in self.where:
+                    node, bit = self.where[device_id]
+                    node.timeline.occupy(1 << bit, max(alloc.start, now), alloc.end)
+
+    def size(self, request: Request) -> float:
+        """GPU-equivalents of a request."""
+        return request_size(request, self.fractions)
+
+    def ordered(self) -> list[tuple[Request, Priority]]:
+        """Pending bookings with their priority, highest first (ties: older first, then id)."""
+        state = self.state
+        projects = {request.project for request in state.pending}
+        fair = fairshare_factors(projects, state.project_shares, state.project_usage)
+        ranked = [
+            (
+                request,
+                priority_of(
+                    request, self.now, self.size(request), fair[request.project], self.policy
+                ),
+            )
+            for request in state.pending
+        ]
+        ranked.sort(key=self._rank)
+        return ranked
+
+    def _rank(self, pair: tuple[Request, Priority]) -> tuple:
+        """Sort key: starving bookings first in arrival order, then by priority, age, id."""
+        request, prio = pair
+        starve = self.policy.starve_after_s
+        if starve is not None and self.now - request.submit_time >= starve:
+            return (0, request.submit_time, 0.0, request.booking_id)
+        return (1, -prio.total, request.submit_time, request.booking_id)
+
+    def run(self) -> Plan:
+        """The whole pass."""
+        ranked = self.ordered()
+        preemptions, preempting = preempt_phase(self, ranked)
+        walk = _Walk(self, preempting)
+        planned = [
+            walk.place(position, request, prio)
+            for position, (request, prio) in enumerate(ranked, 1)
+        ]
+        return Plan(
+            starts=tuple(walk.starts), planned=tuple(planned), preemptions=tuple(preemptions)
+        )
+
+    def device_ids(self, fit: Fit) -> tuple[str, ...]:
+        """Device ids of a fit, in node then bit order."""
+        ids = []
+        for index, mask in fit.parts:
+            node = self.nodes[index]
+            ids.extend(dev.id for bit, dev in enumerate(node.devices) if mask >> bit & 1)
+        return tuple(ids)
+
+    def reserve(self, request: Request, fit: Fit) -> None:
+        """Hold the fit's devices and count the use against quotas."""
+        end = fit.start + request.duration_s
+        for index, mask in fit.parts:
+            self.nodes[index].timeline.occupy(mask, fit.start, end)
+        amount = self.size(request)
+        self.quotas.add(request.user, request.project, (fit.start, end), amount, request.booking_id)
+        for ledger in self.quotas.of(request.user, request.project):
+            ledger.planned_hours += amount * request.duration_s / 3600.0
+
+    def why(self, request: Request, multi: bool) -> tuple[str, str]:
+        """Reason and detail for a booking that has a start later than now (quota aside)."""
+        key = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s, multi)
+        if key not in self._why_cache:
+            self._why_cache[key] = self._why(request, multi)
+        return self._why_cache[key]
+
+    def _why(self, request: Request, multi: bool) -> tuple[str, str]:
+        now, end = self.now, self.now + request.duration_s
+        if fits_window(self.nodes, self.fixed, request, multi, now, end):
+            return REASON_PRIORITY, "devices are free now but held for higher-priority bookings"
+        if fits_window(self.nodes, self.fixed, request, multi, now, now):
+            return REASON_RESERVATION, "an advance reservation holds the devices during its window"
+        everything = self.nodes + self.down
+        timelines = self.fixed + [node.timeline for node in self.down]
+        if self.down and fits_window(everything, timelines, request, multi, now, now):
+            return REASON_NODE_DOWN, "it would fit now on nodes that are down or draining"
+        return REASON_RESOURCES, "all matching devices are in use"
+
+    def never(self, request: Request) -> tuple[str, str]:
+        """Reason and detail for a booking no up node can ever hold."""
+        everything = self.nodes + self.down
+        multi = is_multi_node(request, everything)
+        timelines = [NodeTimeline(self.now, node.full) for node in everything]
+        if self.down and fits_window(everything, timelines, request, multi, self.now, self.now):
+            names = ", ".join(node.name for node in self.down)
+            return REASON_NODE_DOWN, f"needs devices on nodes that are down or draining ({names})"
+        return REASON_NEVER, "no devices in the cluster match this request"
+
+
+def _copy(timeline: NodeTimeline) -> NodeTimeline:
+    twin = NodeTimeline(timeline.times[0], 0)
+    twin.times, twin.masks = list(timeline.times), list(timeline.masks)
+    return twin
+
+
+class _Walk:
+    """The priority-order walk that plans every pending booking."""
+
+    def __init__(self, run: _Pass, preempting: dict[str, Fit]) -> None:
+        self.run, self.preempting = run, preempting
+        self.starts: list[Start] = []
+        self.reserved = 0
+        self.last_start = run.now
+        policy = run.policy
+        self.depth = 1 if policy.backfill == "easy" else policy.reservation_depth
+        self.strict = policy.backfill == "none"
+
+    def place(self, position: int, request: Request, prio: Priority) -> Planned:
+        """Plan one booking (in priority order) and return its Planned line."""
+        run = self.run
+
+        def planned(start, fit, reason, detail):
+            ids = run.device_ids(fit) if fit is not None else ()
+            return Planned(request.booking_id, start, ids, position, reason, detail, prio)
+
+        if request.booking_id in self.preempting:
+            fit = self.preempting[request.booking_id]
+            return planned(
+                run.now, fit, REASON_PREEMPTING, "lower-QOS bookings are being preempted"
+            )
+        ledgers = run.quotas.of(request.user, request.project)
+        amount = run.size(request)
+        over = run.quotas.over_budget(ledgers, amount * request.duration_s / 3600.0)
+        if over:
+            return planned(None, None, REASON_QUOTA, over)
+        multi = is_multi_node(request, run.nodes)
+        if self._skip_estimate(request, multi, ledgers, amount):
+            return planned(None, None, *self._reason(request, multi, ledgers, amount))
+        fit = self._search(request, multi, ledgers, amount)
+        if fit is None:
+            below = run.quotas.below(ledgers, amount)
+            if below:
+                return planned(None, None, REASON_QUOTA, below)
+            return planned(None, None, *run.never(request))
+        if self.strict:
+            self.last_start = fit.start
+        if fit.start == run.now:
+            run.reserve(request, fit)
+            self.starts.append(Start(request.booking_id, run.device_ids(fit)))
+            return planned(fit.start, fit, REASON_STARTING, "starts now")
+        reason = self._reason(request, multi, ledgers, amount)
+        if self.depth is not None and self.reserved >= self.depth:
+            return planned(fit.start, None, *reason)  # estimate only: no devices held
+        self.reserved += 1
+        run.reserve(request, fit)
+        return planned(fit.start, fit, *reason)
+
+    def _skip_estimate(self, request: Request, multi: bool, ledgers, amount: float) -> bool:
+        """Past the reservation depth with estimate_all off: plan only what starts now."""
+        run = self.run
+        if run.policy.estimate_all or self.depth is None or self.reserved < self.depth:
+            return False
+        if self.strict and self.last_start > run.now:
+            return True
+        if run.quotas.blocking_now(ledgers, amount, run.now, request.duration_s):
+            return True
+        timelines = [node.timeline for node in run.nodes]
+        end = run.now + request.duration_s
+        return not fits_window(run.nodes, timelines, request, multi, run.now, end)
+
+    def _search(self, request: Request, multi: bool, ledgers, amount: float) -> Fit | None:
+        """Earliest start that both the devices and the quotas allow."""
+        run, t = self.run, self.last_start if self.strict else self.run.now
+        if not ledgers:
+            return run.finder.find(request, multi, t)
+        while True:
+            t = run.quotas.earliest(ledgers, amount, request.duration_s, t)
+            if t is None:
+                return None
+            fit = run.finder.find(request, multi, t)
+            if fit is None or fit.start == t:
+                return fit
+            t = fit.start
+
+    def _reason(self, request: Request, multi: bool, ledgers, amount: float) -> tuple[str, str]:
+        run = self.run
+        blocked = run.quotas.blocking_now(ledgers, amount, run.now, request.duration_s)
+        if blocked:
+            return REASON_QUOTA, blocked
+        return run.why(request, multi)

@@ -1,0 +1,298 @@
+"""Where and when a request fits: per-node timelines, best-fit packing, cooler-GPU tie-breaks.
+
+A request that fits on one node goes on one node; a larger one takes whole nodes of whole GPUs.
+Searches for one request shape (count, MIG profile, model, duration) share a lazy heap of per-node
+earliest starts: a reservation only makes starts later, so a stale entry is a lower bound that is
+recomputed when it reaches the top, and most requests touch one or two nodes instead of all.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import combinations
+
+from scheduler.timeline import NodeTimeline
+from scheduler.types import NODE_UP, Device, Request
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A placement found by a search: start time and (node index, device bitmask) pairs."""
+
+    start: float
+    parts: tuple[tuple[int, int], ...]
+
+
+class Node:
+    """Working record of one node: its devices in bit order and its timeline."""
+
+    def __init__(self, index: int, name: str, devices: list[Device], now: float) -> None:
+        self.index = index
+        self.name = name
+        self.devices = devices
+        self.up = all(device.node_state == NODE_UP for device in devices)
+        self.full = (1 << len(devices)) - 1
+        self.timeline = NodeTimeline(now, self.full)
+        self.whole = all(device.profile is None for device in devices)
+        self._need: dict[tuple[str | None, str | None], int] = {}
+        self.cool = self.heat(self.full)
+
+    def need(self, profile: str | None, model: str | None) -> int:
+        """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and model."""
+        key = (profile, model)
+        mask = self._need.get(key)
+        if mask is None:
+            mask = 0
+            for bit, device in enumerate(self.devices):
+                if device.profile == profile and (model is None or device.model == model):
+                    mask |= 1 << bit
+            self._need[key] = mask
+        return mask
+
+    def heat(self, mask: int) -> tuple[float, float]:
+        """Summed temperature and utilization of the devices in ``mask`` (unknown counts 0)."""
+        temp = util = 0.0
+        for bit in _bits(mask):
+            device = self.devices[bit]
+            temp += device.temperature_c or 0.0
+            util += device.utilization or 0.0
+        return temp, util
+
+    def choose(self, mask: int, count: int) -> int:
+        """Pick ``count`` devices of ``mask``: fullest physical GPU first, then coolest, idlest."""
+        bits = list(_bits(mask))
+        if len(bits) == count:
+            return mask
+        siblings: dict[str, int] = {}
+        for bit in bits:
+            parent = self.devices[bit].parent
+            siblings[parent] = siblings.get(parent, 0) + 1
+
+        def key(bit: int) -> tuple:
+            device = self.devices[bit]
+            packing = siblings[device.parent] if device.parent else 0
+            return (packing, device.temperature_c or 0.0, device.utilization or 0.0, bit)
+
+        chosen = 0
+        for bit in sorted(bits, key=key)[:count]:
+            chosen |= 1 << bit
+        return chosen
+
+
+def _bits(mask: int):
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def build_nodes(devices: tuple[Device, ...], now: float) -> list[Node]:
+    """Group the inventory into nodes, sorted by name, devices sorted by id (determinism)."""
+    by_node: dict[str, list[Device]] = {}
+    for device in sorted(devices, key=lambda d: d.id):
+        by_node.setdefault(device.node, []).append(device)
+    return [Node(i, name, by_node[name], now) for i, name in enumerate(sorted(by_node))]
+
+
+def is_multi_node(request: Request, nodes: list[Node]) -> bool:
+    """True when no single node has enough matching devices: the request takes whole nodes."""
+    if request.mig_profile is not None:
+        return False
+    return request.gpus > _largest(tuple(nodes), request.gpu_model)
+
+
+@lru_cache(maxsize=64)
+def _largest(nodes: tuple[Node, ...], model: str | None) -> int:
+    return max((n.need(None, model).bit_count() for n in nodes), default=0)
+
+
+class Finder:
+    """Earliest-fit searches over a list of nodes, with the lazy per-shape heaps."""
+
+    def __init__(self, nodes: list[Node], now: float) -> None:
+        self.nodes = nodes
+        self.now = now
+        self._heaps: dict[tuple, list] = {}
+        self._whole: dict[float, dict] = {}
+
+    def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
+        """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
+
+        The shared heaps hold earliest starts from ``now``; a later ``not_before`` (quota, strict
+        order) scans the nodes directly so the heaps stay lower bounds.
+        """
+        if multi:
+            return self._find_whole_nodes(request, not_before)
+        shape = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s)
+        if shape not in self._heaps:
+            self._heaps[shape] = self._scan(request, self.now)
+            heapq.heapify(self._heaps[shape])
+        if not_before > self.now:
+            return self._find_later(self._heaps[shape], request, not_before)
+        return self._find_single(self._heaps[shape], request, not_before)
+
+    def _find_later(self, heap: list, request: Request, not_before: float) -> Fit | None:
+        """Like _find_single for a start after now: heap entries are only lower bounds here."""
+        found = []
+        for entry in sorted(heap):
+            if found and entry[0] > min(f[0] for f in found):
+                break
+            node = self.nodes[entry[2]]
+            exact = self._entry(node, request, max(entry[0], not_before))
+            if exact is not None:
+                found.append(exact)
+        return self._choose_single(found, request.gpus)
+
+    def _entry(self, node: Node, request: Request, not_before: float):
+        need = node.need(request.mig_profile, request.gpu_model)
+        found = node.timeline.earliest(need, request.gpus, request.duration_s, not_before)
+        if found is None:
+            return None
+        start, mask = found
+        return (start, mask.bit_count() - request.gpus, node.index, node.timeline.version, mask)
+
+    def _scan(self, request: Request, not_before: float) -> list:
+        entries = []
+        for node in self.nodes:
+            if node.need(request.mig_profile, request.gpu_model).bit_count() >= request.gpus:
+                entry = self._entry(node, request, not_before)
+                if entry is not None:
+                    entries.append(entry)
+        return entries
+
+    def _find_single(self, heap: list, request: Request, not_before: float) -> Fit | None:
+        fresh = []
+        while heap and (not fresh or heap[0][0] <= fresh[0][0]):
+            entry = heapq.heappop(heap)
+            node = self.nodes[entry[2]]
+            if entry[3] == node.timeline.version:
+                fresh.append(entry)
+                continue
+            again = self._entry(node, request, entry[0])
+            if again is not None:
+                heapq.heappush(heap, again)
+        for entry in fresh:
+            heapq.heappush(heap, entry)
+        return self._choose_single(fresh, request.gpus)
+
+    def _choose_single(self, entries: list, count: int) -> Fit | None:
+        """Earliest start; then best fit (fewest spare devices); then coolest, idlest node."""
+        if not entries:
+            return None
+        start, waste = min(entry[:2] for entry in entries)
+        best = None
+        for entry in entries:
+            if entry[0] != start or entry[1] != waste:
+                continue
+            node = self.nodes[entry[2]]
+            chosen = node.choose(entry[4], count)
+            key = (entry[1], node.heat(chosen), node.index)
+            if best is None or key < best[0]:
+                best = (key, node.index, chosen)
+        return Fit(start, ((best[1], best[2]),))
+
+    def whole_nodes(self, model: str | None) -> list[Node]:
+        """Nodes of whole GPUs (of ``model``) that a multi-node request may take."""
+        return [n for n in self.nodes if n.whole and n.need(None, model) == n.full]
+
+    def _find_whole_nodes(self, request: Request, not_before: float) -> Fit | None:
+        eligible = self.whole_nodes(request.gpu_model)
+        if sum(n.full.bit_count() for n in eligible) < request.gpus:
+            return None
+        cache = self._whole.setdefault(request.duration_s, {})
+        t, duration = not_before, request.duration_s
+        while True:
+            starts = sorted(
+                (self._whole_start(node, cache, duration, t), node.cool, node.index)
+                for node in eligible
+            )
+            enough = _enough_nodes(starts, self.nodes, request.gpus)
+            if enough is None:
+                return None
+            if enough[-1][0] == t:
+                return Fit(t, tuple((entry[2], self.nodes[entry[2]].full) for entry in enough))
+            t = enough[-1][0]
+
+    @staticmethod
+    def _whole_start(node: Node, cache: dict, duration: float, t: float) -> float:
+        """Earliest t' >= t with the whole node free for ``duration``, cached across searches.
+
+        A cached (version, from, start) is exact while the version holds and from <= t <= start;
+        after a change it is still a lower bound to resume from.
+        """
+        known = cache.get(node.index)
+        if known is not None and known[1] <= t <= known[2]:
+            if known[0] == node.timeline.version:
+                return known[2]
+            t = known[2]
+        found = node.timeline.earliest(node.full, node.full.bit_count(), duration, t)
+        cache[node.index] = (node.timeline.version, t, found[0])
+        return found[0]
+
+
+def _enough_nodes(starts: list, nodes: list[Node], gpus: int) -> list | None:
+    """The first nodes (by start, then coolness) whose devices add up to ``gpus``."""
+    total = 0
+    for i, entry in enumerate(starts):
+        total += nodes[entry[2]].full.bit_count()
+        if total >= gpus:
+            return starts[: i + 1]
+    return None
+
+
+def fits_window(
+    nodes: list[Node], timelines, request: Request, multi: bool, start: float, end: float
+):
+    """Whether ``request`` fits on ``nodes`` over [start, end] with these timelines."""
+    end = max(end, start + 1e-9)
+    if multi:
+        total = 0
+        for node, timeline in zip(nodes, timelines, strict=True):
+            if node.whole and node.need(None, request.gpu_model) == node.full:
+                if timeline.free_mask(start, end) == node.full:
+                    total += node.full.bit_count()
+        return total >= request.gpus
+    for node, timeline in zip(nodes, timelines, strict=True):
+        need = node.need(request.mig_profile, request.gpu_model)
+        if (timeline.free_mask(start, end) & need).bit_count() >= request.gpus:
+            return True
+    return False
+
+
+def fewest_victims(victims: list[tuple[int, int, str]], missing: int) -> tuple | None:
+    """Victims (level, bitmask, id) covering ``missing`` devices: lowest QOS first, then fewest.
+
+    The highest QOS level touched is kept as low as possible, then the number of victims, then
+    the sum of their levels. Exact over subsets for up to 10 candidates, greedy beyond.
+    """
+    for ceiling in sorted({victim[0] for victim in victims}):
+        allowed = [victim for victim in victims if victim[0] <= ceiling]
+        found = _fewest(allowed, missing)
+        if found is not None:
+            return found
+    return None
+
+
+def _fewest(victims: list[tuple[int, int, str]], missing: int) -> tuple | None:
+    if len(victims) > 10:
+        picked, freed = [], 0
+        for victim in sorted(victims, key=lambda v: (v[0], -v[1].bit_count(), v[2])):
+            picked.append(victim)
+            freed |= victim[1]
+            if freed.bit_count() >= missing:
+                return tuple(picked)
+        return None
+    for size in range(1, len(victims) + 1):
+        options = [c for c in combinations(victims, size) if _freed(c).bit_count() >= missing]
+        if options:
+            return min(options, key=lambda c: (sum(v[0] for v in c), [v[2] for v in c]))
+    return None
+
+
+def _freed(combo) -> int:
+    mask = 0
+    for victim in combo:
+        mask |= victim[1]
+    return mask

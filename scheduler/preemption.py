@@ -1,0 +1,126 @@
+"""Preemption: a booking of a higher QOS, pending past the grace period, may stop preemptible
+running bookings of lower QOS (as few and as low as possible) on one node to start there."""
+
+from __future__ import annotations
+
+from scheduler.placement import Fit, fewest_victims, fits_window, is_multi_node
+from scheduler.types import Allocation, Preemption, Request
+
+
+def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
+    """Pick victims for eligible bookings in priority order; hold their devices from now.
+
+    Runs before the planning walk, so a preempting booking takes precedence over the queue.
+    Only single-node requests preempt (a whole-node request waits for its nodes). Free devices
+    only shrink during the phase, so a shape that fits now, or finds no victims, is remembered.
+    """
+    policy = run.policy
+    by_node = _preemptible_by_node(run)
+    if not by_node:
+        return [], {}
+    lowest = min(policy.qos_level(a.qos) for allocs in by_node.values() for a in allocs)
+    preemptions: list[Preemption] = []
+    preempting: dict[str, Fit] = {}
+    fits_now: dict[tuple, bool] = {}
+    hopeless: set[tuple] = set()
+    for request, _ in ranked:
+        level = policy.qos_level(request.qos)
+        shape = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s, level)
+        if level <= lowest or shape in hopeless or not _eligible(run, request, shape, fits_now):
+            continue
+        choice = _best_victims(run, request, level, by_node)
+        if choice is None:
+            hopeless.add(shape)
+            continue
+        node_index, mask, victims = choice
+        for victim in victims:
+            _release(run, victim, by_node)
+            preemptions.append(Preemption(victim.booking_id, request.booking_id))
+        preempting[request.booking_id] = Fit(run.now, ((node_index, mask),))
+        run.reserve(request, preempting[request.booking_id])
+        fits_now.clear()
+    return preemptions, preempting
+
+
+def _preemptible_by_node(run) -> dict[int, list[Allocation]]:
+    """Running preemptible allocations on up nodes, listed under every node they touch."""
+    by_node: dict[int, list[Allocation]] = {}
+    for alloc in run.state.allocations:
+        if alloc.running and alloc.preemptible and alloc.start <= run.now < alloc.end:
+            nodes = {run.where[d][0] for d in alloc.device_ids if d in run.where}
+            for node in nodes:
+                if node.up:
+                    by_node.setdefault(node.index, []).append(alloc)
+    return by_node
+
+
+def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
+    """Pending past the grace period, single-node, within quota now, and not fitting already."""
+    now, duration = run.now, request.duration_s
+    if now - request.submit_time < run.policy.preempt_grace_s:
+        return False
+    if is_multi_node(request, run.nodes):
+        return False
+    ledgers = run.quotas.of(request.user, request.project)
+    if ledgers and run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
+        return False
+    if shape not in fits_now:
+        timelines = [node.timeline for node in run.nodes]
+        fits_now[shape] = fits_window(run.nodes, timelines, request, False, now, now + duration)
+    return not fits_now[shape]
+
+
+def _best_victims(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):
+    """(node index, device mask, victims) with the lowest-QOS, then fewest, victims, or None."""
+    now, end = run.now, run.now + request.duration_s
+    best = None
+    for index in sorted(by_node):
+        node = run.nodes[index]
+        need = node.need(request.mig_profile, request.gpu_model)
+        if need.bit_count() < request.gpus:
+            continue
+        free = node.timeline.free_mask(now, end) & need
+        options = []
+        for alloc in by_node[index]:
+            alloc_level = run.policy.qos_level(alloc.qos)
+            bits = _freed_bits(run, node, alloc, need, end) if alloc_level < level else 0
+            if bits:
+                options.append((alloc_level, bits, alloc.booking_id))
+        combo = fewest_victims(options, request.gpus - free.bit_count()) if options else None
+        if combo is None:
+            continue
+        levels = [victim[0] for victim in combo]
+        key = (max(levels), len(combo), sum(levels), node.index)
+        if best is None or key < best[0]:
+            freed = free
+            for victim in combo:
+                freed |= victim[1]
+            ids = {victim[2] for victim in combo}
+            chosen = [a for a in by_node[index] if a.booking_id in ids]
+            best = (key, node.index, node.choose(freed, request.gpus), chosen)
+    return None if best is None else best[1:]
+
+
+def _freed_bits(run, node, alloc: Allocation, need: int, end: float) -> int:
+    """Devices of ``alloc`` on ``node`` that would be free until ``end`` once it stops."""
+    bits = 0
+    for device_id in alloc.device_ids:
+        where = run.where.get(device_id)
+        if where is None or where[0] is not node or not (need >> where[1] & 1):
+            continue
+        if alloc.end >= end or node.timeline.free_mask(alloc.end, end) >> where[1] & 1:
+            bits |= 1 << where[1]
+    return bits
+
+
+def _release(run, alloc: Allocation, by_node: dict[int, list[Allocation]]) -> None:
+    """Free a victim's devices and quota use, and drop it from the candidates."""
+    for allocs in by_node.values():
+        if alloc in allocs:
+            allocs.remove(alloc)
+    for device_id in alloc.device_ids:
+        where = run.where.get(device_id)
+        if where is not None and where[0].up:
+            where[0].timeline.release(1 << where[1], run.now, alloc.end)
+    for ledger in run.quotas.of(alloc.user, alloc.project):
+        ledger.remove(alloc.booking_id)

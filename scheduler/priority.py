@@ -1,0 +1,84 @@
+"""Multifactor priority (age, fair share, size, QOS) and decayed usage, Slurm style."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from scheduler.types import Device, Policy, Priority, Request
+
+_LN2 = math.log(2.0)
+
+
+def decay_usage(
+    records: Iterable[tuple[str, float, float, float]], now: float, half_life_s: float
+) -> dict[str, float]:
+    """Decayed GPU-seconds per project from (project, start, end, gpu_equivalents) records.
+
+    Each second of use counts 2^(-age/half_life), so a second used one half-life ago counts half.
+    Use after ``now`` is ignored. The portal and the replay both call this, so fair share is
+    computed one way.
+    """
+    usage: dict[str, float] = {}
+    scale = half_life_s / _LN2
+    for project, start, end, gpus in records:
+        end = min(end, now)
+        if end <= start:
+            continue
+        weight = 2.0 ** (-(now - end) / half_life_s) - 2.0 ** (-(now - start) / half_life_s)
+        usage[project] = usage.get(project, 0.0) + gpus * scale * weight
+    return usage
+
+
+def carry_usage(
+    usage: Mapping[str, float], elapsed_s: float, half_life_s: float
+) -> dict[str, float]:
+    """Decay already-decayed usage by ``elapsed_s`` more seconds (for incremental callers)."""
+    factor = 2.0 ** (-elapsed_s / half_life_s)
+    return {project: value * factor for project, value in usage.items()}
+
+
+def request_size(request: Request, devices_by_profile: Mapping[str | None, float]) -> float:
+    """GPU-equivalents a request asks for (a MIG instance counts its fraction of a GPU)."""
+    if request.mig_profile is None:
+        return float(request.gpus)
+    return request.gpus * devices_by_profile.get(request.mig_profile, 1.0)
+
+
+def profile_fractions(devices: Iterable[Device]) -> dict[str | None, float]:
+    """The GPU fraction of each MIG profile seen in the inventory."""
+    return {device.profile: device.fraction for device in devices}
+
+
+def fairshare_factors(
+    projects: Iterable[str], shares: Mapping[str, float], usage: Mapping[str, float]
+) -> dict[str, float]:
+    """Slurm's classic fair-share factor 2^(-usage_fraction / share_fraction) per project.
+
+    A project with no share listed gets a share of 1; with no usage at all every factor is 1.
+    """
+    names = set(projects) | set(shares) | set(usage)
+    total_shares = sum(shares.get(name, 1.0) for name in names) or 1.0
+    total_usage = sum(usage.get(name, 0.0) for name in names)
+    factors = {}
+    for name in names:
+        share = shares.get(name, 1.0) / total_shares
+        used = usage.get(name, 0.0) / total_usage if total_usage > 0 else 0.0
+        factors[name] = 2.0 ** (-used / share) if share > 0 else 0.0
+    return factors
+
+
+def priority_of(
+    request: Request, now: float, size: float, fairshare: float, policy: Policy
+) -> Priority:
+    """The weighted factors of one pending request and their sum."""
+    top_qos = max((level for _, level in policy.qos_levels), default=0) or 1
+    aged = min(1.0, max(0.0, now - request.submit_time) / policy.age_max_s)
+    age = policy.weight_age * aged
+    fair = policy.weight_fairshare * fairshare
+    amount = request.duration_s if policy.size_by == "seconds" else size * request.duration_s
+    small = policy.weight_size / (1.0 + amount / policy.size_scale_gpu_s)
+    if policy.size_fades_with_age:
+        small *= 1.0 - aged
+    qos = policy.weight_qos * policy.qos_level(request.qos) / top_qos
+    return Priority(total=age + fair + small + qos, age=age, fairshare=fair, size=small, qos=qos)

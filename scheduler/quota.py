@@ -1,0 +1,167 @@
+"""Quotas at allocation time: concurrent GPU-equivalents per user and project, GPU-hour budgets.
+
+Concurrency is checked over the whole window a booking would hold, against running allocations,
+advance reservations and everything planned earlier in the same pass, so planned starts respect
+quotas too and a booking held back by quota gets the time its owner's use drops low enough.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Mapping
+
+from scheduler.types import Quota
+
+_EPS = 1e-9
+
+
+class Ledger:
+    """Use of one quota key (a user or a project) as (start, end, amount, booking) intervals."""
+
+    def __init__(self, label: str, quota: Quota) -> None:
+        self.label = label
+        self.quota = quota
+        self.intervals: list[tuple[float, float, float, str]] = []
+        self.planned_hours = 0.0
+        self._steps: tuple[list[float], list[float]] | None = None
+
+    def add(self, start: float, end: float, amount: float, booking_id: str) -> None:
+        """Count ``amount`` GPU-equivalents in use over [start, end)."""
+        self.intervals.append((start, end, amount, booking_id))
+        if self._steps is None:
+            return
+        times, levels = self._steps
+        first, last = _breakpoint(times, levels, start), _breakpoint(times, levels, end)
+        for i in range(first, last):
+            levels[i] += amount
+
+    def remove(self, booking_id: str) -> None:
+        """Forget a booking's use (it is being preempted)."""
+        self.intervals = [iv for iv in self.intervals if iv[3] != booking_id]
+        self._steps = None
+
+    def steps(self) -> tuple[list[float], list[float]]:
+        """Use as a step function: ``levels[i]`` holds over [times[i], times[i+1])."""
+        if self._steps is None:
+            deltas: dict[float, float] = {}
+            for start, end, amount, _ in self.intervals:
+                deltas[start] = deltas.get(start, 0.0) + amount
+                deltas[end] = deltas.get(end, 0.0) - amount
+            times, levels, level = [], [], 0.0
+            for t in sorted(deltas):
+                level += deltas[t]
+                times.append(t)
+                levels.append(level)
+            self._steps = (times, levels)
+        return self._steps
+
+    def peak(self, start: float, end: float) -> float:
+        """Highest concurrent use at any instant of [start, end)."""
+        times, levels = self.steps()
+        i = bisect_right(times, start) - 1
+        top = levels[i] if i >= 0 else 0.0
+        for j in range(i + 1, len(times)):
+            if times[j] >= end:
+                break
+            top = max(top, levels[j])
+        return top
+
+    def earliest(self, amount: float, duration: float, not_before: float) -> float | None:
+        """Earliest t >= not_before at which ``amount`` more fits over [t, t+duration)."""
+        limit = self.quota.max_gpus
+        if limit is None:
+            return not_before
+        if amount > limit + _EPS:
+            return None
+        if self.peak(not_before, not_before + duration) + amount <= limit + _EPS:
+            return not_before
+        times, _ = self.steps()
+        for t in times[bisect_right(times, not_before) :]:
+            if self.peak(t, t + duration) + amount <= limit + _EPS:
+                return t
+        return None
+
+    def budget_left(self) -> float | None:
+        """GPU-hours left in the budget after use so far and this pass's plans (None: no budget)."""
+        budget = self.quota.gpu_hours_budget
+        if budget is None:
+            return None
+        return budget - self.quota.gpu_hours_used - self.planned_hours
+
+    def describe_now(self, now: float, amount: float) -> str:
+        """A sentence saying how much of the concurrency limit is in use now."""
+        used = self.peak(now, now + _EPS)
+        return (
+            f"{self.label} quota: {used:g} of {self.quota.max_gpus:g} GPUs in use, needs {amount:g}"
+        )
+
+
+class Quotas:
+    """All ledgers of one pass, keyed ("user", name) and ("project", name)."""
+
+    def __init__(self, users: Mapping[str, Quota], projects: Mapping[str, Quota]) -> None:
+        self.ledgers: dict[tuple[str, str], Ledger] = {}
+        for kind, table in (("user", users), ("project", projects)):
+            for name, quota in table.items():
+                self.ledgers[(kind, name)] = Ledger(f"{kind} {name}", quota)
+
+    def of(self, user: str, project: str) -> list[Ledger]:
+        """The ledgers that apply to a booking of ``user`` in ``project``."""
+        keys = (("user", user), ("project", project))
+        return [self.ledgers[key] for key in keys if key in self.ledgers]
+
+    def add(self, user: str, project: str, span: tuple[float, float], amount: float, bid: str):
+        """Count a booking's use over ``span`` against its user and project."""
+        for ledger in self.of(user, project):
+            ledger.add(span[0], span[1], amount, bid)
+
+    def earliest(self, ledgers: list[Ledger], amount: float, duration: float, t: float):
+        """Earliest t' >= t allowed by every ledger (None: a limit is below ``amount``)."""
+        while True:
+            latest = t
+            for ledger in ledgers:
+                found = ledger.earliest(amount, duration, t)
+                if found is None:
+                    return None
+                latest = max(latest, found)
+            if latest == t:
+                return t
+            t = latest
+
+    def below(self, ledgers: list[Ledger], amount: float) -> str | None:
+        """A sentence naming a concurrency limit lower than ``amount`` itself, else None."""
+        for ledger in ledgers:
+            limit = ledger.quota.max_gpus
+            if limit is not None and amount > limit + _EPS:
+                return f"{ledger.label} quota: limit {limit:g} GPUs, asks {amount:g}"
+        return None
+
+    def over_budget(self, ledgers: list[Ledger], gpu_hours: float) -> str | None:
+        """A sentence naming the first GPU-hour budget this booking would overrun, else None."""
+        for ledger in ledgers:
+            left = ledger.budget_left()
+            if left is not None and gpu_hours > left + _EPS:
+                budget = ledger.quota.gpu_hours_budget
+                spent = budget - left
+                return (
+                    f"{ledger.label} GPU-hour budget: {spent:g} of {budget:g} used or planned,"
+                    f" needs {gpu_hours:g}"
+                )
+        return None
+
+    def blocking_now(self, ledgers: list[Ledger], amount: float, now: float, duration: float):
+        """A sentence naming the concurrency limit that stops a start at ``now``, else None."""
+        for ledger in ledgers:
+            if ledger.earliest(amount, duration, now) != now:
+                return ledger.describe_now(now, amount)
+        return None
+
+
+def _breakpoint(times: list[float], levels: list[float], t: float) -> int:
+    """Index of the step starting at ``t``, inserted (with the level before it) if missing."""
+    i = bisect_right(times, t) - 1
+    if i >= 0 and times[i] == t:
+        return i
+    times.insert(i + 1, t)
+    levels.insert(i + 1, levels[i] if i >= 0 else 0.0)
+    return i + 1
