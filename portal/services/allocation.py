@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node
 from portal.services import events, live
 from portal.services.bookings import booking_transition
-from portal.services.locking import lock_nodes, try_advisory_lock
+from portal.services.locking import is_allocation_clash, lock_nodes, try_advisory_lock
 from portal.services.quotas import EffectiveQuota, quota_effective, usage_current
 
 log = logging.getLogger(__name__)
@@ -310,7 +310,9 @@ def _apply_starts(plan, by_id: dict[int, Booking], devices: dict[str, tuple], no
                     )
                     for g, m, f in rows
                 )
-        except IntegrityError:
+        except (IntegrityError, OperationalError) as exc:
+            if not is_allocation_clash(exc):
+                raise
             log.warning(
                 "booking %s: devices %s taken meanwhile; retried next pass",
                 booking.pk,

@@ -8,7 +8,7 @@ allocations is the backstop: if two writers still collide, the loser's Integrity
 
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Least
 
@@ -22,7 +22,7 @@ from portal.errors import (
 from portal.models import Allocation, Booking, Membership
 from portal.services import events, inventory
 from portal.services.booking_rules import BookingRequest, check_request
-from portal.services.locking import lock_nodes
+from portal.services.locking import is_allocation_clash, lock_nodes
 from portal.services.placement import FreeDevice, place_gpus, place_mig
 from portal.services.quotas import peak_use_in_window, usage_current
 
@@ -111,7 +111,9 @@ def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
                 )
                 for d in devices
             )
-    except IntegrityError as exc:
+    except (IntegrityError, OperationalError) as exc:
+        if not is_allocation_clash(exc):
+            raise
         raise NoCapacity("Another booking took these devices a moment ago; try again.") from exc
     return booking
 
@@ -304,7 +306,9 @@ def _extend_allocations(booking: Booking, by: timedelta) -> None:
     try:
         with transaction.atomic():
             Allocation.objects.filter(booking=booking, live=True).update(end=F("end") + by)
-    except IntegrityError as exc:
+    except (IntegrityError, OperationalError) as exc:
+        if not is_allocation_clash(exc):
+            raise
         raise NoCapacity("Another booking took these devices a moment ago.") from exc
     fields = {"duration_s": F("duration_s") + int(by.total_seconds())}
     if booking.end:

@@ -10,7 +10,7 @@ backstop if a path forgets.
 from collections.abc import Iterable
 
 from django.conf import settings
-from django.db import OperationalError, connection
+from django.db import IntegrityError, OperationalError, connection
 
 from portal.errors import Busy
 from portal.models import Node
@@ -40,3 +40,19 @@ def try_advisory_lock(key: int) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [key])
         return bool(cursor.fetchone()[0])
+
+
+def is_allocation_clash(exc: Exception) -> bool:
+    """True for the database refusing overlapping allocations.
+
+    The exclusion constraint says so with an IntegrityError, or, when two transactions insert
+    clashing rows at the same moment, PostgreSQL may break the tie with a deadlock error instead.
+    Either way the loser's write did not happen.
+    """
+    import psycopg
+
+    if isinstance(exc, IntegrityError):
+        return True
+    return isinstance(exc, OperationalError) and isinstance(
+        exc.__cause__, psycopg.errors.DeadlockDetected
+    )
