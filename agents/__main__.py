@@ -1,0 +1,105 @@
+"""`python -m agents --portal URL --token TOKEN ...`: run the node agent until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+
+from agents.agent import Agent
+from agents.portal import AuthError
+
+EXIT_BAD_TOKEN = 3
+EXIT_BAD_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, as docs/agent.md documents it."""
+    p = argparse.ArgumentParser(prog="python -m agents", description=__doc__)
+    p.add_argument("--portal", required=True, help="portal base URL, e.g. https://gpus.example.org")
+    p.add_argument("--token", help="node token (or GPU_PORTAL_TOKEN, or --token-file)")
+    p.add_argument("--token-file", help="file holding the node token (keeps it out of ps)")
+    p.add_argument("--hostname", default=socket.gethostname())
+    p.add_argument("--interval", type=float, help="seconds between readings (portal decides)")
+    p.add_argument("--sync-interval", type=float, help="seconds between desired-state pulls")
+    p.add_argument("--simulate", metavar="SPEC", help="simulated GPUs, e.g. 8xH100-80GB")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated readings")
+    p.add_argument("--user-map", metavar="FILE", help='JSON {"portal_user": "unix_user"}')
+    p.add_argument("--state-dir", default="/var/lib/gpu-portal-agent")
+    p.add_argument("--policy", choices=["report", "warn", "kill"], help="override the portal's")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
+    p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        with open(args.token_file) as f:
+            return f.read().strip()
+    return args.token or os.environ.get("GPU_PORTAL_TOKEN")
+
+
+def _backend(args: argparse.Namespace):
+    if args.simulate:
+        from agents.simulate import SimulatedBackend
+
+        return SimulatedBackend(args.simulate, args.hostname, seed=args.seed)
+    from agents.nvml import NvmlBackend
+
+    return NvmlBackend()
+
+
+def _user_map(path: str | None) -> dict[str, str]:
+    if not path:
+        return {}
+    with open(path) as f:
+        mapping = json.load(f)
+    if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
+        raise ValueError(f"{path}: expected a JSON object of portal user -> Unix user")
+    return mapping
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run the agent, return the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
+    )
+    token = _token(args)
+    if not token:
+        logging.error("no node token: pass --token, --token-file or GPU_PORTAL_TOKEN")
+        return EXIT_BAD_USAGE
+    try:
+        agent = Agent(
+            args.portal,
+            token,
+            _backend(args),
+            hostname=args.hostname,
+            state_dir=args.state_dir,
+            user_map=_user_map(args.user_map),
+            policy=args.policy,
+            report_interval_s=args.interval,
+            sync_interval_s=args.sync_interval,
+            grace_s=args.grace,
+            push=not args.no_push,
+        )
+    except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
+        logging.error("cannot start: %s", exc)
+        return EXIT_BAD_USAGE
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop())
+    try:
+        agent.run()
+    except AuthError as exc:
+        logging.error("%s; check the token of node %s, exiting", exc, args.hostname)
+        return EXIT_BAD_TOKEN
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

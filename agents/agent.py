@@ -1,0 +1,267 @@
+"""The node agent: register, report readings, pull desired state, dispatch, enforce.
+
+`Agent.handle_one_cycle()` does one round of everything that is due and says whether it
+found work; `Agent.run()` loops over it. Tests drive cycles directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from agents import __version__
+from agents.backend import Backend
+from agents.backoff import Backoff
+from agents.dispatch import Dispatcher, active_bookings
+from agents.enforce import Enforcer, Holder
+from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
+from agents.protocol import (
+    DesiredState,
+    DeviceReading,
+    Event,
+    EventsRequest,
+    ReadingsRequest,
+    RegisterRequest,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REPORT_INTERVAL_S = 5.0
+DEFAULT_SYNC_INTERVAL_S = 30.0
+_EVENT_BATCH = 100
+_MAX_IDLE_WAIT_S = 1.0  # also how soon an exited job is noticed
+
+
+class Agent:
+    """One node's agent; everything but the GPU backend and the clocks has a default."""
+
+    def __init__(
+        self,
+        portal_url: str,
+        token: str,
+        backend: Backend,
+        *,
+        hostname: str | None = None,
+        state_dir: str | Path = "/var/lib/gpu-portal-agent",
+        user_map: dict[str, str] | None = None,
+        policy: str | None = None,
+        report_interval_s: float | None = None,
+        sync_interval_s: float | None = None,
+        grace_s: float = 30.0,
+        push: bool = True,
+        max_queued_events: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.hostname = hostname or socket.gethostname()
+        self.backend = backend
+        self.portal = PortalClient(portal_url, token)
+        self.dispatcher = Dispatcher(state_dir, user_map, grace_s, clock)
+        self.enforcer = Enforcer(grace_s, clock)
+        self.events: deque[Event] = deque(maxlen=max_queued_events)
+        self.desired: DesiredState | None = None
+        self._cli = {"policy": policy, "report": report_interval_s, "sync": sync_interval_s}
+        self.policy = policy or "report"
+        self.report_interval_s = _given(report_interval_s, DEFAULT_REPORT_INTERVAL_S)
+        self.sync_interval_s = _given(sync_interval_s, DEFAULT_SYNC_INTERVAL_S)
+        self._clock, self._now = clock, now
+        self._push_enabled = push
+        self._push = None
+        self._backoff = Backoff()
+        self._registered = False
+        self._offline_until: float | None = None
+        self._next_report = self._next_sync = 0.0
+        self._pull_requested = False
+        self._dropped_events = 0
+        self._events_seen = 0
+        self._inventory = backend.discover()
+        self.stopping = threading.Event()
+        self._wake = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Re-adopt what a previous agent launched, and open the push websocket."""
+        self._queue(self.dispatcher.adopt(self._now()))
+        if self._push_enabled:
+            from agents.push import PushListener  # websockets is only needed for push
+
+            self._push = PushListener(
+                self.portal.websocket_url, self.portal.auth_header, self.on_push, self.on_reconnect
+            )
+            self._push.start()
+
+    def run(self) -> None:
+        """Cycle until `stop()` (SIGTERM); running jobs keep running, to be re-adopted."""
+        self.start()
+        try:
+            while not self.stopping.is_set():
+                if not self.handle_one_cycle():
+                    self._wake.wait(self._idle_wait())
+                    self._wake.clear()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """Ask `run()` to return after the current cycle; safe from a signal handler."""
+        self.stopping.set()
+        self._wake.set()
+
+    def close(self) -> None:
+        """Close the websocket and the backend, flush what can be flushed, save state."""
+        if self._push is not None:
+            self._push.stop()
+        self.dispatcher.save()
+        if self._online():
+            try:
+                self._flush_events()
+            except PortalError as exc:
+                log.warning("could not flush %d event(s) on exit: %s", len(self.events), exc)
+        self.backend.close()
+
+    def on_push(self, generation: int) -> None:
+        """The portal says desired state changed: pull it at once (called from the ws thread)."""
+        if self.desired is None or generation != self.desired.generation:
+            self._pull_requested = True
+            self._wake.set()
+
+    def on_reconnect(self) -> None:
+        """The websocket (re)connected: pushes may have been lost, so register and pull again."""
+        self._registered = False
+        self._offline_until = None
+        self._wake.set()
+
+    # -- one cycle ---------------------------------------------------------------------
+
+    def handle_one_cycle(self) -> bool:
+        """Do whatever is due once; True when work was found (an event, a launch, a kill).
+
+        Raises AuthError when the portal refuses the token; everything else is survived.
+        """
+        now = self._now()
+        events_before = self._events_seen
+        self._talk(self._sync)
+        self._queue(self.dispatcher.reconcile(self._bookings(), now))
+        readings = self._sample_if_due()
+        if readings is not None:
+            self._talk(lambda: self._send_readings(readings, now))
+            self._queue(self._enforce(readings, now))
+        escalated = self.enforcer.escalate()
+        self._talk(self._flush_events)
+        # Queued-but-unsent events are not new work: counting them would spin while offline.
+        return escalated or self._events_seen > events_before
+
+    def _talk(self, call: Callable[[], object]) -> None:
+        # While the portal is down (in backoff) no request is tried; work goes on locally.
+        if not self._online():
+            return
+        try:
+            call()
+        except PortalUnavailable as exc:
+            delay = self._backoff.next_delay()
+            log.warning("portal unavailable (%s); retrying in %.1f s", exc, delay)
+            self._offline_until = self._clock() + delay
+            self._registered = False
+        else:
+            self._backoff.reset()
+
+    def _online(self) -> bool:
+        return self._offline_until is None or self._clock() >= self._offline_until
+
+    def _sync(self) -> None:
+        if not self._registered:
+            self._register()
+        if self._pull_requested or self._clock() >= self._next_sync:
+            self._pull_requested = False
+            self._next_sync = self._clock() + self.sync_interval_s
+            self.desired = self.portal.get_desired()
+
+    def _register(self) -> None:
+        answer = self.portal.register(RegisterRequest(self.hostname, __version__, self._inventory))
+        log.info("registered as %s (enforcement %s)", answer.node, answer.enforcement)
+        self.policy = self._cli["policy"] or answer.enforcement
+        if self._cli["report"] is None:
+            self.report_interval_s = answer.report_interval_s
+        if self._cli["sync"] is None:
+            self.sync_interval_s = answer.sync_interval_s
+        self._registered = True
+        self._offline_until = None
+        self._pull_requested = True  # whatever changed while away: pull it now
+
+    def _bookings(self):
+        return None if self.desired is None else self.desired.bookings
+
+    def _sample_if_due(self) -> list[DeviceReading] | None:
+        if self._clock() < self._next_report:
+            return None
+        self._next_report = self._clock() + self.report_interval_s
+        return self.backend.sample()
+
+    def _send_readings(self, readings: list[DeviceReading], now: datetime) -> None:
+        try:
+            self.portal.send_readings(ReadingsRequest(self.hostname, now, readings))
+        except Rejected as exc:
+            log.error("portal rejected readings: %s", exc)
+
+    def _enforce(self, readings: list[DeviceReading], now: datetime) -> list[Event]:
+        if self.desired is None:
+            return []  # before the first pull every device would look unbooked
+        protected = self.dispatcher.own_pgids()
+        return self.enforcer.check(readings, self._holders(now), self.policy, protected, now)
+
+    def _holders(self, now: datetime) -> dict[str, Holder]:
+        children = {gpu.uuid: [mig.uuid for mig in gpu.mig_instances] for gpu in self._inventory}
+        holders = {}
+        for booking in active_bookings(self.desired.bookings, now):
+            holder = Holder(
+                booking.booking_id, booking.owner, self.dispatcher.unix_user(booking.owner)
+            )
+            for uuid in booking.device_uuids:
+                # A booking of a whole GPU covers its MIG instances too.
+                for covered in [uuid, *children.get(uuid, [])]:
+                    holders[covered] = holder
+        return holders
+
+    # -- events ------------------------------------------------------------------------
+
+    def _queue(self, events: list[Event]) -> None:
+        for event in events:
+            if len(self.events) == self.events.maxlen:
+                self._dropped_events += 1
+                log.warning(
+                    "event queue full: dropped the oldest (%d so far)", self._dropped_events
+                )
+            log.info(
+                "event %s booking=%s pid=%s: %s",
+                event.kind,
+                event.booking_id,
+                event.pid,
+                event.detail,
+            )
+            self.events.append(event)
+            self._events_seen += 1
+
+    def _flush_events(self) -> None:
+        while self.events:
+            batch = [self.events[i] for i in range(min(_EVENT_BATCH, len(self.events)))]
+            try:
+                self.portal.send_events(EventsRequest(batch))
+            except Rejected as exc:
+                log.error("portal rejected %d event(s), dropping them: %s", len(batch), exc)
+            for _ in batch:
+                self.events.popleft()
+
+    def _idle_wait(self) -> float:
+        until_report = self._next_report - self._clock()
+        return max(0.0, min(_MAX_IDLE_WAIT_S, until_report))
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -1,0 +1,27 @@
+"""The boundary between the agent and the GPUs.
+
+`agents.nvml.NvmlBackend` reads real GPUs; `agents.simulate.SimulatedBackend` invents
+them. The agent (and every test) sees only this interface.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from agents.protocol import DeviceReading, GpuInventory
+
+
+class Backend(Protocol):
+    """What the agent needs from a node's GPUs; both backends implement it."""
+
+    def discover(self) -> list[GpuInventory]:
+        """The GPUs and MIG instances of this node (static; the agent calls it rarely)."""
+        ...
+
+    def sample(self) -> list[DeviceReading]:
+        """One reading per whole GPU and per MIG instance, with the processes on each."""
+        ...
+
+    def close(self) -> None:
+        """Release whatever the backend holds open."""
+        ...

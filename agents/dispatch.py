@@ -1,0 +1,277 @@
+"""Launching, watching and stopping the commands of bookings, and surviving agent restarts.
+
+What was launched is written to a JSON state file after every change, so a restarted
+agent re-adopts running work instead of killing or relaunching it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+
+from agents.procfs import is_alive, read_stat
+from agents.protocol import DesiredBooking, Event
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_BYTES = 4096
+_STATE_FILE = "state.json"
+
+
+@dataclass
+class Job:
+    """A launched booking command; `start_ticks` guards against pid reuse after restarts."""
+
+    booking_id: int
+    unix_user: str
+    device_uuids: list[str]
+    end: str
+    pid: int
+    pgid: int
+    start_ticks: int
+    log_path: str
+    popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    stop_reason: str | None = None
+    kill_at: float | None = None
+
+    def persisted(self) -> dict:
+        """The fields the state file keeps (not the Popen, not the stop timers)."""
+        transient = ("popen", "stop_reason", "kill_at")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in transient}
+
+    def exit_code(self) -> tuple[bool, int | None]:
+        """(exited?, exit code); an adopted job's exit code is unknowable, so None."""
+        if self.popen is not None:
+            code = self.popen.poll()
+            return code is not None, code
+        return not is_alive(self.pid, self.start_ticks), None
+
+
+class Dispatcher:
+    """Keeps the launched commands in line with the desired bookings."""
+
+    def __init__(
+        self,
+        state_dir: str | Path,
+        user_map: dict[str, str] | None = None,
+        grace_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._state_dir = Path(state_dir)
+        self._log_dir = self._state_dir / "logs"
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._user_map = user_map or {}
+        self._grace_s = grace_s
+        self._clock = clock
+        self.jobs: dict[int, Job] = {}
+        # Bookings whose command already ran: never relaunch them, even after a restart.
+        self._done: set[int] = set()
+
+    def unix_user(self, owner: str) -> str:
+        """The Unix account that runs `owner`'s work: --user-map entry, else the same name."""
+        return self._user_map.get(owner, owner)
+
+    def own_pgids(self) -> set[int]:
+        """Process groups of the commands this agent launched."""
+        return {job.pgid for job in self.jobs.values()}
+
+    def adopt(self, now: datetime) -> list[Event]:
+        """Load the state file: re-adopt jobs still running, report those that ended meanwhile."""
+        path = self._state_dir / _STATE_FILE
+        if not path.exists():
+            return []
+        state = json.loads(path.read_text())
+        self._done = set(state.get("done", []))
+        self.jobs = {data["booking_id"]: Job(**data) for data in state.get("jobs", [])}
+        log.info("re-adopting %d job(s) from %s", len(self.jobs), path)
+        return self._reap(now)
+
+    def reconcile(self, bookings: list[DesiredBooking] | None, now: datetime) -> list[Event]:
+        """One step towards the desired bookings; None (never pulled yet) launches/stops nothing
+        but bookings that passed their end."""
+        events = self._reap(now)
+        self._stop_unwanted(bookings, now)
+        self._escalate()
+        if bookings is not None:
+            events += [self._launch(b, now) for b in bookings if self._should_launch(b, now)]
+            self._done &= {b.booking_id for b in bookings}
+        if events:
+            self._save()
+        return events
+
+    def _should_launch(self, booking: DesiredBooking, now: datetime) -> bool:
+        return (
+            bool(booking.command)
+            and booking.start <= now < booking.end
+            and booking.booking_id not in self.jobs
+            and booking.booking_id not in self._done
+        )
+
+    def _stop_unwanted(self, bookings: list[DesiredBooking] | None, now: datetime) -> None:
+        wanted = None if bookings is None else {b.booking_id for b in bookings}
+        for job in self.jobs.values():
+            if job.stop_reason is not None:
+                continue
+            if datetime.fromisoformat(job.end) <= now:
+                self._begin_stop(job, "the booking's end time passed")
+            elif wanted is not None and job.booking_id not in wanted:
+                self._begin_stop(
+                    job, "the booking is no longer active (cancelled, ended or preempted)"
+                )
+
+    def _begin_stop(self, job: Job, reason: str) -> None:
+        log.info("stopping booking %s (pgid %s): %s", job.booking_id, job.pgid, reason)
+        job.stop_reason = reason
+        job.kill_at = self._clock() + self._grace_s
+        _signal_group(job, signal.SIGTERM)
+
+    def _escalate(self) -> None:
+        for job in self.jobs.values():
+            if job.kill_at is not None and self._clock() >= job.kill_at:
+                log.warning("booking %s ignored SIGTERM; sending SIGKILL", job.booking_id)
+                _signal_group(job, signal.SIGKILL)
+                job.kill_at = None
+
+    def _reap(self, now: datetime) -> list[Event]:
+        events = []
+        for job in list(self.jobs.values()):
+            exited, code = job.exit_code()
+            if exited:
+                events.append(self._finished(job, code, now))
+        return events
+
+    def _finished(self, job: Job, code: int | None, now: datetime) -> Event:
+        del self.jobs[job.booking_id]
+        self._done.add(job.booking_id)
+        if job.stop_reason is not None:
+            # Stragglers in the group must not keep the GPU after the booking ended.
+            _signal_group(job, signal.SIGKILL)
+            kind, detail = "stopped", f"stopped: {job.stop_reason}"
+        else:
+            kind = "exited"
+            detail = "exited" if job.popen else "exited (re-adopted after an agent restart)"
+        return Event(
+            kind,
+            now,
+            detail,
+            job.booking_id,
+            code,
+            log_tail(job.log_path),
+            pid=job.pid,
+            user=job.unix_user,
+        )
+
+    def _launch(self, booking: DesiredBooking, now: datetime) -> Event:
+        unix_user = self.unix_user(booking.owner)
+        try:
+            account = pwd.getpwnam(unix_user)
+        except KeyError:
+            self._done.add(booking.booking_id)
+            detail = (
+                f"not launched: Unix user {unix_user!r} (portal user {booking.owner!r}) "
+                "does not exist on this node"
+            )
+            return Event("exited", now, detail, booking.booking_id, user=unix_user)
+        try:
+            job = self._spawn(booking, account)
+        except OSError as exc:
+            self._done.add(booking.booking_id)
+            detail = f"not launched: {exc}"
+            return Event("exited", now, detail, booking.booking_id, user=unix_user)
+        self.jobs[booking.booking_id] = job
+        detail = f"launched as {unix_user} on {','.join(booking.device_uuids)}"
+        return Event("started", now, detail, booking.booking_id, pid=job.pid, user=unix_user)
+
+    def _spawn(self, booking: DesiredBooking, account: pwd.struct_passwd) -> Job:
+        log_path = self._log_dir / f"booking-{booking.booking_id}.log"
+        with open(log_path, "ab") as log_file:
+            if os.geteuid() == 0:
+                os.chown(log_path, account.pw_uid, account.pw_gid)  # the owner may read it
+            popen = subprocess.Popen(
+                ["/bin/sh", "-c", booking.command or ""],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=_job_environment(booking, account),
+                cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
+                start_new_session=True,
+                **_identity(account),
+            )
+        stat = read_stat(popen.pid)
+        return Job(
+            booking.booking_id,
+            account.pw_name,
+            list(booking.device_uuids),
+            booking.end.isoformat(),
+            popen.pid,
+            popen.pid,
+            stat.start_ticks if stat else 0,
+            str(log_path),
+            popen,
+        )
+
+    def _save(self) -> None:
+        state = {
+            "jobs": [job.persisted() for job in self.jobs.values()],
+            "done": sorted(self._done),
+        }
+        path = self._state_dir / _STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, path)  # a crash mid-write must not lose the running jobs
+
+    def save(self) -> None:
+        """Write the state file now (the agent does it on shutdown too)."""
+        self._save()
+
+
+def _identity(account: pwd.struct_passwd) -> dict:
+    # Dropping privileges only works (and is only needed) when running as someone else.
+    if account.pw_uid == os.geteuid():
+        return {}
+    groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
+
+
+def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dict[str, str]:
+    # A fresh environment: the agent's own (with the node token) must not leak into jobs.
+    return {
+        "CUDA_VISIBLE_DEVICES": ",".join(booking.device_uuids),
+        "GPU_PORTAL_BOOKING_ID": str(booking.booking_id),
+        "HOME": account.pw_dir,
+        "USER": account.pw_name,
+        "LOGNAME": account.pw_name,
+        "SHELL": account.pw_shell or "/bin/sh",
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+    }
+
+
+def _signal_group(job: Job, signum: int) -> None:
+    try:
+        os.killpg(job.pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def log_tail(path: str, size: int = LOG_TAIL_BYTES) -> str | None:
+    """The last `size` bytes of a log as text, or None when the log is missing."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def active_bookings(bookings: Iterable[DesiredBooking], now: datetime) -> list[DesiredBooking]:
+    """The bookings that hold their devices at `now`."""
+    return [b for b in bookings if b.start <= now < b.end]

@@ -1,0 +1,166 @@
+"""The real GPU backend, over NVML. The only module of agents/ that imports pynvml.
+
+Read-only by rule: nothing here calls an NVML setter. Every field is read on its own,
+so a field NVML cannot give (NotSupported, NoPermission, ...) becomes None and the
+reading still goes out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agents.procfs import identify
+from agents.protocol import DeviceReading, GpuInventory, MigInventory, ProcessReading
+
+try:
+    import pynvml
+except ImportError:  # the simulated backend works without nvidia-ml-py installed
+    pynvml = None
+
+_MIB = 1024 * 1024
+
+
+class NvmlBackend:
+    """The Backend interface over NVML; `nvml` is the pynvml module (tests pass a fake)."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        self._nvml = nvml or pynvml
+        if self._nvml is None:
+            raise RuntimeError("nvidia-ml-py is not installed: pip install 'gpu-portal[agent]'")
+        self._nvml.nvmlInit()
+        self._handles: dict[str, Any] = {}
+        self._inventory = self._discover()
+
+    def _read(self, fn_name: str, *args: Any) -> Any:
+        try:
+            return getattr(self._nvml, fn_name)(*args)
+        except self._nvml.NVMLError:
+            return None
+
+    def discover(self) -> list[GpuInventory]:
+        """The GPUs and MIG instances found at start (MIG layout changes need a restart)."""
+        return list(self._inventory)
+
+    def _discover(self) -> list[GpuInventory]:
+        return [self._discover_gpu(i) for i in range(self._nvml.nvmlDeviceGetCount())]
+
+    def _discover_gpu(self, index: int) -> GpuInventory:
+        handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
+        self._handles[uuid] = handle
+        mode = self._read("nvmlDeviceGetMigMode", handle)
+        mig_on = bool(mode) and mode[0] == self._nvml.NVML_DEVICE_MIG_ENABLE
+        memory = self._read("nvmlDeviceGetMemoryInfo", handle)
+        return GpuInventory(
+            index=index,
+            uuid=uuid,
+            model=_text(self._read("nvmlDeviceGetName", handle) or "unknown"),
+            memory_total_mib=memory.total // _MIB if memory else 0,
+            mig_mode=mig_on,
+            mig_instances=self._discover_migs(handle) if mig_on else [],
+        )
+
+    def _discover_migs(self, parent: Any) -> list[MigInventory]:
+        instances = []
+        for i in range(self._read("nvmlDeviceGetMaxMigDeviceCount", parent) or 0):
+            # Empty slots raise NotFound: skip them, the layout may have holes.
+            handle = self._read("nvmlDeviceGetMigDeviceHandleByIndex", parent, i)
+            if handle is not None:
+                instances.append(self._discover_mig(parent, handle))
+        return instances
+
+    def _discover_mig(self, parent: Any, handle: Any) -> MigInventory:
+        uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
+        self._handles[uuid] = handle
+        attrs = self._read("nvmlDeviceGetAttributes", handle)
+        slices = attrs.gpuInstanceSliceCount if attrs else 0
+        memory_mib = int(attrs.memorySizeMB) if attrs else 0
+        name = self._profile_name(parent, handle) or _derived_profile(slices, memory_mib)
+        return MigInventory(uuid, name, slices, memory_mib)
+
+    def _profile_name(self, parent: Any, handle: Any) -> str | None:
+        # Needs privileges on many drivers; the caller derives a name when this gives None.
+        gi_id = self._read("nvmlDeviceGetGpuInstanceId", handle)
+        gi = None if gi_id is None else self._read("nvmlDeviceGetGpuInstanceById", parent, gi_id)
+        info = None if gi is None else self._read("nvmlGpuInstanceGetInfo", gi)
+        if info is None:
+            return None
+        profile = self._read("nvmlDeviceGetGpuInstanceProfileInfoById", parent, info.profileId)
+        name = _text(getattr(profile, "name", b"")) if profile else ""
+        return name.removeprefix("MIG ").strip() or None
+
+    def sample(self) -> list[DeviceReading]:
+        """Read every GPU and MIG instance; unreadable fields are None."""
+        readings = []
+        for gpu in self._inventory:
+            instances = [self._sample_mig(mig) for mig in gpu.mig_instances]
+            readings.append(self._sample_gpu(gpu, instances))
+            readings.extend(instances)
+        return readings
+
+    def _sample_gpu(self, gpu: GpuInventory, instances: list[DeviceReading]) -> DeviceReading:
+        handle = self._handles[gpu.uuid]
+        util = self._read("nvmlDeviceGetUtilizationRates", handle)
+        temperature = self._read(
+            "nvmlDeviceGetTemperature", handle, self._nvml.NVML_TEMPERATURE_GPU
+        )
+        power_mw = self._read("nvmlDeviceGetPowerUsage", handle)
+        # On a MIG GPU the parent lists its instances' processes too; report each once.
+        on_instances = {p.pid for r in instances for p in r.processes}
+        processes = [p for p in self._processes(handle) if p.pid not in on_instances]
+        return DeviceReading(
+            uuid=gpu.uuid,
+            utilization_gpu=None if util is None else float(util.gpu),
+            utilization_memory=None if util is None else float(util.memory),
+            memory_used_mib=self._memory_used(handle),
+            memory_total_mib=gpu.memory_total_mib,
+            temperature_c=None if temperature is None else float(temperature),
+            power_w=None if power_mw is None else power_mw / 1000.0,
+            processes=processes,
+        )
+
+    def _sample_mig(self, mig: MigInventory) -> DeviceReading:
+        # NVML gives no utilization, temperature or power per MIG instance: null, never 0.
+        handle = self._handles[mig.uuid]
+        processes = self._processes(handle)
+        used = self._memory_used(handle)
+        return DeviceReading(
+            mig.uuid, None, None, used, mig.memory_total_mib, None, None, processes
+        )
+
+    def _memory_used(self, handle: Any) -> int | None:
+        memory = self._read("nvmlDeviceGetMemoryInfo", handle)
+        return None if memory is None else memory.used // _MIB
+
+    def _processes(self, handle: Any) -> list[ProcessReading]:
+        readings = []
+        for proc in self._read("nvmlDeviceGetComputeRunningProcesses", handle) or []:
+            info = identify(proc.pid)
+            used = proc.usedGpuMemory
+            readings.append(
+                ProcessReading(
+                    pid=proc.pid,
+                    user=info.user if info else None,
+                    # NVML reports "not available" as None (or a huge sentinel) under MIG.
+                    used_memory_mib=used // _MIB
+                    if isinstance(used, int) and used < 2**63
+                    else None,
+                    name=info.name if info else None,
+                )
+            )
+        return readings
+
+    def close(self) -> None:
+        """Shut NVML down."""
+        self._read("nvmlShutdown")
+
+
+def _text(value: str | bytes) -> str:
+    # Older pynvml versions return bytes, newer ones str.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _derived_profile(slices: int, memory_mib: int) -> str:
+    # NVIDIA's names round memory up to whole GB: 9728 MiB is the "1g.10gb" profile.
+    return f"{slices}g.{math.ceil(memory_mib / 1024)}gb"

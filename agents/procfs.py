@@ -1,0 +1,161 @@
+"""Small, cached readers of /proc: who runs a pid, since when, and which GPUs it was given."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+import time
+from dataclasses import dataclass
+
+PROC = "/proc"
+
+# An environ read right after fork may still show the parent's environment (before exec);
+# re-reading young entries for a few seconds catches the exec without re-reading everyone.
+_RECHECK_YOUNG_S = 5.0
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat the agent uses."""
+
+    state: str
+    pgid: int
+    tty_nr: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """A live process as the agent sees it; `start_ticks` tells it apart from a reused pid."""
+
+    pid: int
+    start_ticks: int
+    user: str | None
+    name: str | None
+    cuda_devices: frozenset[str]
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/<pid>/stat, or None when the process is gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses; the fields after the last ')' are fixed.
+    rest = raw[raw.rfind(")") + 2 :].split()
+    return ProcStat(
+        state=rest[0], pgid=int(rest[2]), tty_nr=int(rest[4]), start_ticks=int(rest[19])
+    )
+
+
+def is_alive(pid: int, start_ticks: int) -> bool:
+    """True when `pid` still runs and is the same process that started at `start_ticks`."""
+    stat = read_stat(pid)
+    return stat is not None and stat.start_ticks == start_ticks and stat.state not in "ZX"
+
+
+@functools.lru_cache(maxsize=1024)
+def user_name(uid: int) -> str:
+    """The login name of `uid`, or the number as text when no passwd entry exists."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def read_uid(pid: int) -> int | None:
+    """The uid owning `pid` (its effective uid), or None when the process is gone."""
+    try:
+        return os.stat(f"{PROC}/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def read_comm(pid: int) -> str | None:
+    """The command name of `pid` (what `ps -o comm` shows)."""
+    try:
+        with open(f"{PROC}/{pid}/comm", "rb") as f:
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def read_cuda_devices(pid: int) -> frozenset[str]:
+    """The entries of CUDA_VISIBLE_DEVICES in the environment `pid` started with."""
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return frozenset()
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"CUDA_VISIBLE_DEVICES="):
+            value = entry.split(b"=", 1)[1].decode(errors="replace")
+            return frozenset(part.strip() for part in value.split(",") if part.strip())
+    return frozenset()
+
+
+def identify(pid: int) -> ProcInfo | None:
+    """Read everything the agent wants to know about `pid` once, or None when it is gone."""
+    stat = read_stat(pid)
+    uid = read_uid(pid)
+    if stat is None or uid is None:
+        return None
+    return ProcInfo(pid, stat.start_ticks, user_name(uid), read_comm(pid), read_cuda_devices(pid))
+
+
+def tty_path(pid: int) -> str | None:
+    """The controlling terminal of `pid` as a /dev path, or None when it has none."""
+    stat = read_stat(pid)
+    if stat is None or stat.tty_nr == 0:
+        return None
+    major, minor = os.major(stat.tty_nr), os.minor(stat.tty_nr)
+    if 136 <= major <= 143:  # Unix98 pseudo-terminals
+        return f"/dev/pts/{(major - 136) * 256 + minor}"
+    if major == 4 and minor < 64:
+        return f"/dev/tty{minor}"
+    try:
+        target = os.readlink(f"{PROC}/{pid}/fd/0")
+    except OSError:
+        return None
+    return target if target.startswith("/dev/tty") or target.startswith("/dev/pts/") else None
+
+
+class ProcTable:
+    """All processes on this machine, cached per pid so a 1 Hz refresh stays cheap."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self._entries: dict[int, tuple[float, ProcInfo]] = {}
+        self._by_device: dict[str, list[ProcInfo]] = {}
+
+    def refresh(self) -> None:
+        """Forget exited pids, read new (and still young) ones."""
+        now = self._clock()
+        pids = {int(name) for name in os.listdir(PROC) if name.isdigit()}
+        for pid in self._entries.keys() - pids:
+            del self._entries[pid]
+        for pid in pids:
+            cached = self._entries.get(pid)
+            if cached is None or now - cached[0] < _RECHECK_YOUNG_S:
+                self._read(pid, now if cached is None else cached[0])
+        self._index()
+
+    def _read(self, pid: int, first_seen: float) -> None:
+        info = identify(pid)
+        if info is None:
+            self._entries.pop(pid, None)
+        else:
+            self._entries[pid] = (first_seen, info)
+
+    def _index(self) -> None:
+        self._by_device = {}
+        for pid in sorted(self._entries):
+            info = self._entries[pid][1]
+            for uuid in info.cuda_devices:
+                self._by_device.setdefault(uuid, []).append(info)
+
+    def on_device(self, uuid: str) -> list[ProcInfo]:
+        """The processes whose CUDA_VISIBLE_DEVICES names `uuid`, in pid order."""
+        return self._by_device.get(uuid, [])

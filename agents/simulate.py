@@ -1,0 +1,189 @@
+"""A simulated GPU backend, so the agent runs (and is tested) on machines without GPUs.
+
+SPEC grammar (documented in docs/agent.md):
+
+    SPEC  := GROUP ("," GROUP)*
+    GROUP := COUNT "x" MODEL "-" MEM "GB" [":mig=" MIG]
+    MIG   := ITEM ("+" ITEM)*
+    ITEM  := [N "x"] SLICES "g." GB "gb"
+
+The simulated devices report as their processes the REAL processes of this machine
+whose CUDA_VISIBLE_DEVICES names the device's UUID, so launching, killing and
+foreign processes behave as they would on a GPU node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from agents.procfs import ProcInfo, ProcTable
+from agents.protocol import DeviceReading, GpuInventory, MigInventory, ProcessReading
+
+MIG_SLICES = 7
+_GROUP_RE = re.compile(r"^(\d+)x([A-Za-z][A-Za-z0-9]*)-(\d+)GB(?::mig=(.*))?$", re.IGNORECASE)
+_MIG_ITEM_RE = re.compile(r"^(?:(\d+)x)?(\d)g\.(\d+)gb$", re.IGNORECASE)
+_MAX_POWER_W = {"H100": 700.0, "H200": 700.0, "A100": 400.0, "L40S": 350.0}
+_IDLE_POWER_W = 60.0
+
+
+class SpecError(ValueError):
+    """A --simulate SPEC that does not parse; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A MIG profile such as 3g.40gb: compute slices and memory."""
+
+    name: str
+    slices: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One simulated GPU: its model, memory and MIG layout (empty when MIG is off)."""
+
+    model: str
+    memory_mib: int
+    mig: tuple[MigProfile, ...] = ()
+
+
+def parse_spec(spec: str) -> list[GpuSpec]:
+    """Parse a SPEC into one GpuSpec per GPU, or raise SpecError naming the bad part."""
+    if not spec.strip():
+        raise SpecError("empty SPEC; expected e.g. 8xH100-80GB")
+    gpus: list[GpuSpec] = []
+    for group in spec.split(","):
+        gpus.extend(_parse_group(group.strip()))
+    return gpus
+
+
+def _parse_group(group: str) -> list[GpuSpec]:
+    match = _GROUP_RE.match(group)
+    if match is None:
+        raise SpecError(f"bad group {group!r}: expected COUNTxMODEL-MEMGB, e.g. 8xH100-80GB")
+    count, model, gb, mig = int(match[1]), match[2].upper(), int(match[3]), match[4]
+    if count < 1 or gb < 1:
+        raise SpecError(f"bad group {group!r}: count and memory must be at least 1")
+    gpu = GpuSpec(f"{model}-{gb}GB", gb * 1024, _parse_mig(group, mig, gb) if mig else ())
+    return [gpu] * count
+
+
+def _parse_mig(group: str, mig: str, gpu_gb: int) -> tuple[MigProfile, ...]:
+    profiles: list[MigProfile] = []
+    for item in mig.split("+"):
+        match = _MIG_ITEM_RE.match(item.strip())
+        if match is None:
+            raise SpecError(f"bad MIG profile {item!r} in {group!r}: expected e.g. 3g.40gb")
+        repeat, slices, gb = int(match[1] or 1), int(match[2]), int(match[3])
+        profiles.extend([MigProfile(f"{slices}g.{gb}gb", slices, gb * 1024)] * repeat)
+    if sum(p.slices for p in profiles) > MIG_SLICES:
+        raise SpecError(f"MIG layout in {group!r} uses more than {MIG_SLICES} slices")
+    if sum(p.memory_mib for p in profiles) > gpu_gb * 1024:
+        raise SpecError(f"MIG layout in {group!r} uses more than the GPU's {gpu_gb} GB")
+    return tuple(profiles)
+
+
+def stable_uuid(prefix: str, *parts: object) -> str:
+    """A UUID-shaped id that depends only on `parts`, so restarts report the same devices."""
+    digest = hashlib.sha1(":".join(map(str, parts)).encode()).hexdigest()
+    return f"{prefix}-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+class _Walk:
+    """Utilization as a random walk pulled towards busy or idle; temperature lags behind it."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self.utilization = rng.uniform(0.0, 5.0)
+        self.temperature = 30.0 + rng.uniform(0.0, 5.0)
+
+    def step(self, busy: bool) -> None:
+        target = 85.0 if busy else 2.0
+        pulled = self.utilization + 0.3 * (target - self.utilization) + self._rng.gauss(0, 4)
+        self.utilization = min(100.0, max(0.0, pulled))
+        self.temperature += 0.2 * (30.0 + 0.5 * self.utilization - self.temperature)
+
+
+class SimulatedBackend:
+    """The Backend interface over GPUs described by a SPEC; deterministic for a given seed."""
+
+    def __init__(self, spec: str, hostname: str, seed: int = 0, procs: ProcTable | None = None):
+        self._gpus = parse_spec(spec)
+        self._hostname = hostname
+        self._procs = procs or ProcTable()
+        rng = random.Random(f"{seed}:{hostname}")
+        self._walks = [_Walk(rng) for _ in self._gpus]
+        self._inventory = [self._inventory_of(i, gpu) for i, gpu in enumerate(self._gpus)]
+
+    def _inventory_of(self, index: int, gpu: GpuSpec) -> GpuInventory:
+        instances = [
+            MigInventory(
+                stable_uuid("MIG", self._hostname, index, j), p.name, p.slices, p.memory_mib
+            )
+            for j, p in enumerate(gpu.mig)
+        ]
+        uuid = stable_uuid("GPU", self._hostname, index)
+        return GpuInventory(
+            index, uuid, f"NVIDIA {gpu.model}", gpu.memory_mib, bool(gpu.mig), instances
+        )
+
+    def discover(self) -> list[GpuInventory]:
+        """The simulated inventory; the same on every call and every restart."""
+        return list(self._inventory)
+
+    def sample(self) -> list[DeviceReading]:
+        """One reading per GPU and MIG instance; advances the random walks by one step."""
+        self._procs.refresh()
+        readings: list[DeviceReading] = []
+        for gpu, walk in zip(self._inventory, self._walks, strict=True):
+            readings.extend(self._sample_gpu(gpu, walk))
+        return readings
+
+    def _sample_gpu(self, gpu: GpuInventory, walk: _Walk) -> list[DeviceReading]:
+        own = self._processes(gpu.uuid, gpu.memory_total_mib)
+        instances = [self._sample_mig(mig.uuid, mig.memory_total_mib) for mig in gpu.mig_instances]
+        walk.step(busy=bool(own) or any(r.processes for r in instances))
+        used = _used(own) + sum(r.memory_used_mib or 0 for r in instances)
+        # NVML refuses utilization on a GPU in MIG mode, so the simulator does too.
+        util = None if gpu.mig_mode else round(walk.utilization, 1)
+        max_power = _MAX_POWER_W.get(gpu.model.split()[-1].split("-")[0], 300.0)
+        whole = DeviceReading(
+            uuid=gpu.uuid,
+            utilization_gpu=util,
+            utilization_memory=None if util is None else round(util * 0.6, 1),
+            memory_used_mib=min(used, gpu.memory_total_mib),
+            memory_total_mib=gpu.memory_total_mib,
+            temperature_c=round(walk.temperature, 1),
+            power_w=round(_IDLE_POWER_W + (max_power - _IDLE_POWER_W) * walk.utilization / 100, 1),
+            processes=own,
+        )
+        return [whole, *instances]
+
+    def _sample_mig(self, uuid: str, total_mib: int) -> DeviceReading:
+        # NVML has no utilization, temperature or power per MIG instance: null, never 0.
+        processes = self._processes(uuid, total_mib)
+        return DeviceReading(uuid, None, None, _used(processes), total_mib, None, None, processes)
+
+    def _processes(self, uuid: str, total_mib: int) -> list[ProcessReading]:
+        readings, left = [], total_mib
+        for info in self._procs.on_device(uuid):
+            used = min(left, _plausible_memory(info))
+            left -= used
+            readings.append(ProcessReading(info.pid, info.user, used, info.name))
+        return readings
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _plausible_memory(info: ProcInfo) -> int:
+    # Fixed per process so its memory does not jump between readings.
+    return 256 * (1 + (info.pid * 2654435761 + info.start_ticks) % 16)
+
+
+def _used(processes: list[ProcessReading]) -> int:
+    return sum(p.used_memory_mib or 0 for p in processes)
