@@ -76,13 +76,13 @@ def _mig_upsert(gpu: Gpu, info: dict) -> MigInstance:
 
 def node_inventory_from_spec(*, hostname: str, spec: str) -> Node:
     """Create a node with the inventory a simulated agent of this SPEC will report (demo, tests)."""
-    from agents.simulated import SimulatedBackend
+    from agents.protocol import to_json
+    from agents.simulate import SimulatedBackend
 
     node, _ = Node.objects.get_or_create(hostname=hostname)
-    discovered = SimulatedBackend(spec, hostname=hostname).discover()
-    node_inventory_update(
-        node=node, gpus=[g.to_dict() if hasattr(g, "to_dict") else g for g in discovered]
-    )
+    backend = SimulatedBackend(spec, hostname=hostname)
+    node_inventory_update(node=node, gpus=[to_json(gpu) for gpu in backend.discover()])
+    backend.close()
     return node
 
 
