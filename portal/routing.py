@@ -1,3 +1,9 @@
 """Websocket routes, one visible list."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from portal.consumers.live import LiveConsumer
+
+websocket_urlpatterns: list = [
+    path("ws/live/", LiveConsumer.as_asgi()),
+]

@@ -141,6 +141,12 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # plotly.js straight from the plotly package, as /static/vendor/plotly/plotly.min.js.
+    "portal.web.staticfinders.PlotlyFinder",
+]
 STATIC_ROOT = Path(env("STATIC_ROOT", str(VAR_DIR / "staticfiles")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
