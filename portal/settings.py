@@ -91,7 +91,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # redis-py 8 reads with a 5 s socket timeout by default, the same as channels_redis's
+            # BRPOP wait: idle consumers then die with "Timeout reading". Wait longer than BRPOP.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
         }
     }
 else:

@@ -38,6 +38,7 @@ def book(request):
             except ApplicationError as error:
                 add_service_errors(form, error)
             else:
+                booking.refresh_from_db()  # the allocation pass may have started it already
                 messages.success(request, f"Booking {booking.pk} submitted: {booking.state}.")
                 return redirect("booking-detail", booking_id=booking.pk)
         status = 400
