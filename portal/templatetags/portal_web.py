@@ -29,7 +29,9 @@ def metric(reading, key: str) -> str:
         return f"{value:.0f} %"
     if key == "memory_used_mib":
         total = reading.get("memory_total_mib")
-        return f"{value / 1024:.1f} / {total / 1024:.0f} GiB" if total else f"{value / 1024:.1f} GiB"
+        return (
+            f"{value / 1024:.1f} / {total / 1024:.0f} GiB" if total else f"{value / 1024:.1f} GiB"
+        )
     if key == "temperature_c":
         return f"{value:.0f} °C"
     if key == "power_w":

@@ -81,9 +81,7 @@ class BookForm(AccessibleForm):
         if len(projects) == 1:
             self.fields["project"].initial = projects[0]
         profiles = inventory.mig_profiles()
-        self.fields["mig_profile"].choices = [("", "Choose a profile")] + [
-            (p, p) for p in profiles
-        ]
+        self.fields["mig_profile"].choices = [("", "Choose a profile")] + [(p, p) for p in profiles]
         models = sorted(set(inventory.gpu_models()) | set(_mig_models()))
         self.fields["gpu_model"].choices = [("", "Any model")] + [(m, m) for m in models]
 

@@ -96,39 +96,43 @@ def device_rows(*, now: datetime) -> list[DeviceRow]:
 
 
 def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None) -> DeviceRow:
-    reading = readings.get(gpu.uuid)
-    return DeviceRow(
+    return _row(
+        gpu,
         uuid=gpu.uuid,
         label=f"{gpu.node.hostname}/gpu{gpu.index}",
-        node=gpu.node.hostname,
-        node_state=gpu.node.state,
-        gpu_id=gpu.pk,
-        model=gpu.model,
         profile="MIG" if gpu.mig_mode else "",
         memory_mib=gpu.memory_mib,
-        is_mig=False,
-        state=device_state(node_state=gpu.node.state, booking=booking, reading=reading),
+        mig_id=None,
+        reading=readings.get(gpu.uuid),
         booking=booking,
-        reading=reading,
     )
 
 
 def _mig_row(gpu: Gpu, mig: MigInstance, readings: dict, booking: Booking | None) -> DeviceRow:
-    reading = readings.get(mig.uuid)
-    return DeviceRow(
+    return _row(
+        gpu,
         uuid=mig.uuid,
         label=f"{gpu.node.hostname}/gpu{gpu.index}/{mig.profile}",
+        profile=mig.profile,
+        memory_mib=mig.memory_mib,
+        mig_id=mig.pk,
+        reading=readings.get(mig.uuid),
+        booking=booking,
+    )
+
+
+def _row(gpu: Gpu, *, mig_id: int | None, reading, booking, **fields) -> DeviceRow:
+    return DeviceRow(
         node=gpu.node.hostname,
         node_state=gpu.node.state,
         gpu_id=gpu.pk,
         model=gpu.model,
-        profile=mig.profile,
-        memory_mib=mig.memory_mib,
-        is_mig=True,
-        mig_id=mig.pk,
+        is_mig=mig_id is not None,
+        mig_id=mig_id,
         state=device_state(node_state=gpu.node.state, booking=booking, reading=reading),
         booking=booking,
         reading=reading,
+        **fields,
     )
 
 

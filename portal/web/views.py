@@ -141,9 +141,7 @@ def gpu_detail(request, gpu_id: int):
         "history_kept": samples is not None,
         "charts": charts.device_charts({label: samples or []}, is_mig=chosen is not None),
         "upcoming": upcoming,
-        "visible_ids": set(
-            selectors.visible_bookings(request.user).values_list("pk", flat=True)
-        ),
+        "visible_ids": set(selectors.visible_bookings(request.user).values_list("pk", flat=True)),
     }
     return render(request, "portal/gpu_detail.html", context)
 

@@ -3,13 +3,17 @@
 (function () {
   "use strict";
   if (!window.Plotly) return;
+  // Colours are light-dark() pairs; a probe element resolves them to the current theme's value.
+  function resolve(name) {
+    var probe = document.createElement("span");
+    probe.style.color = "var(" + name + ")";
+    document.body.appendChild(probe);
+    var value = getComputedStyle(probe).color;
+    probe.remove();
+    return value;
+  }
   function colours() {
-    var css = getComputedStyle(document.documentElement);
-    return {
-      text: css.getPropertyValue("--text").trim(),
-      grid: css.getPropertyValue("--border").trim(),
-      accent: css.getPropertyValue("--accent").trim()
-    };
+    return { text: resolve("--text"), grid: resolve("--border"), accent: resolve("--accent") };
   }
   function themed(layout) {
     var c = colours();

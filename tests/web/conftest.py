@@ -6,14 +6,11 @@ production. Data is created with `transactional_db`, so the server sees it.
 """
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+
+from portal.web.asgi_process import ROOT, daphne_start, daphne_stop, free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -25,27 +22,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, process: subprocess.Popen, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"daphne exited early with {process.returncode}; see test-artifacts/")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("daphne did not start listening in time")
 
 
 @pytest.fixture
@@ -61,26 +38,14 @@ def asgi_server(transactional_db, request):
         "REDIS_URL": settings.REDIS_URL,
         "DEBUG": "1",
     }
-    port = _free_port()
+    port = free_port()
     ARTIFACTS.mkdir(exist_ok=True)
-    log = open(ARTIFACTS / f"daphne-{request.node.name}.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        _wait_for_port(port, process)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
+    with open(ARTIFACTS / f"daphne-{request.node.name}.log", "wb") as log:
+        process = daphne_start(port=port, env=env, log=log)
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            daphne_stop(process)
 
 
 @pytest.fixture(scope="module")

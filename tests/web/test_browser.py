@@ -78,9 +78,7 @@ def test_it_books_watches_live_and_cancels(alice, asgi_server, browser_page):
     # A change made elsewhere reaches the page as a booking message and a fragment re-fetch.
     length = page.text_content("#booking-length")
     in_thread(booking_extend, user=alice, booking_id=booking.pk, now=timezone.now(), by_s=3600)
-    page.wait_for_function(
-        f"document.getElementById('booking-length').textContent !== {length!r}"
-    )
+    page.wait_for_function(f"document.getElementById('booking-length').textContent !== {length!r}")
     assert page.text_content("#booking-length").startswith("2 h 5")
     assert page.evaluate("window.__sameDocument") is True
 
