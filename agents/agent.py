@@ -22,6 +22,7 @@ from agents.dispatch import Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
 from agents.protocol import (
+    DesiredBooking,
     DesiredState,
     DeviceReading,
     Event,
@@ -56,6 +57,7 @@ class Agent:
         sync_interval_s: float | None = None,
         grace_s: float = 30.0,
         push: bool = True,
+        push_url: str | None = None,
         max_queued_events: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
@@ -73,6 +75,7 @@ class Agent:
         self.sync_interval_s = _given(sync_interval_s, DEFAULT_SYNC_INTERVAL_S)
         self._clock, self._now = clock, now
         self._push_enabled = push
+        self._push_url = push_url or self.portal.websocket_url
         self._push = None
         self._backoff = Backoff()
         self._registered = False
@@ -82,6 +85,7 @@ class Agent:
         self._dropped_events = 0
         self._events_seen = 0
         self._inventory = backend.discover()
+        self._mig_children = {g.uuid: [m.uuid for m in g.mig_instances] for g in self._inventory}
         self.stopping = threading.Event()
         self._wake = threading.Event()
 
@@ -94,7 +98,7 @@ class Agent:
             from agents.push import PushListener  # websockets is only needed for push
 
             self._push = PushListener(
-                self.portal.websocket_url, self.portal.auth_header, self.on_push, self.on_reconnect
+                self._push_url, self.portal.auth_header, self.on_push, self.on_reconnect
             )
             self._push.start()
 
@@ -164,9 +168,9 @@ class Agent:
             return
         try:
             call()
-        except PortalUnavailable as exc:
+        except (PortalUnavailable, Rejected) as exc:
             delay = self._backoff.next_delay()
-            log.warning("portal unavailable (%s); retrying in %.1f s", exc, delay)
+            log.warning("portal request failed (%s); retrying in %.1f s", exc, delay)
             self._offline_until = self._clock() + delay
             self._registered = False
         else:
@@ -195,13 +199,16 @@ class Agent:
         self._offline_until = None
         self._pull_requested = True  # whatever changed while away: pull it now
 
-    def _bookings(self):
+    def _bookings(self) -> list[DesiredBooking] | None:
         return None if self.desired is None else self.desired.bookings
 
     def _sample_if_due(self) -> list[DeviceReading] | None:
-        if self._clock() < self._next_report:
+        now = self._clock()
+        if now < self._next_report:
             return None
-        self._next_report = self._clock() + self.report_interval_s
+        # Keep to the schedule rather than drift by each cycle's own duration.
+        on_time = now - self._next_report < self.report_interval_s
+        self._next_report = (self._next_report if on_time else now) + self.report_interval_s
         return self.backend.sample()
 
     def _send_readings(self, readings: list[DeviceReading], now: datetime) -> None:
@@ -217,7 +224,6 @@ class Agent:
         return self.enforcer.check(readings, self._holders(now), self.policy, protected, now)
 
     def _holders(self, now: datetime) -> dict[str, Holder]:
-        children = {gpu.uuid: [mig.uuid for mig in gpu.mig_instances] for gpu in self._inventory}
         holders = {}
         for booking in active_bookings(self.desired.bookings, now):
             holder = Holder(
@@ -225,7 +231,7 @@ class Agent:
             )
             for uuid in booking.device_uuids:
                 # A booking of a whole GPU covers its MIG instances too.
-                for covered in [uuid, *children.get(uuid, [])]:
+                for covered in [uuid, *self._mig_children.get(uuid, [])]:
                     holders[covered] = holder
         return holders
 

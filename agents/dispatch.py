@@ -75,6 +75,7 @@ class Dispatcher:
         self.jobs: dict[int, Job] = {}
         # Bookings whose command already ran: never relaunch them, even after a restart.
         self._done: set[int] = set()
+        self._dirty = False
 
     def unix_user(self, owner: str) -> str:
         """The Unix account that runs `owner`'s work: --user-map entry, else the same name."""
@@ -104,8 +105,8 @@ class Dispatcher:
         if bookings is not None:
             events += [self._launch(b, now) for b in bookings if self._should_launch(b, now)]
             self._done &= {b.booking_id for b in bookings}
-        if events:
-            self._save()
+        if events or self._dirty:
+            self.save()
         return events
 
     def _should_launch(self, booking: DesiredBooking, now: datetime) -> bool:
@@ -117,16 +118,24 @@ class Dispatcher:
         )
 
     def _stop_unwanted(self, bookings: list[DesiredBooking] | None, now: datetime) -> None:
-        wanted = None if bookings is None else {b.booking_id for b in bookings}
+        wanted = None if bookings is None else {b.booking_id: b for b in bookings}
         for job in self.jobs.values():
             if job.stop_reason is not None:
                 continue
+            if wanted and job.booking_id in wanted:
+                self._follow_end(job, wanted[job.booking_id].end)
             if datetime.fromisoformat(job.end) <= now:
                 self._begin_stop(job, "the booking's end time passed")
             elif wanted is not None and job.booking_id not in wanted:
                 self._begin_stop(
                     job, "the booking is no longer active (cancelled, ended or preempted)"
                 )
+
+    def _follow_end(self, job: Job, end: datetime) -> None:
+        # Bookings get extended (or shortened); a restart must not stop at a stale end.
+        if job.end != end.isoformat():
+            job.end = end.isoformat()
+            self._dirty = True
 
     def _begin_stop(self, job: Job, reason: str) -> None:
         log.info("stopping booking %s (pgid %s): %s", job.booking_id, job.pgid, reason)
@@ -219,7 +228,8 @@ class Dispatcher:
             popen,
         )
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """Write the state file (after every change, and on agent shutdown)."""
         state = {
             "jobs": [job.persisted() for job in self.jobs.values()],
             "done": sorted(self._done),
@@ -228,10 +238,7 @@ class Dispatcher:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, path)  # a crash mid-write must not lose the running jobs
-
-    def save(self) -> None:
-        """Write the state file now (the agent does it on shutdown too)."""
-        self._save()
+        self._dirty = False
 
 
 def _identity(account: pwd.struct_passwd) -> dict:

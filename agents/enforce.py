@@ -67,7 +67,16 @@ class Enforcer:
         self._reported &= seen  # forget exited processes, so pid reuse is judged afresh
         return events
 
-    def _act(self, proc, start_ticks, device, holder, policy, protected, now) -> Event:
+    def _act(
+        self,
+        proc: ProcessReading,
+        start_ticks: int,
+        device: str,
+        holder: Holder | None,
+        policy: str,
+        protected: bool,
+        now: datetime,
+    ) -> Event:
         if holder is None:
             kind, detail = (
                 "unbooked_process",

@@ -33,9 +33,10 @@ class NvmlBackend:
         self._inventory = self._discover()
 
     def _read(self, fn_name: str, *args: Any) -> Any:
+        # A function missing from an older pynvml is as unavailable as NotSupported.
         try:
             return getattr(self._nvml, fn_name)(*args)
-        except self._nvml.NVMLError:
+        except (self._nvml.NVMLError, AttributeError):
             return None
 
     def discover(self) -> list[GpuInventory]:

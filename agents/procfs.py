@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import pwd
-import time
 from dataclasses import dataclass
 
 PROC = "/proc"
@@ -13,6 +12,7 @@ PROC = "/proc"
 # An environ read right after fork may still show the parent's environment (before exec);
 # re-reading young entries for a few seconds catches the exec without re-reading everyone.
 _RECHECK_YOUNG_S = 5.0
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,11 @@ class ProcInfo:
     user: str | None
     name: str | None
     cuda_devices: frozenset[str]
+
+
+def _uptime_s() -> float:
+    with open(f"{PROC}/uptime") as f:
+        return float(f.read().split()[0])
 
 
 def read_stat(pid: int) -> ProcStat | None:
@@ -106,53 +111,59 @@ def identify(pid: int) -> ProcInfo | None:
 
 
 def tty_path(pid: int) -> str | None:
-    """The controlling terminal of `pid` as a /dev path, or None when it has none."""
+    """The terminal of `pid` as a /dev path: its controlling tty, else a tty on its stdin."""
     stat = read_stat(pid)
-    if stat is None or stat.tty_nr == 0:
+    if stat is None:
         return None
     major, minor = os.major(stat.tty_nr), os.minor(stat.tty_nr)
     if 136 <= major <= 143:  # Unix98 pseudo-terminals
         return f"/dev/pts/{(major - 136) * 256 + minor}"
-    if major == 4 and minor < 64:
+    if major == 4 and 0 < minor < 64:
         return f"/dev/tty{minor}"
+    # Daemonized (setsid) processes have no controlling tty but may still write to one.
     try:
         target = os.readlink(f"{PROC}/{pid}/fd/0")
     except OSError:
         return None
-    return target if target.startswith("/dev/tty") or target.startswith("/dev/pts/") else None
+    return target if target.startswith(("/dev/pts/", "/dev/tty")) else None
 
 
 class ProcTable:
     """All processes on this machine, cached per pid so a 1 Hz refresh stays cheap."""
 
-    def __init__(self, clock=time.monotonic) -> None:
-        self._clock = clock
-        self._entries: dict[int, tuple[float, ProcInfo]] = {}
+    def __init__(self) -> None:
+        self._entries: dict[int, ProcInfo] = {}
+        self._settled: set[int] = set()  # pids old enough that their environ is final
         self._by_device: dict[str, list[ProcInfo]] = {}
 
     def refresh(self) -> None:
-        """Forget exited pids, read new (and still young) ones."""
-        now = self._clock()
+        """Forget exited pids, read new ones (and re-read those that may not have exec'd yet)."""
         pids = {int(name) for name in os.listdir(PROC) if name.isdigit()}
         for pid in self._entries.keys() - pids:
             del self._entries[pid]
-        for pid in pids:
-            cached = self._entries.get(pid)
-            if cached is None or now - cached[0] < _RECHECK_YOUNG_S:
-                self._read(pid, now if cached is None else cached[0])
+        # A pid that exited and was reused between two refreshes would keep its old entry;
+        # the kernel hands out all of pid_max before reusing one, so in a second that is rare.
+        self._settled &= pids
+        unsettled = pids - self._settled
+        if unsettled:
+            uptime_ticks = _uptime_s() * _TICKS
+            for pid in unsettled:
+                self._read(pid, uptime_ticks)
         self._index()
 
-    def _read(self, pid: int, first_seen: float) -> None:
+    def _read(self, pid: int, uptime_ticks: float) -> None:
         info = identify(pid)
         if info is None:
             self._entries.pop(pid, None)
-        else:
-            self._entries[pid] = (first_seen, info)
+            return
+        self._entries[pid] = info
+        if uptime_ticks - info.start_ticks > _RECHECK_YOUNG_S * _TICKS:
+            self._settled.add(pid)
 
     def _index(self) -> None:
         self._by_device = {}
         for pid in sorted(self._entries):
-            info = self._entries[pid][1]
+            info = self._entries[pid]
             for uuid in info.cuda_devices:
                 self._by_device.setdefault(uuid, []).append(info)
 

@@ -113,13 +113,6 @@ class ReadingsRequest:
 
 
 @dataclass(frozen=True)
-class ReadingsResponse:
-    """202 answer to readings."""
-
-    accepted: int
-
-
-@dataclass(frozen=True)
 class DesiredBooking:
     """A booking that holds devices on this node; `command` is launched when set."""
 
@@ -163,8 +156,8 @@ class EventsRequest:
 
 
 @dataclass(frozen=True)
-class EventsResponse:
-    """202 answer to events."""
+class AcceptedResponse:
+    """202 answer to readings and to events: how many items the portal stored."""
 
     accepted: int
 

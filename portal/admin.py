@@ -11,6 +11,7 @@ from portal.models import (
     Membership,
     MigInstance,
     Node,
+    NodeAlert,
     Project,
     Quota,
 )
@@ -153,3 +154,20 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ["prefix", "user", "name", "created", "last_used"]
     search_fields = ["user__username", "name"]
     readonly_fields = ["key_hash", "prefix"]
+
+
+@admin.register(NodeAlert)
+class NodeAlertAdmin(admin.ModelAdmin):
+    """Processes the node agents objected to (foreign or on unbooked devices); read-only."""
+
+    list_display = ["time", "node", "kind", "device_uuid", "pid", "user", "action", "booking"]
+    list_filter = ["kind", "action", "node"]
+    search_fields = ["node__hostname", "device_uuid", "user", "detail"]
+    raw_id_fields = ["booking", "owner"]
+    ordering = ["-time", "-id"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

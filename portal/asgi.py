@@ -11,13 +11,19 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from portal.routing import websocket_urlpatterns  # noqa: E402
+from portal.routing import agent_websocket_urlpatterns, websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
-    }
+_browser_websockets = AllowedHostsOriginValidator(
+    AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
 )
+_agent_websockets = URLRouter(agent_websocket_urlpatterns)
+_AGENT_PATHS = {"/" + str(p.pattern) for p in agent_websocket_urlpatterns}
+
+
+async def _websockets(scope, receive, send):
+    # Agents carry a node token and no Origin header: the origin check is for cookie sessions.
+    app = _agent_websockets if scope["path"] in _AGENT_PATHS else _browser_websockets
+    return await app(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": _websockets})

@@ -115,7 +115,29 @@ CELERY_BEAT_SCHEDULE = {
         "task": "portal.tasks.allocation_pass",
         "schedule": SCHEDULER_PASS_INTERVAL_S,
     },
+    # Roll raw telemetry up into per-minute rows, then prune both past their retention.
+    "telemetry-rollup": {
+        "task": "portal.tasks.telemetry_rollup",
+        "schedule": envfloat("TELEMETRY_ROLLUP_INTERVAL_S", 60.0),
+    },
+    # Mark nodes whose agent stopped reporting as down; fail or requeue their bookings.
+    "node-heartbeat-check": {
+        "task": "portal.tasks.node_heartbeat_check",
+        "schedule": envfloat("NODE_HEARTBEAT_CHECK_INTERVAL_S", 15.0),
+    },
 }
+
+# Node agents: what the portal tells them at register, and when a silent node counts as down.
+AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0)
+AGENT_SYNC_INTERVAL_S = envfloat("AGENT_SYNC_INTERVAL_S", 30.0)
+AGENT_ENFORCEMENT = env("AGENT_ENFORCEMENT", "report")  # report | warn | kill
+if AGENT_ENFORCEMENT not in ("report", "warn", "kill"):
+    raise RuntimeError("AGENT_ENFORCEMENT must be report, warn or kill.")
+NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0)
+REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
+# Telemetry history: raw samples for hours, per-minute rollups for days.
+TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
+TELEMETRY_ROLLUP_RETENTION_D = envfloat("TELEMETRY_ROLLUP_RETENTION_D", 30.0)
 # Multifactor priority weights and allocator policy (scheduler.Policy fields).
 SCHEDULER_POLICY = {
     "weight_age": envfloat("SCHEDULER_WEIGHT_AGE", 1000.0),

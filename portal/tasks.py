@@ -28,3 +28,27 @@ def booking_event(booking_id: int, event: str) -> None:
         Allocation.objects.filter(booking=booking).values_list("gpu__node_id", flat=True)
     )
     notifications.booking_notify(booking=booking, event=event)
+
+
+@shared_task(ignore_result=True)
+def telemetry_rollup() -> None:
+    """Roll raw telemetry up per minute, then prune raw samples and rollups past retention."""
+    from portal.services.telemetry import telemetry_maintain
+
+    telemetry_maintain(now=timezone.now())
+
+
+@shared_task(ignore_result=True)
+def node_heartbeat_check() -> None:
+    """Mark silent nodes down; fail or requeue their bookings."""
+    from portal.services.nodes import nodes_heartbeat_check
+
+    nodes_heartbeat_check(now=timezone.now())
+
+
+@shared_task(ignore_result=True)
+def node_alert_notify(alert_id: int) -> None:
+    """Email and Slack about a process an agent objected to."""
+    from portal.services.agents import node_alert_notify as notify
+
+    notify(alert_id=alert_id)

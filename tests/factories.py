@@ -7,7 +7,17 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from portal.models import Allocation, Booking, Gpu, Membership, MigInstance, Node, Project, Quota
+from portal.models import (
+    Allocation,
+    Booking,
+    Gpu,
+    Membership,
+    MigInstance,
+    Node,
+    Project,
+    Quota,
+    Sample,
+)
 
 _uuid = itertools.count(1)
 
@@ -123,3 +133,51 @@ def make_mig_gpu(
 
 def member(user, project, role: str = Membership.Role.MEMBER) -> Membership:
     return MembershipFactory(user=user, project=project, role=role)
+
+
+class SampleFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Sample
+
+    node = factory.SubFactory(NodeFactory)
+    uuid = factory.LazyFunction(lambda: f"GPU-test-{next(_uuid):08d}")
+    time = factory.LazyFunction(timezone.now)
+    utilization_gpu = 50.0
+    utilization_memory = 30.0
+    memory_used_mib = 1024
+    memory_total_mib = 81920
+    temperature_c = 40.0
+    power_w = 200.0
+
+
+def make_agent_node(hostname: str, *, gpus: int = 2, mig_gpus: int = 0) -> tuple[Node, str]:
+    """A node with whole GPUs, then `mig_gpus` GPUs in MIG mode, and a fresh agent token."""
+    from portal.services.nodes import node_token_issue
+
+    node = make_node(hostname, gpus=gpus)
+    for index in range(gpus, gpus + mig_gpus):
+        make_mig_gpu(node, index)
+    return node, node_token_issue(hostname=hostname)
+
+
+def make_active_booking(devices, *, owner=None, command: str = "", **kwargs) -> Booking:
+    """An active booking holding these devices (Gpu or MigInstance) from a minute ago for an hour."""
+    now = timezone.now()
+    booking = BookingFactory(
+        owner=owner or UserFactory(),
+        state=Booking.State.ACTIVE,
+        started_at=now - timedelta(minutes=1),
+        command=command,
+        **kwargs,
+    )
+    for device in devices:
+        is_mig = isinstance(device, MigInstance)
+        AllocationFactory(
+            booking=booking,
+            gpu=device.gpu if is_mig else device,
+            mig_instance=device if is_mig else None,
+            start=now - timedelta(minutes=1),
+            end=now + timedelta(hours=1),
+            fraction=device.fraction if is_mig else 1.0,
+        )
+    return booking

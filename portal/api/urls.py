@@ -4,7 +4,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from portal.api import views
+from agents import protocol
+from portal.api import agent, views
 
 router = DefaultRouter()
 router.register("nodes", views.NodeViewSet, basename="node")
@@ -13,7 +14,16 @@ router.register("mig-instances", views.MigInstanceViewSet, basename="mig-instanc
 router.register("bookings", views.BookingViewSet, basename="booking")
 router.register("auth/tokens", views.TokenViewSet, basename="token")
 
+# Agent endpoints: the paths are part of the wire protocol (agents/protocol.py).
+agent_urlpatterns = [
+    path(protocol.REGISTER_PATH.lstrip("/"), agent.RegisterView.as_view(), name="agent-register"),
+    path(protocol.READINGS_PATH.lstrip("/"), agent.ReadingsView.as_view(), name="agent-readings"),
+    path(protocol.DESIRED_PATH.lstrip("/"), agent.DesiredView.as_view(), name="agent-desired"),
+    path(protocol.EVENTS_PATH.lstrip("/"), agent.EventsView.as_view(), name="agent-events"),
+]
+
 urlpatterns = [
+    *agent_urlpatterns,
     path("api/v1/auth/token/", views.TokenCreateView.as_view(), name="token-create"),
     path("api/v1/me/quota/", views.MyQuotaView.as_view(), name="my-quota"),
     path("api/v1/", include(router.urls)),

@@ -3,6 +3,7 @@
 from portal.models.bookings import Allocation, Booking, Qos
 from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
 from portal.models.projects import Membership, Project, Quota
+from portal.models.telemetry import NodeAlert, Sample, SampleMinute
 from portal.models.tokens import ApiToken
 
 __all__ = [
@@ -13,8 +14,11 @@ __all__ = [
     "Membership",
     "MigInstance",
     "Node",
+    "NodeAlert",
     "Project",
     "Qos",
     "Quota",
+    "Sample",
+    "SampleMinute",
     "mig_fraction",
 ]

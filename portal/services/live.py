@@ -28,6 +28,7 @@ def booking_broadcast(*, booking_id: int, owner_id: int, state: str, event: str)
 
 
 def agents_push(node_ids) -> None:
-    """Nudge the agents of these nodes to pull their desired state now."""
-    for node_id in sorted(set(node_ids)):
-        group_send(agent_group(node_id), {"type": "desired.changed"})
+    """Nudge the agents of these nodes to pull their desired state now (with its generation)."""
+    from portal.services.agents import desired_push
+
+    desired_push(node_ids=node_ids)

@@ -1,10 +1,16 @@
 """Node services: agent tokens, inventory from an agent's discovery, node state changes."""
 
+from datetime import datetime, timedelta
+
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from portal.models import Gpu, MigInstance, Node
+from portal.errors import NotAllowed
+from portal.models import Booking, Gpu, MigInstance, Node
 from portal.models.tokens import hash_token, new_token
+from portal.services import events
+from portal.services.bookings import booking_transition
 
 
 def node_token_issue(*, hostname: str) -> str:
@@ -18,6 +24,15 @@ def node_token_issue(*, hostname: str) -> str:
 def node_token_revoke(*, hostname: str) -> bool:
     """Revoke the node's agent token; False if the node does not exist."""
     return bool(Node.objects.filter(hostname=hostname).update(agent_token_hash=""))
+
+
+def node_check_hostname(*, node: Node, hostname: str) -> None:
+    """Refuse (403) a message in which the agent of `node` speaks for another host."""
+    if hostname != node.hostname:
+        raise NotAllowed(
+            f"This token belongs to {node.hostname}, not {hostname}.",
+            fields={"hostname": "not the node this token belongs to"},
+        )
 
 
 def node_for_token(raw: str) -> Node | None:
@@ -80,19 +95,86 @@ def node_inventory_from_spec(*, hostname: str, spec: str) -> Node:
     from agents.simulate import SimulatedBackend
 
     node, _ = Node.objects.get_or_create(hostname=hostname)
-    backend = SimulatedBackend(spec, hostname=hostname)
-    node_inventory_update(node=node, gpus=[to_json(gpu) for gpu in backend.discover()])
-    backend.close()
+    discovered = SimulatedBackend(spec, hostname=hostname).discover()
+    node_inventory_update(node=node, gpus=[to_json(g) for g in discovered])
     return node
 
 
-def node_mark_seen(*, node: Node, agent_version: str = "") -> None:
-    """Record a heartbeat; a node that was down comes back up."""
+# Heartbeats closer together than this are not written again (agents post several times a
+# second under load; the heartbeat timeout is a minute).
+HEARTBEAT_WRITE_INTERVAL = timedelta(seconds=1)
+
+
+def node_mark_seen(*, node: Node, agent_version: str = "") -> bool:
+    """Record a heartbeat; a node that was down comes back up (True then) and may get work.
+
+    `node` should be freshly read (as token authentication does): its state and last_seen decide
+    whether anything needs writing.
+    """
     now = timezone.now()
+    recent = node.last_seen is not None and now - node.last_seen < HEARTBEAT_WRITE_INTERVAL
+    if recent and node.state != Node.State.DOWN and not agent_version:
+        return False
     fields = {"last_seen": now}
     if agent_version:
         fields["agent_version"] = agent_version
     Node.objects.filter(pk=node.pk).update(**fields)
-    Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
-        state=Node.State.UP, state_reason=""
-    )
+    came_up = node.state == Node.State.DOWN and Node.objects.filter(
+        pk=node.pk, state=Node.State.DOWN
+    ).update(state=Node.State.UP, state_reason="")
+    if came_up:
+        events.request_allocation_pass()
+    return bool(came_up)
+
+
+def nodes_heartbeat_check(*, now: datetime) -> list[str]:
+    """Mark up nodes silent for NODE_HEARTBEAT_TIMEOUT_S as down and end their active bookings.
+
+    Each node goes down by compare-and-set (a heartbeat racing in keeps it up). Its active
+    bookings fail; batch ones (a command, no fixed window) go back to the queue, keeping their
+    submit time, when REQUEUE_ON_NODE_FAILURE. Returns the hostnames marked down.
+    """
+    cutoff = now - timedelta(seconds=settings.NODE_HEARTBEAT_TIMEOUT_S)
+    stale = Node.objects.filter(state=Node.State.UP, last_seen__lt=cutoff)
+    return [
+        hostname
+        for node_id, hostname in stale.values_list("pk", "hostname")
+        if _node_down(node_id, hostname, cutoff, now)
+    ]
+
+
+def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> bool:
+    reason = f"node {hostname} stopped reporting"
+    with transaction.atomic(durable=True):
+        if not Node.objects.filter(pk=node_id, state=Node.State.UP, last_seen__lt=cutoff).update(
+            state=Node.State.DOWN, state_reason=f"no heartbeat since {cutoff:%H:%M:%S} UTC"
+        ):
+            return False
+        held = Booking.objects.filter(
+            state=Booking.State.ACTIVE, allocations__live=True, allocations__gpu__node_id=node_id
+        ).distinct()
+        for booking in held:
+            _fail_booking(booking, reason, now)
+        events.request_allocation_pass()
+    return True
+
+
+def _fail_booking(booking: Booking, reason: str, now: datetime) -> None:
+    if not booking_transition(
+        booking.pk,
+        from_states=(Booking.State.ACTIVE,),
+        to=Booking.State.FAILED,
+        now=now,
+        detail=reason,
+    ):
+        return
+    requeue = settings.REQUEUE_ON_NODE_FAILURE and booking.command and booking.start is None
+    if requeue:
+        # Like a preempted batch job: back to the queue, keeping its submit time (its age).
+        Booking.objects.filter(pk=booking.pk, state=Booking.State.FAILED).update(
+            state=Booking.State.PENDING,
+            ended_at=None,
+            started_at=None,
+            state_detail=f"{reason}; requeued",
+        )
+    events.booking_changed(booking, "requeued" if requeue else "failed")

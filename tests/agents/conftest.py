@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -200,3 +202,35 @@ def _cycle_until(agent, condition, timeout_s=10.0):
 def cycle_until():
     """Run agent cycles until `condition()` holds; fail the test after `timeout_s`."""
     return _cycle_until
+
+
+@pytest.fixture
+def me():
+    """The Unix user running the tests: booking owners whose jobs need no user switch."""
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+@pytest.fixture
+def as_root():
+    """Skip unless root: the test switches to the `nobody` user, as the agent does on nodes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run processes as another user")
+
+
+@pytest.fixture
+def agent_argv(portal, tmp_path):
+    """The command line of a real agent process on one simulated H100 at the stand-in."""
+
+    def argv(*extra, token=TOKEN):
+        base = f"-m agents --portal {portal.url} --simulate 1xH100-80GB --no-push"
+        return [
+            sys.executable,
+            *base.split(),
+            "--token",
+            token,
+            "--state-dir",
+            str(tmp_path),
+            *extra,
+        ]
+
+    return argv

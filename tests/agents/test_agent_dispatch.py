@@ -2,9 +2,13 @@
 
 import os
 import signal
+import subprocess
 import time
+from datetime import datetime, timedelta
 
+from agents import protocol
 from agents.procfs import is_alive, read_cuda_devices, read_stat
+from agents.simulate import SimulatedBackend
 
 
 def _gpu_uuids(agent):
@@ -20,12 +24,12 @@ def _event(portal, kind, booking_id):
 
 
 def test_it_launches_a_command_and_reports_its_exit_code_and_log_tail(
-    portal, make_agent, cycle_until
+    portal, make_agent, cycle_until, me
 ):
     agent = make_agent()
     gpu0, gpu1 = _gpu_uuids(agent)
     portal.book(
-        1, "root", [gpu0, gpu1], command="sh -c 'echo hi; echo cvd=$CUDA_VISIBLE_DEVICES; exit 3'"
+        1, me, [gpu0, gpu1], command="sh -c 'echo hi; echo cvd=$CUDA_VISIBLE_DEVICES; exit 3'"
     )
     cycle_until(agent, lambda: ("exited", 1) in _kinds(portal))
     assert _kinds(portal) == [("started", 1), ("exited", 1)], [e.detail for e in portal.events()]
@@ -37,7 +41,7 @@ def test_it_launches_a_command_and_reports_its_exit_code_and_log_tail(
     assert _kinds(portal) == [("started", 1), ("exited", 1)]  # never relaunched
 
 
-def test_it_runs_the_command_as_the_mapped_unix_user(portal, make_agent, cycle_until):
+def test_it_runs_the_command_as_the_mapped_unix_user(portal, make_agent, cycle_until, as_root):
     agent = make_agent(user_map={"ann": "nobody"})
     gpu0 = _gpu_uuids(agent)[0]
     portal.book(2, "ann", [gpu0], command="sleep 30")
@@ -62,10 +66,12 @@ def test_it_reports_an_unknown_unix_user_instead_of_crashing(portal, make_agent,
     assert ("started", 3) not in _kinds(portal)
 
 
-def test_it_stops_a_cancelled_booking_with_sigterm_then_sigkill(portal, make_agent, cycle_until):
+def test_it_stops_a_cancelled_booking_with_sigterm_then_sigkill(
+    portal, make_agent, cycle_until, me
+):
     agent = make_agent(grace_s=1.0)
     script = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.1; done"
-    portal.book(4, "root", _gpu_uuids(agent)[:1], command=script)
+    portal.book(4, me, _gpu_uuids(agent)[:1], command=script)
     cycle_until(agent, lambda: ("started", 4) in _kinds(portal))
     pid = _event(portal, "started", 4).pid
     time.sleep(0.2)
@@ -80,9 +86,9 @@ def test_it_stops_a_cancelled_booking_with_sigterm_then_sigkill(portal, make_age
     assert read_stat(pid) is None or read_stat(pid).state == "Z"
 
 
-def test_it_readopts_running_work_after_a_restart(portal, make_agent, cycle_until):
+def test_it_readopts_running_work_after_a_restart(portal, make_agent, cycle_until, me):
     first = make_agent()
-    portal.book(5, "root", _gpu_uuids(first)[:1], command="sleep 1.5; echo done")
+    portal.book(5, me, _gpu_uuids(first)[:1], command="sleep 1.5; echo done")
     cycle_until(first, lambda: ("started", 5) in _kinds(portal))
     started = _event(portal, "started", 5)
     first.close()  # the agent goes away; its work must not
@@ -100,9 +106,9 @@ def test_it_readopts_running_work_after_a_restart(portal, make_agent, cycle_unti
     assert "re-adopted" in exited.detail
 
 
-def test_it_stops_readopted_work_when_its_booking_is_cancelled(portal, make_agent, cycle_until):
+def test_it_stops_readopted_work_when_its_booking_is_cancelled(portal, make_agent, cycle_until, me):
     first = make_agent()
-    portal.book(6, "root", _gpu_uuids(first)[:1], command="sleep 30")
+    portal.book(6, me, _gpu_uuids(first)[:1], command="sleep 30")
     cycle_until(first, lambda: ("started", 6) in _kinds(portal))
     first.close()
     second = make_agent()
@@ -113,13 +119,62 @@ def test_it_stops_readopted_work_when_its_booking_is_cancelled(portal, make_agen
 
 
 def test_it_stops_work_whose_booking_ended_even_while_the_portal_is_down(
-    portal, make_agent, cycle_until
+    portal, make_agent, cycle_until, me
 ):
     agent = make_agent()
-    portal.book(7, "root", _gpu_uuids(agent)[:1], command="sleep 30", minutes=0.03)
+    portal.book(7, me, _gpu_uuids(agent)[:1], command="sleep 30", minutes=0.03)
     cycle_until(agent, lambda: ("started", 7) in _kinds(portal))
     pid = _event(portal, "started", 7).pid
     portal.stop()
     cycle_until(agent, lambda: 7 not in agent.dispatcher.jobs, timeout_s=15)
     assert read_stat(pid) is None or read_stat(pid).state == "Z"
     assert [e.kind for e in agent.events] == ["stopped"]
+
+
+def test_it_follows_an_extended_booking_instead_of_stopping_at_the_old_end(
+    portal, make_agent, cycle_until, me
+):
+    agent = make_agent()
+    portal.book(8, me, _gpu_uuids(agent)[:1], command="sleep 30", minutes=0.03)
+    cycle_until(agent, lambda: ("started", 8) in _kinds(portal))
+    booking = portal.desired["bookings"][0]
+    booking["end"] = (datetime.fromisoformat(booking["end"]) + timedelta(hours=1)).isoformat()
+    deadline = time.monotonic() + 3  # well past the original end
+    while time.monotonic() < deadline:
+        agent.handle_one_cycle()
+        time.sleep(0.1)
+    assert _kinds(portal) == [("started", 8)]
+    assert 8 in agent.dispatcher.jobs
+
+
+def test_a_restarted_agent_process_readopts_without_relaunching(portal, agent_argv, me):
+    hostname = "restart-node"
+    uuid = SimulatedBackend("1xH100-80GB", hostname).discover()[0].uuid
+    portal.book(9, me, [uuid], command="sleep 30")
+    args = agent_argv("--hostname", hostname, "--interval", "0.2", "--sync-interval", "0.2")
+    first = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    try:
+        _wait(lambda: ("started", 9) in _kinds(portal))
+        pid = _event(portal, "started", 9).pid
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=10) == 0
+        assert read_stat(pid).state != "Z"  # the job outlived its agent
+        second = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+        _wait(lambda: portal.paths().count(protocol.DESIRED_PATH) >= 6)
+        assert _kinds(portal) == [("started", 9)]
+        portal.desired["bookings"].clear()
+        _wait(lambda: ("stopped", 9) in _kinds(portal))
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=10) == 0
+    finally:
+        for proc in (first, locals().get("second")):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert read_stat(pid) is None or read_stat(pid).state == "Z"
+
+
+def _wait(condition, timeout_s=15.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)

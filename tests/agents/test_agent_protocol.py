@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 import pytest
 
 from agents.protocol import (
+    AcceptedResponse,
     DesiredBooking,
     DesiredState,
     DeviceReading,
@@ -75,6 +76,7 @@ MESSAGES = [
         ]
     ),
     PushMessage("desired_changed", 4),
+    AcceptedResponse(2),
 ]
 
 

@@ -79,7 +79,7 @@ def test_it_is_deterministic_for_a_seed_and_changes_over_time():
     assert len(set(series_a)) > 1
 
 
-def test_it_reports_real_processes_that_were_given_the_device(spawn):
+def test_it_reports_real_processes_that_were_given_the_device(spawn, me):
     backend = SimulatedBackend("2xH100-80GB", "node-a", seed=3)
     gpu0, gpu1 = (g.uuid for g in backend.discover())
     idle = [backend.sample()[1].utilization_gpu for _ in range(5)]
@@ -89,7 +89,7 @@ def test_it_reports_real_processes_that_were_given_the_device(spawn):
     (proc,) = readings[1].processes
     assert proc.pid == sleeper.pid
     assert proc.name == "sleep"
-    assert proc.user == "root"
+    assert proc.user == me
     assert readings[1].memory_used_mib == proc.used_memory_mib > 0
     busy = [backend.sample()[1].utilization_gpu for _ in range(10)]
     assert max(busy) > max(idle) + 30  # utilization rises while a process is on it

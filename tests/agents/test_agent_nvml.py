@@ -1,0 +1,147 @@
+"""agents/nvml.py's conversion code, against a fake pynvml module (no GPU here)."""
+
+import os
+from types import SimpleNamespace
+
+from agents.nvml import NvmlBackend
+
+MIB = 1024 * 1024
+
+
+class NVMLError(Exception):
+    pass
+
+
+class FakeNvml:
+    """Just enough of pynvml: one whole GPU and one GPU in MIG mode with two instances."""
+
+    NVMLError = NVMLError
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(self, profile_names=True):
+        self.setters_called = []
+        self.profile_names = profile_names
+        self.shut_down = False
+
+    def __getattr__(self, name):
+        if "Set" in name:  # the agent is read-only: any setter is a bug
+            self.setters_called.append(name)
+        raise AttributeError(name)
+
+    def _not_supported(self, *args):
+        raise NVMLError("Not Supported")
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut_down = True
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return ("gpu", i)
+
+    def nvmlDeviceGetUUID(self, h):
+        return (
+            f"GPU-{h[1]}" if h[0] == "gpu" else f"MIG-{h[1]}-{h[2]}".encode()
+        )  # old pynvml: bytes
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA A100-SXM4-80GB"
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        total = 80 * 1024 if h[0] == "gpu" else 9728
+        return SimpleNamespace(total=total * MIB, used=(512 if h[0] == "gpu" else 100) * MIB)
+
+    def nvmlDeviceGetMigMode(self, h):
+        if h[1] == 0:
+            raise NVMLError("Not Supported")  # e.g. a GPU without MIG
+        return [1, 1]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return 3
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):
+        if i == 1:
+            raise NVMLError("Not Found")  # an empty slot
+        return ("mig", h[1], i)
+
+    def nvmlDeviceGetAttributes(self, h):
+        return SimpleNamespace(
+            gpuInstanceSliceCount=1 if h[2] == 0 else 3, memorySizeMB=9728 if h[2] == 0 else 40192
+        )
+
+    def nvmlDeviceGetGpuInstanceId(self, h):
+        if not self.profile_names:
+            raise NVMLError("No Permission")
+        return h[2] + 1
+
+    def nvmlDeviceGetGpuInstanceById(self, parent, gi_id):
+        return ("gi", gi_id)
+
+    def nvmlGpuInstanceGetInfo(self, gi):
+        return SimpleNamespace(profileId=gi[1] + 10)
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, parent, profile_id):
+        return SimpleNamespace(name=b"MIG 1g.10gb" if profile_id == 11 else b"MIG 3g.40gb")
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        if h[0] == "mig" or h[1] == 1:
+            raise NVMLError("Not Supported")
+        return SimpleNamespace(gpu=37, memory=12)
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        if h[0] == "mig":
+            raise NVMLError("Not Supported")
+        return 55
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        if h[0] == "mig":
+            raise NVMLError("Not Supported")
+        return 212_500
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        me = SimpleNamespace(pid=os.getpid(), usedGpuMemory=300 * MIB)
+        if h == ("gpu", 1) or h == ("mig", 1, 0):
+            return [me]  # the parent of a MIG GPU lists its instances' processes too
+        return []
+
+
+def test_it_discovers_gpus_and_mig_instances():
+    fake = FakeNvml()
+    gpus = NvmlBackend(nvml=fake).discover()
+    assert [(g.uuid, g.mig_mode, g.memory_total_mib) for g in gpus] == [
+        ("GPU-0", False, 81920),
+        ("GPU-1", True, 81920),
+    ]
+    assert gpus[0].model == "NVIDIA A100-SXM4-80GB"
+    migs = gpus[1].mig_instances
+    assert [(m.uuid, m.profile, m.slices, m.memory_total_mib) for m in migs] == [
+        ("MIG-1-0", "1g.10gb", 1, 9728),
+        ("MIG-1-2", "3g.40gb", 3, 40192),
+    ]
+    assert fake.setters_called == []
+
+
+def test_it_derives_profile_names_when_nvml_will_not_say():
+    migs = NvmlBackend(nvml=FakeNvml(profile_names=False)).discover()[1].mig_instances
+    assert [m.profile for m in migs] == ["1g.10gb", "3g.40gb"]
+
+
+def test_it_reads_fields_and_nulls_the_unsupported_ones(me):
+    backend = NvmlBackend(nvml=FakeNvml())
+    whole, mig_gpu, mig0, mig2 = backend.sample()
+    assert (whole.utilization_gpu, whole.utilization_memory) == (37.0, 12.0)
+    assert (whole.temperature_c, whole.power_w, whole.memory_used_mib) == (55.0, 212.5, 512)
+    assert mig_gpu.utilization_gpu is None and mig_gpu.temperature_c == 55.0
+    assert mig0.uuid == "MIG-1-0"
+    assert (mig0.utilization_gpu, mig0.temperature_c, mig0.power_w) == (None, None, None)
+    assert mig0.memory_used_mib == 100
+    (proc,) = mig0.processes
+    assert (proc.pid, proc.used_memory_mib, proc.user) == (os.getpid(), 300, me)
+    assert mig_gpu.processes == []  # reported once, on the instance it runs in
+    assert mig2.processes == []
+    backend.close()

@@ -1,0 +1,74 @@
+"""Fixtures for the portal side of the node agent: nodes with tokens, an agent's HTTP client."""
+
+import json
+
+import pytest
+from rest_framework.test import APIClient
+
+from agents import protocol
+from tests.factories import make_agent_node
+
+
+class AgentClient:
+    """Speaks to the agent endpoints as one node would (raw JSON bodies, bearer token)."""
+
+    def __init__(self, token: str):
+        self.http = APIClient()
+        self.http.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    def post(self, path: str, body):
+        raw = body if isinstance(body, str | bytes) else json.dumps(body)
+        return self.http.post(path, data=raw, content_type="application/json")
+
+    def get(self, path: str):
+        return self.http.get(path)
+
+    def readings(self, hostname: str, readings: list[dict], time: str = "2026-01-01T00:00:00Z"):
+        return self.post(
+            protocol.READINGS_PATH, {"hostname": hostname, "time": time, "readings": readings}
+        )
+
+    def events(self, *events: dict):
+        return self.post(protocol.EVENTS_PATH, {"events": list(events)})
+
+
+def reading(uuid: str, **values) -> dict:
+    """A device reading as an agent sends it; MIG-like (nulls) unless values are given."""
+    body = {
+        "uuid": uuid,
+        "utilization_gpu": None,
+        "utilization_memory": None,
+        "memory_used_mib": 512,
+        "memory_total_mib": 40960,
+        "temperature_c": None,
+        "power_w": None,
+        "processes": [],
+    }
+    body.update(values)
+    return body
+
+
+@pytest.fixture
+def node_a(db):
+    """node-a: two whole GPUs and one GPU in MIG mode (4 instances); (node, token)."""
+    return make_agent_node("node-a", gpus=2, mig_gpus=1)
+
+
+@pytest.fixture
+def node_b(db):
+    return make_agent_node("node-b", gpus=1)
+
+
+@pytest.fixture
+def agent_a(node_a):
+    return AgentClient(node_a[1])
+
+
+@pytest.fixture
+def allocation_passes(monkeypatch):
+    """Record requested allocation passes instead of running the allocator (not under test)."""
+    from portal import tasks
+
+    requested: list[int] = []
+    monkeypatch.setattr(tasks.allocation_pass, "delay", lambda: requested.append(1))
+    return requested

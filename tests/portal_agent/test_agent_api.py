@@ -1,0 +1,412 @@
+"""The agent endpoints over HTTP: auth, register, readings, desired state, events."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.core import mail
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from agents import protocol
+from portal.models import Booking, Gpu, MigInstance, Node, NodeAlert, Sample
+from portal.services.telemetry_cache import latest_by_uuid
+from tests.conftest import error_of
+from tests.factories import UserFactory, make_active_booking
+from tests.portal_agent.conftest import AgentClient, reading
+
+pytestmark = pytest.mark.django_db
+
+REGISTER = {
+    "hostname": "node-a",
+    "agent_version": "0.1.0",
+    "protocol": 1,
+    "gpus": [
+        {
+            "index": 0,
+            "uuid": "GPU-new-0",
+            "model": "NVIDIA H100-80GB",
+            "memory_total_mib": 81920,
+            "mig_mode": True,
+            "mig_instances": [
+                {
+                    "uuid": "MIG-new-0a",
+                    "profile": "3g.40gb",
+                    "slices": 3,
+                    "memory_total_mib": 40960,
+                },
+                {
+                    "uuid": "MIG-new-0b",
+                    "profile": "2g.20gb",
+                    "slices": 2,
+                    "memory_total_mib": 20480,
+                },
+            ],
+        },
+        {
+            "index": 1,
+            "uuid": "GPU-new-1",
+            "model": "NVIDIA H100-80GB",
+            "memory_total_mib": 81920,
+            "mig_mode": False,
+            "mig_instances": [],
+        },
+    ],
+}
+
+
+def _uuids(node):
+    gpus = list(Gpu.objects.filter(node=node).order_by("index").values_list("uuid", flat=True))
+    migs = list(
+        MigInstance.objects.filter(gpu__node=node).order_by("uuid").values_list("uuid", flat=True)
+    )
+    return gpus, migs
+
+
+# -- auth ----------------------------------------------------------------------------------
+
+
+def test_it_refuses_requests_without_a_token(node_a):
+    response = APIClient().get(protocol.DESIRED_PATH)
+    assert response.status_code == 401
+    assert error_of(response)["code"] == "not_authenticated"
+
+
+def test_it_refuses_a_revoked_token(node_a):
+    from portal.services.nodes import node_token_revoke
+
+    node_token_revoke(hostname="node-a")
+    response = AgentClient(node_a[1]).get(protocol.DESIRED_PATH)
+    assert response.status_code == 401
+    assert error_of(response)["code"] == "authentication_failed"
+
+
+def test_it_refuses_readings_for_another_node_and_stores_nothing(node_a, node_b, agent_a):
+    uuid = node_b[0].gpus.get().uuid
+    response = agent_a.readings("node-b", [reading(uuid, utilization_gpu=10.0)])
+    assert response.status_code == 403
+    assert error_of(response)["fields"] == {"hostname": "not the node this token belongs to"}
+    assert Sample.objects.count() == 0
+    assert latest_by_uuid([uuid]) == {}
+
+
+def test_it_refuses_a_reading_of_a_device_of_another_node(node_a, node_b, agent_a):
+    own = node_a[0].gpus.first().uuid
+    foreign = node_b[0].gpus.get().uuid
+    response = agent_a.readings("node-a", [reading(own), reading(foreign)])
+    assert response.status_code == 400
+    assert list(error_of(response)["fields"]) == ["readings[1].uuid"]
+    assert Sample.objects.count() == 0
+
+
+def test_it_refuses_inventory_for_another_node(node_a, node_b, agent_a):
+    response = agent_a.post(protocol.REGISTER_PATH, {**REGISTER, "hostname": "node-b"})
+    assert response.status_code == 403
+    assert _uuids(node_b[0])[0] == [node_b[0].gpus.get().uuid]
+
+
+def test_it_refuses_to_move_another_nodes_gpu_to_this_node(node_a, node_b, agent_a):
+    body = json.loads(json.dumps(REGISTER))
+    body["gpus"][1]["uuid"] = node_b[0].gpus.get().uuid
+    response = agent_a.post(protocol.REGISTER_PATH, body)
+    assert response.status_code == 403
+    assert error_of(response)["fields"] == {"gpus[1].uuid": "a device of another node"}
+    assert Gpu.objects.get(uuid=body["gpus"][1]["uuid"]).node == node_b[0]
+
+
+def test_it_counts_any_request_as_a_heartbeat_and_brings_a_down_node_up(node_a, agent_a):
+    Node.objects.filter(pk=node_a[0].pk).update(
+        state=Node.State.DOWN, state_reason="silent", last_seen=timezone.now() - timedelta(hours=1)
+    )
+    assert agent_a.get(protocol.DESIRED_PATH).status_code == 200
+    node = Node.objects.get(pk=node_a[0].pk)
+    assert node.state == Node.State.UP and node.state_reason == ""
+    assert timezone.now() - node.last_seen < timedelta(seconds=5)
+
+
+# -- register ------------------------------------------------------------------------------
+
+
+def test_it_registers_inventory_with_mig_and_answers_the_settings(node_a, agent_a, settings):
+    settings.AGENT_ENFORCEMENT = "warn"
+    response = agent_a.post(protocol.REGISTER_PATH, REGISTER)
+    assert response.status_code == 200
+    assert response.json() == {
+        "node": "node-a",
+        "report_interval_s": settings.AGENT_REPORT_INTERVAL_S,
+        "sync_interval_s": settings.AGENT_SYNC_INTERVAL_S,
+        "enforcement": "warn",
+    }
+    assert _uuids(node_a[0]) == (["GPU-new-0", "GPU-new-1"], ["MIG-new-0a", "MIG-new-0b"])
+    gpu = Gpu.objects.get(uuid="GPU-new-0")
+    assert gpu.mig_mode and gpu.model == "NVIDIA H100-80GB"
+    assert MigInstance.objects.get(uuid="MIG-new-0a").slices == 3
+    assert Node.objects.get(pk=node_a[0].pk).agent_version == "0.1.0"
+
+
+def test_it_updates_inventory_on_a_second_register(node_a, agent_a):
+    agent_a.post(protocol.REGISTER_PATH, REGISTER)
+    body = json.loads(json.dumps(REGISTER))
+    body["gpus"][0]["mig_instances"].pop()
+    body["gpus"][1]["memory_total_mib"] = 40960
+    assert agent_a.post(protocol.REGISTER_PATH, body).status_code == 200
+    assert _uuids(node_a[0]) == (["GPU-new-0", "GPU-new-1"], ["MIG-new-0a"])
+    assert Gpu.objects.get(uuid="GPU-new-1").memory_mib == 40960
+
+
+# -- readings ------------------------------------------------------------------------------
+
+
+def test_it_stores_readings_in_the_database_and_the_cache(
+    node_a, agent_a, django_capture_on_commit_callbacks
+):
+    node = node_a[0]
+    gpu = node.gpus.filter(mig_mode=False).first()
+    mig = MigInstance.objects.filter(gpu__node=node).first()
+    whole = reading(
+        gpu.uuid, utilization_gpu=87.5, utilization_memory=40.0, temperature_c=61.0, power_w=350.5
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = agent_a.readings(
+            "node-a", [whole, reading(mig.uuid)], time="2026-01-01T10:00:00Z"
+        )
+    assert response.status_code == 202
+    assert response.json() == {"accepted": 2}
+    stored = {s.uuid: s for s in Sample.objects.all()}
+    assert stored[gpu.uuid].utilization_gpu == 87.5 and stored[gpu.uuid].power_w == 350.5
+    assert stored[gpu.uuid].node_id == node.pk
+    assert stored[mig.uuid].utilization_gpu is None  # not measured, never 0
+    assert stored[mig.uuid].memory_used_mib == 512
+    latest = latest_by_uuid([gpu.uuid, mig.uuid])
+    assert latest[gpu.uuid]["utilization_gpu"] == 87.5
+    assert latest[gpu.uuid]["time"] == "2026-01-01T10:00:00Z"
+    assert latest[mig.uuid]["utilization_gpu"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"{not json", "body"),
+        (b"[]", "body"),
+        ({"time": "2026-01-01T00:00:00Z", "readings": []}, "hostname"),
+        ({"hostname": "node-a", "time": "yesterday", "readings": []}, "time"),
+        ({"hostname": "node-a", "time": "2026-01-01T00:00:00", "readings": []}, "time"),
+        ({"hostname": "node-a", "time": "2026-01-01T00:00:00Z", "readings": {}}, "readings"),
+        ({"hostname": "node-a", "time": "2026-01-01T00:00:00Z", "readings": [], "x": 1}, "x"),
+    ],
+)
+def test_it_refuses_bad_batches_naming_the_field(node_a, agent_a, body, field):
+    response = agent_a.post(protocol.READINGS_PATH, body)
+    assert response.status_code == 400
+    assert field in error_of(response)["fields"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"utilization_gpu": "high"}, "readings[1].utilization_gpu"),
+        ({"memory_used_mib": 1.5}, "readings[1].memory_used_mib"),
+        ({"memory_used_mib": True}, "readings[1].memory_used_mib"),
+        ({"memory_used_mib": 10**30}, "readings[1].memory_used_mib"),
+        ({"power_w": 1e300}, "readings[1].power_w"),
+        ({"utilization_gpu": 250.0}, "readings[1].utilization_gpu"),
+        ({"memory_used_mib": -1}, "readings[1].memory_used_mib"),
+        ({"uuid": "X" * 200}, "readings[1].uuid"),
+        ({"surprise": 1}, "readings[1].surprise"),
+        (
+            {"processes": [{"pid": 1, "user": "a", "used_memory_mib": 1}]},
+            "readings[1].processes[0].name",
+        ),
+        (
+            {"processes": [{"pid": 1, "user": "a", "used_memory_mib": 1, "name": "x", "y": 2}]},
+            "readings[1].processes[0].y",
+        ),
+    ],
+)
+def test_it_refuses_a_bad_reading_and_stores_none_of_the_batch(node_a, agent_a, change, field):
+    uuids = [g.uuid for g in node_a[0].gpus.filter(mig_mode=False)]
+    batch = [reading(uuids[0], utilization_gpu=1.0), {**reading(uuids[1]), **change}]
+    response = agent_a.readings("node-a", batch)
+    assert response.status_code == 400
+    assert field in error_of(response)["fields"], error_of(response)
+    assert Sample.objects.count() == 0
+    assert latest_by_uuid(uuids) == {}
+
+
+def test_it_refuses_nan_and_infinity(node_a, agent_a):
+    uuid = node_a[0].gpus.first().uuid
+    raw = json.dumps(
+        {"hostname": "node-a", "time": "2026-01-01T00:00:00Z", "readings": [reading(uuid)]}
+    )
+    response = agent_a.post(
+        protocol.READINGS_PATH, raw.replace('"power_w": null', '"power_w": NaN')
+    )
+    assert response.status_code == 400
+    assert "body" in error_of(response)["fields"]
+    assert Sample.objects.count() == 0
+
+
+# -- desired state -------------------------------------------------------------------------
+
+
+def test_it_lists_only_this_nodes_active_bookings(node_a, node_b, agent_a):
+    gpu, other_gpu = node_a[0].gpus.filter(mig_mode=False)
+    mig = MigInstance.objects.filter(gpu__node=node_a[0]).first()
+    owner = UserFactory(username="bob")
+    mine = make_active_booking([gpu], owner=owner, command="python train.py")
+    on_mig = make_active_booking([mig], owner=owner)
+    make_active_booking([node_b[0].gpus.get()])  # another node's
+    ended = make_active_booking([other_gpu])
+    Booking.objects.filter(pk=ended.pk).update(state=Booking.State.FINISHED)
+
+    response = agent_a.get(protocol.DESIRED_PATH)
+    assert response.status_code == 200
+    desired = protocol.from_json(protocol.DesiredState, response.json())
+    assert [(b.booking_id, b.owner, b.device_uuids, b.command) for b in desired.bookings] == [
+        (mine.pk, "bob", [gpu.uuid], "python train.py"),
+        (on_mig.pk, "bob", [mig.uuid], None),
+    ]
+    assert desired.bookings[0].start < timezone.now() < desired.bookings[0].end
+
+
+def test_it_changes_the_generation_when_desired_state_changes(node_a, agent_a):
+    gpu = node_a[0].gpus.first()
+    before = agent_a.get(protocol.DESIRED_PATH).json()["generation"]
+    assert agent_a.get(protocol.DESIRED_PATH).json()["generation"] == before
+    make_active_booking([gpu])
+    after = agent_a.get(protocol.DESIRED_PATH).json()["generation"]
+    assert after != before and isinstance(after, int) and 0 <= after < 2**53
+
+
+# -- events --------------------------------------------------------------------------------
+
+
+def _exited(booking, code, tail="hello\n"):
+    return {
+        "kind": "exited",
+        "time": timezone.now().isoformat(),
+        "detail": "exited",
+        "booking_id": booking.pk,
+        "exit_code": code,
+        "log_tail": tail,
+    }
+
+
+@pytest.mark.parametrize(("code", "state"), [(0, "finished"), (3, "failed")])
+def test_it_ends_a_batch_booking_when_its_command_exits(node_a, agent_a, code, state):
+    booking = make_active_booking([node_a[0].gpus.first()], command="sh -c 'exit 3'")
+    response = agent_a.events(_exited(booking, code, tail="step 9\nbye\n"))
+    assert response.status_code == 202
+    assert response.json() == {"accepted": 1}
+    booking.refresh_from_db()
+    assert booking.state == state
+    assert booking.exit_code == code
+    assert booking.log_tail == "step 9\nbye\n"
+    assert booking.state_detail == f"command exited with code {code}"
+    assert not booking.allocations.filter(live=True).exists()
+
+
+def test_it_refuses_events_about_another_nodes_booking(node_a, node_b, agent_a):
+    theirs = make_active_booking([node_b[0].gpus.get()], command="x")
+    response = agent_a.events(_exited(theirs, 0))
+    assert response.status_code == 403
+    assert error_of(response)["fields"] == {"events[0].booking_id": "not a booking on this node"}
+    theirs.refresh_from_db()
+    assert theirs.state == "active" and theirs.exit_code is None
+
+
+def test_it_refuses_a_whole_event_batch_when_one_event_is_bad(node_a, agent_a):
+    booking = make_active_booking([node_a[0].gpus.first()], command="x")
+    bad = {"kind": "exploded", "time": timezone.now().isoformat()}
+    response = agent_a.events(_exited(booking, 0), bad)
+    assert response.status_code == 400
+    assert "events[1].kind" in error_of(response)["fields"]
+    booking.refresh_from_db()
+    assert booking.state == "active"
+
+
+def test_it_stores_a_foreign_process_and_notifies_owner(
+    node_a, agent_a, django_capture_on_commit_callbacks
+):
+    gpu = node_a[0].gpus.first()
+    owner = UserFactory(username="carol", email="carol@example.org")
+    booking = make_active_booking([gpu], owner=owner)
+    event = {
+        "kind": "foreign_process",
+        "time": timezone.now().isoformat(),
+        "detail": f"process 4242 (python) of mallory uses {gpu.uuid}, booked by carol",
+        "booking_id": booking.pk,
+        "device_uuid": gpu.uuid,
+        "pid": 4242,
+        "user": "mallory",
+        "action": "warn",
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        response = agent_a.events(event)
+    assert response.status_code == 202
+    alert = NodeAlert.objects.get()
+    assert (alert.kind, alert.pid, alert.user, alert.action) == (
+        "foreign_process",
+        4242,
+        "mallory",
+        "warn",
+    )
+    assert alert.booking == booking and alert.owner == owner and alert.node == node_a[0]
+    assert [m.to for m in mail.outbox] == [["carol@example.org"]]
+    assert "mallory" in mail.outbox[0].body
+
+
+def test_it_stores_an_unbooked_process_without_mailing_anyone(
+    node_a, agent_a, django_capture_on_commit_callbacks
+):
+    gpu = node_a[0].gpus.first()
+    event = {
+        "kind": "unbooked_process",
+        "time": timezone.now().isoformat(),
+        "device_uuid": gpu.uuid,
+        "pid": 7,
+        "user": "eve",
+        "action": "kill",
+    }
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        assert agent_a.events(event).status_code == 202
+    alert = NodeAlert.objects.get()
+    assert alert.kind == "unbooked_process" and alert.booking is None
+    assert len(callbacks) == 1  # the site is told (Slack, when configured)
+    assert mail.outbox == []
+
+
+@pytest.mark.parametrize(
+    ("detail", "state", "state_detail"),
+    [
+        (
+            "not launched: Unix user 'zoe' (portal user 'zoe') does not exist on this node",
+            "failed",
+            "not launched: Unix user 'zoe' (portal user 'zoe') does not exist on this node",
+        ),
+        (
+            "exited (re-adopted after an agent restart)",
+            "finished",
+            "command ended, exit code unknown (exited (re-adopted after an agent restart))",
+        ),
+    ],
+)
+def test_it_ends_a_batch_booking_whose_exit_code_is_unknown(
+    node_a, agent_a, detail, state, state_detail
+):
+    booking = make_active_booking([node_a[0].gpus.first()], command="x")
+    event = {**_exited(booking, None, tail=None), "detail": detail}
+    assert agent_a.events(event).status_code == 202
+    booking.refresh_from_db()
+    assert (booking.state, booking.state_detail, booking.exit_code) == (state, state_detail, None)
+
+
+def test_it_lists_alerts_in_the_admin(node_a, client):
+    NodeAlert.objects.create(
+        node=node_a[0], kind="unbooked_process", time=timezone.now(), pid=99, user="eve"
+    )
+    admin = UserFactory(username="root", is_staff=True, is_superuser=True)
+    client.force_login(admin)
+    response = client.get("/admin/portal/nodealert/")
+    assert response.status_code == 200
+    assert b"eve" in response.content
