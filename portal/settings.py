@@ -14,10 +14,34 @@ from portal.env import env, envbool, envfloat, envint, envlist
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
 
+DATABASE_URL = env("DATABASE_URL")
+REDIS_URL = env("REDIS_URL")
+# Embedded mode: the one-command demo on a laptop (SQLite, in-process loop, plain http on
+# localhost). Server mode: PostgreSQL behind a TLS-terminating proxy.
+EMBEDDED = not DATABASE_URL
 DEBUG = envbool("DEBUG", "False")
-SECRET_KEY = env("SECRET_KEY") or ("insecure-dev-key-" + "x" * 40 if DEBUG else "")
-if not SECRET_KEY:
-    raise RuntimeError("Set SECRET_KEY (or SECRET_KEY_FILE), or DEBUG=1 for a development key.")
+
+
+def _secret_key() -> str:
+    key = env("SECRET_KEY")
+    if key:
+        return key
+    if DEBUG:
+        return "insecure-dev-key-" + "x" * 40
+    if not EMBEDDED:
+        raise RuntimeError("Set SECRET_KEY (or SECRET_KEY_FILE) in server mode.")
+    # The embedded demo makes its own key once and keeps it beside its database.
+    import secrets
+
+    path = VAR_DIR / "secret_key"
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 SITE_URL = env("SITE_URL", "http://127.0.0.1:8000")
@@ -69,7 +93,6 @@ TEMPLATES = [
     },
 ]
 
-DATABASE_URL = env("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 else:
@@ -83,7 +106,6 @@ else:
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env("REDIS_URL")
 if REDIS_URL:
     CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
@@ -214,7 +236,7 @@ BOOKING_MAX_GPUS_PER_REQUEST = envint("BOOKING_MAX_GPUS_PER_REQUEST", 1024)
 BOOKING_MAX_DURATION_S = envint("BOOKING_MAX_DURATION_S", 30 * 86400)
 BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 3000)
 
-if not DEBUG:
+if not DEBUG and not EMBEDDED:
     SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", "True")
     CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", "True")
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "True")
@@ -222,6 +244,8 @@ if not DEBUG:
     SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "False")
+    # Joining the browsers' HSTS preload list is the site's decision, not the software's.
+    SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 LOGGING = {
     "version": 1,

@@ -14,3 +14,4 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 WHITENOISE_USE_FINDERS = True
 STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405
 SCHEDULER_PASS_INTERVAL_S = 3600.0
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405

@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from agents import protocol
-from portal.api import agent, views
+from portal.api import agent, schema, views  # noqa: F401  (schema registers the auth extension)
 
 router = DefaultRouter()
 router.register("nodes", views.NodeViewSet, basename="node")

@@ -3,7 +3,7 @@
 from django.contrib.auth import authenticate
 from django.db.models import Count, Prefetch
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
@@ -11,10 +11,11 @@ from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
+from portal.api import idempotency
 from portal.api import serializers as s
 from portal.errors import NotFound, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
-from portal.models import Allocation, ApiToken, Gpu, MigInstance, Node
+from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
 from portal.models.tokens import hash_token, new_token
 from portal.services import bookings as booking_services
 from portal.services.quotas import quota_effective, usage_current
@@ -53,7 +54,11 @@ class TokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Gen
 
     serializer_class = s.TokenOutput
 
+    queryset = ApiToken.objects.none()  # for the schema; real rows come from get_queryset
+
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
         return ApiToken.objects.filter(user=self.request.user).order_by("-created", "id")
 
 
@@ -98,8 +103,11 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     serializer_class = s.BookingOutput
     filterset_class = BookingFilterSet
+    queryset = Booking.objects.none()  # for the schema; real rows come from get_queryset
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.queryset
         allocations = Prefetch(
             "allocations", queryset=Allocation.objects.select_related("gpu__node", "mig_instance")
         )
@@ -113,10 +121,29 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def _render(self, booking, code=status.HTTP_200_OK):
         return Response(s.BookingOutput(self.get_queryset().get(pk=booking.pk)).data, status=code)
 
-    @extend_schema(request=s.BookingCreateInput, responses={201: s.BookingOutput})
+    @extend_schema(
+        request=s.BookingCreateInput,
+        responses={201: s.BookingOutput},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                required=False,
+                description="Retrying with the same key returns the first booking.",
+            )
+        ],
+    )
     def create(self, request, *args, **kwargs):
         data = _valid(s.BookingCreateInput, request.data)
-        booking = booking_services.booking_submit(user=request.user, now=timezone.now(), **data)
+        key = request.headers.get("Idempotency-Key", "")
+        with idempotency.once(user_id=request.user.pk, key=key) as earlier:
+            if earlier is not None:
+                return self._render(
+                    booking_services.booking_get_for_change(user=request.user, booking_id=earlier)
+                )
+            booking = booking_services.booking_submit(user=request.user, now=timezone.now(), **data)
+            idempotency.remember(user_id=request.user.pk, key=key, booking_id=booking.pk)
         return self._render(booking, status.HTTP_201_CREATED)
 
     def retrieve(self, request, *args, **kwargs):

@@ -195,6 +195,7 @@ def _devices() -> dict[str, tuple]:
                 profile=mig.profile,
                 fraction=mig.fraction,
                 node_state=mig.gpu.node.state,
+                parent=f"gpu:{mig.gpu_id}",
             ),
             (mig.gpu_id, mig.pk, mig.fraction),
         )

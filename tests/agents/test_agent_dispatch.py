@@ -147,7 +147,7 @@ def test_it_follows_an_extended_booking_instead_of_stopping_at_the_old_end(
     assert 8 in agent.dispatcher.jobs
 
 
-def test_a_restarted_agent_process_readopts_without_relaunching(portal, agent_argv, me):
+def test_it_readopts_work_across_a_real_agent_process_restart(portal, agent_argv, me):
     hostname = "restart-node"
     uuid = SimulatedBackend("1xH100-80GB", hostname).discover()[0].uuid
     portal.book(9, me, [uuid], command="sleep 30")

@@ -134,3 +134,28 @@ def test_it_refuses_to_start_on_a_bad_spec_or_user_map(tmp_path, caplog):
     user_map.write_text('["ann"]')
     assert main([*base, "--simulate", "1xH100-80GB", "--user-map", str(user_map)]) == 2
     assert "expected a JSON object of portal user -> Unix user" in caplog.text
+
+
+def test_it_reconnects_the_push_websocket_and_asks_for_a_resync():
+    from agents.push import PushListener
+
+    connects, pushes = [], []
+
+    def handler(ws):
+        ws.send('{"type": "desired_changed", "generation": 5}')
+        ws.close()  # the portal restarts: the agent must come back on its own
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}{protocol.WEBSOCKET_PATH}"
+        listener = PushListener(
+            url, {}, pushes.append, lambda: connects.append(1), Backoff(base_s=0.05, cap_s=0.2)
+        )
+        listener.start()
+        deadline = time.monotonic() + 5
+        while len(connects) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        listener.stop()
+        server.shutdown()
+    assert len(connects) >= 3  # every reconnect asks the agent to register and pull again
+    assert pushes[:2] == [5, 5]

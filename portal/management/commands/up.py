@@ -1,0 +1,141 @@
+"""`manage.py up`: set up and run the whole portal in one command.
+
+Embedded default (no DATABASE_URL/REDIS_URL): SQLite, in-process channel layer, and the periodic
+jobs (the allocation pass and the rest of CELERY_BEAT_SCHEDULE) run in a thread of this process.
+With REDIS_URL: a Celery worker and beat run as child processes instead. Either way it migrates,
+seeds the demo, starts one simulated agent per demo node, and serves the ASGI app with daphne.
+"""
+
+import atexit
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from portal.services.demo import DEMO_NODES, DEMO_PASSWORD, DEMO_USERS
+from portal.services.nodes import node_token_issue
+
+log = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Migrate, seed the demo, start simulated agents and the scheduler, and serve the portal."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-demo", action="store_true", help="Skip the demo data and agents.")
+
+    def handle(self, *args, host, port, no_demo, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
+        url = f"http://{host}:{port}"
+        children: list[subprocess.Popen] = []
+        atexit.register(_stop, children)
+        if not no_demo:
+            call_command("seed_demo")
+            children += _start_agents(url)
+        if settings.REDIS_URL:
+            children += _start_celery()
+        else:
+            threading.Thread(target=_embedded_beat, name="embedded-beat", daemon=True).start()
+        self._banner(url, no_demo)
+        from daphne.cli import CommandLineInterface
+
+        CommandLineInterface().run(
+            ["-b", host, "-p", str(port), "--proxy-headers", "portal.asgi:application"]
+        )
+
+    def _banner(self, url: str, no_demo: bool) -> None:
+        mode = (
+            "PostgreSQL + Redis + Celery" if settings.REDIS_URL else "embedded (SQLite, in-process)"
+        )
+        lines = [
+            f"GPU Portal running at {url}/  ({mode})",
+            f"  API docs: {url}/api/docs/  admin: {url}/admin/",
+        ]
+        if not no_demo:
+            users = ", ".join(name for name, _, _ in DEMO_USERS)
+            lines.append(f"  demo logins: {users}  password: {DEMO_PASSWORD}")
+        self.stdout.write(self.style.SUCCESS("\n".join(lines)))
+
+
+def _start_agents(url: str) -> list[subprocess.Popen]:
+    """One simulated node agent per demo node, each with a fresh token."""
+    children = []
+    for hostname, spec in DEMO_NODES.items():
+        token = node_token_issue(hostname=hostname)
+        state_dir = settings.VAR_DIR / "agents" / hostname
+        state_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GPU_PORTAL_TOKEN": token}
+        command = [
+            sys.executable,
+            "-m",
+            "agents",
+            "--portal",
+            url,
+            "--hostname",
+            hostname,
+            "--simulate",
+            spec,
+            "--state-dir",
+            str(state_dir),
+            "--log-level",
+            "WARNING",
+        ]
+        children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR))
+    return children
+
+
+def _start_celery() -> list[subprocess.Popen]:
+    base = [sys.executable, "-m", "celery", "-A", "portal"]
+    return [
+        subprocess.Popen(
+            base + ["worker", "--loglevel", "WARNING", "--concurrency", "2"], cwd=settings.BASE_DIR
+        ),
+        subprocess.Popen(
+            base + ["beat", "--loglevel", "WARNING", "--schedule", str(settings.VAR_DIR / "beat")],
+            cwd=settings.BASE_DIR,
+        ),
+    ]
+
+
+def _embedded_beat() -> None:
+    """Run every CELERY_BEAT_SCHEDULE entry in-process at its interval (embedded mode's beat)."""
+    from celery import current_app
+
+    due = {name: 0.0 for name in settings.CELERY_BEAT_SCHEDULE}
+    while True:
+        now = time.monotonic()
+        for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+            if now >= due[name]:
+                due[name] = now + float(entry["schedule"])
+                _run_task(current_app, entry["task"])
+        time.sleep(0.5)
+
+
+def _run_task(app, task_name: str) -> None:
+    close_old_connections()
+    try:
+        app.tasks[task_name].apply()
+    except Exception:  # a failing job must not stop the loop; it is logged and retried next time
+        log.exception("periodic task %s failed", task_name)
+    finally:
+        close_old_connections()
+
+
+def _stop(children: list[subprocess.Popen]) -> None:
+    for child in children:
+        child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()

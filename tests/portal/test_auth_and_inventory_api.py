@@ -1,0 +1,135 @@
+"""Tokens, inventory listings, my quota, the OpenAPI schema and docs."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from portal.models import ApiToken
+from tests.conftest import error_of
+from tests.factories import AllocationFactory, BookingFactory, UserFactory, make_mig_gpu, make_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def anon():
+    return APIClient()
+
+
+def _login(anon, password="pw-secret-123", **extra):
+    UserFactory(username="alice")
+    return anon.post(
+        "/api/v1/auth/token/", {"username": "alice", "password": password, **extra}, format="json"
+    )
+
+
+def test_it_issues_a_token_that_authenticates_scripts(anon, project):
+    response = _login(anon, name="laptop")
+    assert response.status_code == 201
+    token = response.json()["token"]
+    assert ApiToken.objects.get().key_hash != token  # stored hashed
+    anon.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    assert anon.get("/api/v1/bookings/").status_code == 200
+
+
+def test_it_refuses_a_wrong_password_naming_the_field(anon):
+    response = _login(anon, password="nope")
+    assert response.status_code == 400
+    assert "password" in error_of(response)["fields"]
+    assert not ApiToken.objects.exists()
+
+
+def test_it_lists_and_revokes_my_tokens(anon, project):
+    token = _login(anon, name="ci").json()
+    anon.credentials(HTTP_AUTHORIZATION=f"Token {token['token']}")
+    listed = anon.get("/api/v1/auth/tokens/").json()["results"]
+    assert [t["name"] for t in listed] == ["ci"] and "key_hash" not in listed[0]
+    assert anon.delete(f"/api/v1/auth/tokens/{token['id']}/").status_code == 204
+    response = anon.get("/api/v1/bookings/")
+    assert response.status_code == 401
+    assert "revoked" in error_of(response)["message"]
+
+
+def test_it_does_not_let_me_revoke_someone_elses_token(anon, project):
+    other = UserFactory(username="bob")
+    theirs = ApiToken.objects.create(user=other, key_hash="x" * 64, prefix="gp_x")
+    token = _login(anon).json()["token"]
+    anon.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    assert anon.delete(f"/api/v1/auth/tokens/{theirs.id}/").status_code == 404
+    assert ApiToken.objects.filter(pk=theirs.pk).exists()
+
+
+def test_it_lists_gpus_with_filters_and_pagination(api, db):
+    make_node("node-a", gpus=8, model="H100-80GB")
+    node = make_node("node-b", gpus=2)
+    make_mig_gpu(node, 2)
+    response = api.get("/api/v1/gpus/", {"model": "H100-80GB", "page_size": 5})
+    body = response.json()
+    assert body["count"] == 8 and len(body["results"]) == 5 and body["next"]
+    assert {g["node"] for g in body["results"]} == {"node-a"}
+    migs = api.get("/api/v1/mig-instances/", {"node": "node-b"}).json()
+    assert sorted(m["profile"] for m in migs["results"]) == [
+        "1g.10gb",
+        "1g.10gb",
+        "2g.20gb",
+        "3g.40gb",
+    ]
+    nodes = api.get("/api/v1/nodes/", {"state": "up"}).json()["results"]
+    assert [(n["hostname"], n["gpu_count"]) for n in nodes] == [("node-a", 8), ("node-b", 3)]
+
+
+def test_it_lists_gpus_in_a_fixed_number_of_queries(api, db):
+    for i in range(6):
+        node = make_node(f"n{i}", gpus=4)
+        make_mig_gpu(node, 4)
+    with CaptureQueriesContext(connection) as queries:
+        assert api.get("/api/v1/gpus/", {"page_size": 100}).status_code == 200
+    assert len(queries) <= 4
+
+
+def test_it_lists_bookings_in_a_fixed_number_of_queries(api, user, project, db):
+    node = make_node("n1", gpus=8)
+    for gpu in node.gpus.all():
+        AllocationFactory(booking=BookingFactory(owner=user, project=project), gpu=gpu)
+    with CaptureQueriesContext(connection) as queries:
+        assert api.get("/api/v1/bookings/").json()["count"] == 8
+    assert len(queries) <= 5
+
+
+def test_it_shows_my_quota_and_usage(api, user, project, db):
+    project.quotas.update(max_gpus=8, gpu_hours_budget=100)
+    gpu = make_node("n1", gpus=1).gpus.get()
+    now = timezone.now()
+    booking = BookingFactory(owner=user, project=project, state="active")
+    AllocationFactory(
+        booking=booking, gpu=gpu, start=now - timedelta(hours=2), end=now + timedelta(hours=1)
+    )
+    body = api.get("/api/v1/me/quota/").json()["results"]
+    assert body[0]["project"] == "vision"
+    assert body[0]["limits"]["max_gpus"] == 8 and body[0]["limits"]["gpu_hours_budget"] == 100
+    assert body[0]["usage"]["gpus_in_use"] == 1.0
+    assert body[0]["usage"]["gpu_hours_used"] == pytest.approx(2.0, abs=0.01)
+
+
+def test_it_applies_a_user_override_field_by_field(api, user, project, db):
+    from tests.factories import QuotaFactory
+
+    project.quotas.update(max_gpus=8, max_duration_s=3600)
+    QuotaFactory(project=project, user=user, max_gpus=2)
+    limits = api.get("/api/v1/me/quota/").json()["results"][0]["limits"]
+    assert limits["max_gpus"] == 2 and limits["max_duration_s"] == 3600
+
+
+def test_it_serves_the_openapi_schema_and_local_docs(api):
+    schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert schema.status_code == 200
+    paths = schema.json()["paths"]
+    assert "/api/v1/bookings/{id}/cancel/" in paths and "/api/v1/me/quota/" in paths
+    docs = api.get("/api/docs/")
+    assert docs.status_code == 200
+    html = docs.content.decode()
+    assert "/static/drf_spectacular_sidecar/" in html and "cdn." not in html

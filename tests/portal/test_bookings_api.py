@@ -1,0 +1,291 @@
+"""The booking API: what a script submitting, listing and changing bookings sees."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from portal.models import Allocation, Booking, Membership
+from tests.conftest import error_of
+from tests.factories import UserFactory, make_mig_gpu, make_node, member
+
+pytestmark = pytest.mark.django_db
+
+
+def _window(hours_from_now=1, hours=2):
+    start = timezone.now() + timedelta(hours=hours_from_now)
+    return start.isoformat(), (start + timedelta(hours=hours)).isoformat()
+
+
+def _reserve(api, **fields):
+    start, end = _window()
+    body = {"gpus": 1, "start": start, "end": end, **fields}
+    body = {k: v for k, v in body.items() if v is not None}
+    return api.post("/api/v1/bookings/", body, format="json")
+
+
+def test_it_places_a_reservation_on_free_gpus_of_one_node(api, project, cluster):
+    response = _reserve(api, gpus=4)
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["state"] == "planned"
+    assert body["project"] == "vision"
+    assert len(body["devices"]) == 4
+    assert len({d["node"] for d in body["devices"]}) == 1
+    assert body["cuda_visible_devices"].count(",") == 3
+
+
+def test_it_packs_a_second_reservation_onto_the_same_node(api, project, cluster):
+    first = _reserve(api, gpus=4).json()
+    second = _reserve(api, gpus=2).json()
+    assert {d["node"] for d in first["devices"]} == {d["node"] for d in second["devices"]}
+
+
+def test_it_takes_whole_nodes_for_requests_larger_than_a_node(api, project, cluster):
+    body = _reserve(api, gpus=12).json()
+    nodes = [d["node"] for d in body["devices"]]
+    assert len(nodes) == 12 and nodes.count("node-a") + nodes.count("node-b") == 12
+    assert max(nodes.count("node-a"), nodes.count("node-b")) == 8
+
+
+def test_it_refuses_a_reservation_with_no_free_devices_with_409(api, project, cluster):
+    project.quotas.update(max_gpus=None)
+    assert _reserve(api, gpus=16).status_code == 201
+    response = _reserve(api, gpus=1)
+    assert response.status_code == 409
+    error = error_of(response)
+    assert error["code"] == "no_capacity"
+    assert "free for the whole window" in error["message"]
+    assert Booking.objects.count() == 1
+
+
+def test_it_places_a_mig_reservation_on_a_matching_slice(api, project, db):
+    node = make_node("mig-node", gpus=0)
+    make_mig_gpu(node, 0)
+    response = _reserve(api, gpus=None, mig_profile="2g.20gb")
+    assert response.status_code == 201, response.json()
+    assert response.json()["devices"][0]["device"].endswith("2g.20gb")
+    assert Allocation.objects.get().fraction == pytest.approx(2 / 7)
+
+
+def test_it_queues_an_asap_request_as_pending(api, project, cluster):
+    response = api.post("/api/v1/bookings/", {"gpus": 2, "duration_s": 3600}, format="json")
+    assert response.status_code == 201
+    assert response.json()["state"] == "pending"
+    assert response.json()["devices"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
+        ({"gpus": 0, "duration_s": 3600}, "gpus", "greater than or equal to 1"),
+        ({"gpus": -3, "duration_s": 3600}, "gpus", "greater than or equal to 1"),
+        ({"gpus": 10**30, "duration_s": 3600}, "gpus", "less than or equal to"),
+        ({"gpus": "two", "duration_s": 3600}, "gpus", "valid integer"),
+        ({"gpus": 17, "duration_s": 3600}, "gpus", "cluster has 16"),
+        ({"gpus": 1, "duration_s": 3600, "gpu_model": "Z9000"}, "gpu_model", "unknown GPU model"),
+        ({"mig_profile": "9g.99gb", "duration_s": 3600}, "mig_profile", "unknown MIG profile"),
+        ({"gpus": 1, "mig_profile": "1g.10gb", "duration_s": 3600}, "gpus", "not both"),
+        ({"duration_s": 3600}, "gpus", "required"),
+        ({"gpus": 1}, "duration_s", "required"),
+        ({"gpus": 1, "duration_s": 10**12}, "duration_s", "less than or equal to"),
+        ({"gpus": 1, "duration_s": 3600, "qos": "platinum"}, "qos", "not a valid choice"),
+        ({"gpus": 1, "duration_s": 3600, "colour": "blue"}, "colour", "Unknown field"),
+        ({"gpus": 1, "duration_s": 3600, "project": "nope"}, "project", "not one of your projects"),
+        (
+            {"gpus": 1, "start": "yesterday", "end": "2030-01-01T00:00:00Z"},
+            "start",
+            "Datetime has wrong format",
+        ),
+        ({"gpus": 1, "start": "2030-01-01T10:00:00Z"}, "end", "needs both"),
+        (
+            {"gpus": 1, "start": "2030-01-01T10:00:00Z", "end": "2030-01-01T09:00:00Z"},
+            "end",
+            "after start",
+        ),
+        (
+            {"gpus": 1, "start": "2020-01-01T10:00:00Z", "end": "2020-01-01T11:00:00Z"},
+            "start",
+            "in the past",
+        ),
+        (
+            {
+                "gpus": 1,
+                "duration_s": 3600,
+                "start": "2030-01-01T10:00:00Z",
+                "end": "2030-01-01T11:00:00Z",
+            },
+            "duration_s",
+            "not both",
+        ),
+    ],
+)
+def test_it_rejects_bad_input_naming_the_field(api, project, cluster, body, field, reason):
+    body = {k: v for k, v in body.items() if v is not None}
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == 400, response.json()
+    error = error_of(response)
+    assert field in error["fields"], error
+    assert reason in error["fields"][field], error
+    assert Booking.objects.count() == 0 and Allocation.objects.count() == 0
+
+
+def test_it_rejects_malformed_json_with_400(api, project, cluster):
+    response = api.post("/api/v1/bookings/", '{"gpus": 1,', content_type="application/json")
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "parse_error"
+
+
+def test_it_rejects_a_json_array_body(api, project, cluster):
+    response = api.post("/api/v1/bookings/", [1, 2], format="json")
+    assert response.status_code == 400
+    assert "non_field_errors" in error_of(response)["fields"]
+
+
+def test_it_refuses_a_duration_over_the_quota_maximum(api, project, cluster):
+    project.quotas.update(max_duration_s=7200)
+    response = api.post("/api/v1/bookings/", {"gpus": 1, "duration_s": 7201}, format="json")
+    assert response.status_code == 400
+    assert "at most 7200 s" in error_of(response)["fields"]["duration_s"]
+
+
+def test_it_refuses_a_request_larger_than_the_quota_ever_allows(api, project, cluster):
+    project.quotas.update(max_gpus=4)
+    response = api.post("/api/v1/bookings/", {"gpus": 5, "duration_s": 3600}, format="json")
+    assert response.status_code == 400
+    assert "quota allows 4 at once" in error_of(response)["fields"]["gpus"]
+
+
+def test_it_refuses_a_reservation_over_the_concurrent_quota_with_usage(api, project, cluster):
+    project.quotas.update(max_gpus=6)
+    assert _reserve(api, gpus=4).status_code == 201
+    response = _reserve(api, gpus=4)
+    assert response.status_code == 409
+    error = error_of(response)
+    assert error["code"] == "quota_exceeded"
+    assert error["limit"] == "max_gpus" and error["usage"] == 4.0 and error["limit_value"] == 6.0
+    assert Booking.objects.count() == 1
+
+
+def test_it_refuses_a_reservation_over_the_gpu_hour_budget(api, project, cluster):
+    project.quotas.update(gpu_hours_budget=10)
+    response = _reserve(api, gpus=8)  # 8 GPUs x 2 h = 16 GPU-hours
+    assert response.status_code == 400
+    assert "budget is 10" in error_of(response)["fields"]["end"]
+
+
+def test_it_refuses_a_qos_the_quota_does_not_allow(api, project, cluster):
+    project.quotas.update(allowed_qos=["low", "normal"])
+    response = api.post(
+        "/api/v1/bookings/", {"gpus": 1, "duration_s": 3600, "qos": "high"}, format="json"
+    )
+    assert response.status_code == 400
+    assert "allows only low, normal" in error_of(response)["fields"]["qos"]
+
+
+def test_it_shows_only_my_bookings_to_a_member(api, project, cluster, user):
+    other = UserFactory(username="mallory")
+    member(other, project)
+    mine = _reserve(api).json()
+    api.force_authenticate(other)
+    assert api.get("/api/v1/bookings/").json()["count"] == 0
+    assert api.get(f"/api/v1/bookings/{mine['id']}/").status_code == 404
+    response = api.post(f"/api/v1/bookings/{mine['id']}/cancel/")
+    assert response.status_code == 404
+    assert Booking.objects.get().state == "planned"
+
+
+def test_it_lets_a_project_manager_see_and_cancel_members_bookings(api, project, cluster):
+    mine = _reserve(api).json()
+    manager = UserFactory(username="carol")
+    member(manager, project, Membership.Role.MANAGER)
+    api.force_authenticate(manager)
+    assert api.get("/api/v1/bookings/").json()["count"] == 1
+    assert api.post(f"/api/v1/bookings/{mine['id']}/cancel/").json()["state"] == "cancelled"
+
+
+def test_it_cancels_and_frees_the_devices(api, project, cluster):
+    project.quotas.update(max_gpus=None)
+    first = _reserve(api, gpus=16).json()
+    response = api.post(f"/api/v1/bookings/{first['id']}/cancel/")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    assert not Allocation.objects.filter(live=True).exists()
+    assert _reserve(api, gpus=16).status_code == 201
+
+
+def test_it_refuses_to_cancel_twice_with_409(api, project, cluster):
+    booking = _reserve(api).json()
+    api.post(f"/api/v1/bookings/{booking['id']}/cancel/")
+    response = api.post(f"/api/v1/bookings/{booking['id']}/cancel/")
+    assert response.status_code == 409
+    assert error_of(response)["code"] == "invalid_state"
+
+
+def test_it_extends_a_reservation_when_the_devices_are_free(api, project, cluster):
+    booking = _reserve(api).json()
+    response = api.post(f"/api/v1/bookings/{booking['id']}/extend/", {"by_s": 1800}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["duration_s"] == booking["duration_s"] + 1800
+    assert Allocation.objects.get().end - Allocation.objects.get().start == timedelta(
+        hours=2, minutes=30
+    )
+
+
+def test_it_refuses_an_extension_into_another_booking_with_409(api, project, cluster):
+    project.quotas.update(max_gpus=None)
+    first = _reserve(api, gpus=16).json()
+    later = timezone.now() + timedelta(hours=3)
+    second = api.post(
+        "/api/v1/bookings/",
+        {"gpus": 16, "start": later.isoformat(), "end": (later + timedelta(hours=1)).isoformat()},
+        format="json",
+    )
+    assert second.status_code == 201
+    response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 3600}, format="json")
+    assert response.status_code == 409
+    assert "by_s" in error_of(response)["fields"]
+
+
+def test_it_rejects_a_bad_extension_amount(api, project, cluster):
+    booking = _reserve(api).json()
+    response = api.post(f"/api/v1/bookings/{booking['id']}/extend/", {"by_s": -5}, format="json")
+    assert response.status_code == 400
+    assert "by_s" in error_of(response)["fields"]
+
+
+def test_it_returns_404_for_an_unknown_booking(api, project):
+    assert api.get("/api/v1/bookings/999999/").status_code == 404
+    assert error_of(api.post("/api/v1/bookings/abc/cancel/"))["code"] == "not_found"
+
+
+def test_it_requires_authentication(db):
+    from rest_framework.test import APIClient
+
+    response = APIClient().get("/api/v1/bookings/")
+    assert response.status_code in (401, 403)
+    assert error_of(response)["code"] == "not_authenticated"
+
+
+def test_it_returns_the_first_booking_for_a_repeated_idempotency_key(api, project, cluster):
+    start, end = _window()
+    body = {"gpus": 1, "start": start, "end": end}
+    first = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-1")
+    again = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-1")
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert Booking.objects.count() == 1
+    other = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-2")
+    assert other.status_code == 201 and Booking.objects.count() == 2
+
+
+def test_it_forgets_an_idempotency_key_whose_request_failed(api, project, cluster):
+    bad = {"gpus": 17, "duration_s": 3600}  # refused by the service, inside the key's hold
+    assert (
+        api.post("/api/v1/bookings/", bad, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code
+        == 400
+    )
+    good = {"gpus": 1, "duration_s": 3600}
+    assert (
+        api.post("/api/v1/bookings/", good, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code
+        == 201
+    )

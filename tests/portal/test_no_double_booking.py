@@ -1,0 +1,118 @@
+"""No device is ever given to two bookings at once: PostgreSQL enforces it, even under races."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from portal.models import Allocation, Booking
+from tests.factories import AllocationFactory, BookingFactory, MigInstanceFactory, make_node
+
+
+@pytest.mark.django_db
+def test_it_refuses_two_live_allocations_of_one_gpu_that_overlap():
+    gpu = make_node("n1", gpus=1).gpus.get()
+    start = timezone.now()
+    AllocationFactory(gpu=gpu, start=start, end=start + timedelta(hours=2))
+    with pytest.raises(IntegrityError, match="portal_allocation_no_overlap"), transaction.atomic():
+        AllocationFactory(gpu=gpu, start=start + timedelta(hours=1), end=start + timedelta(hours=3))
+
+
+@pytest.mark.django_db
+def test_it_allows_back_to_back_and_released_allocations():
+    gpu = make_node("n1", gpus=1).gpus.get()
+    start = timezone.now()
+    AllocationFactory(gpu=gpu, start=start, end=start + timedelta(hours=1))
+    AllocationFactory(gpu=gpu, start=start + timedelta(hours=1), end=start + timedelta(hours=2))
+    AllocationFactory(gpu=gpu, start=start, end=start + timedelta(hours=2), live=False)
+    assert Allocation.objects.count() == 3
+
+
+@pytest.mark.django_db
+def test_it_treats_each_mig_instance_as_its_own_device():
+    a = MigInstanceFactory()
+    b = MigInstanceFactory(gpu=a.gpu)
+    start = timezone.now()
+    AllocationFactory(gpu=a.gpu, mig_instance=a, start=start, end=start + timedelta(hours=1))
+    AllocationFactory(gpu=a.gpu, mig_instance=b, start=start, end=start + timedelta(hours=1))
+    with pytest.raises(IntegrityError), transaction.atomic():
+        AllocationFactory(gpu=a.gpu, mig_instance=a, start=start, end=start + timedelta(minutes=30))
+
+
+@pytest.mark.django_db
+def test_it_checks_the_constraint_in_the_database_itself():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = %s",
+            ["portal_allocation_no_overlap"],
+        )
+        (definition,) = cursor.fetchone()
+    assert "EXCLUDE USING gist" in definition and "WHERE (live)" in definition
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_gives_a_contended_device_to_exactly_one_of_two_concurrent_requests():
+    from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
+
+    make_node("only", gpus=1)
+    project = ProjectFactory(slug="race")
+    QuotaFactory(project=project)
+    users = [UserFactory(username=f"racer{i}") for i in range(2)]
+    for u in users:
+        member(u, project)
+    start = timezone.now() + timedelta(hours=1)
+    body = {"gpus": 1, "start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
+    barrier = threading.Barrier(2)
+    statuses: list[int] = []
+
+    def submit(u):
+        client = APIClient()
+        client.force_authenticate(u)
+        barrier.wait()
+        statuses.append(client.post("/api/v1/bookings/", body, format="json").status_code)
+        connection.close()
+
+    threads = [threading.Thread(target=submit, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(statuses) == [201, 409]
+    assert Booking.objects.filter(state="planned").count() == 1
+    assert Allocation.objects.filter(live=True).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_backstops_a_writer_that_skips_the_lock():
+    gpu = make_node("n1", gpus=1).gpus.get()
+    start = timezone.now()
+    booking = BookingFactory()
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def insert():
+        barrier.wait()
+        try:
+            with transaction.atomic():
+                Allocation.objects.create(
+                    booking=booking,
+                    gpu=gpu,
+                    start=start,
+                    end=start + timedelta(hours=1),
+                    fraction=1.0,
+                )
+            outcomes.append("ok")
+        except IntegrityError:
+            outcomes.append("refused")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=insert) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["ok", "refused"]
