@@ -73,7 +73,7 @@ def test_it_books_watches_live_and_cancels(alice, asgi_server, browser_page):
     cell = f"[data-uuid='{uuid}'] [data-metric='utilization_gpu']"
     assert page.text_content(cell).strip() == "no reading yet"
     in_thread(_telemetry, uuid, 87.0)
-    page.wait_for_function(f'document.querySelector("{cell}").textContent.trim() === "87 %"')
+    page.wait_for_function(f'document.querySelector("{cell}")?.textContent.trim() === "87 %"')
 
     # A change made elsewhere reaches the page as a booking message and a fragment re-fetch.
     length = page.text_content("#booking-length")
@@ -85,7 +85,7 @@ def test_it_books_watches_live_and_cancels(alice, asgi_server, browser_page):
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("button.danger:has-text('Cancel')")
     page.wait_for_function(
-        "document.getElementById('booking-state').textContent.trim() === 'Cancelled'"
+        "(document.getElementById('booking-state') || {}).textContent?.trim() === 'Cancelled'"
     )
     booking.refresh_from_db()
     assert booking.state == Booking.State.CANCELLED
@@ -120,6 +120,6 @@ def test_it_catches_up_after_the_line_drops(alice, asgi_server, browser_page):
     )
     page.evaluate("window.portalLive.drop()")
     page.wait_for_function(
-        "document.querySelector('[data-fragment=mine]').textContent.includes('position 3')"
+        "document.querySelector('[data-fragment=mine]')?.textContent.includes('position 3')"
     )
     assert page.get_attribute("body", "data-live-state") == "open"
