@@ -14,6 +14,8 @@ METRICS = [
     ("power_w", "Power", "W", None),
 ]
 NOT_MEASURED = "Utilization is not measured on MIG instances (NVIDIA reports none per slice)."
+WHOLE_GPU_ONLY = "Reported for the whole GPU only: see the GPU's own page."
+NO_VALUES = "No readings of this in the range."
 
 
 def _layout(y_title: str, y_range=None) -> dict:
@@ -68,6 +70,9 @@ def device_charts(series: dict[str, list[dict]], *, is_mig: bool) -> list[dict]:
             charts.append({"key": key, "title": title, "figure": None, "note": NOT_MEASURED})
         elif not has_samples:
             charts.append({"key": key, "title": title, "figure": None, "note": "No history yet."})
+        elif not measured:
+            note = WHOLE_GPU_ONLY if is_mig else NO_VALUES
+            charts.append({"key": key, "title": title, "figure": None, "note": note})
         else:
             figure = metric_figure(series, key=key, y_title=y_title, y_range=y_range)
             charts.append({"key": key, "title": title, "figure": figure, "note": ""})

@@ -17,6 +17,8 @@ def test_it_never_draws_zeros_for_unmeasured_mig_utilization():
     assert figures["utilization_gpu"]["figure"] is None
     assert "not measured" in figures["utilization_gpu"]["note"]
     assert figures["memory_used_mib"]["figure"]["data"][0]["y"] == [2.0, 2.0, 2.0]
+    assert figures["power_w"]["figure"] is None  # no empty axes for what a slice never reports
+    assert "whole GPU" in figures["power_w"]["note"]
 
 
 def test_it_keeps_gaps_as_gaps():

@@ -251,3 +251,24 @@ def test_it_shows_project_usage_against_limits(client_in, user, project, cluster
     body = client_in.get("/projects/vision/").content.decode()
     assert "1.0 / 16 GPUs" in body
     assert "alice" in body
+
+
+def test_it_shows_a_bookings_efficiency_and_charts(client_in, user, project, cluster):
+    from portal.models import Sample
+
+    gpu = cluster[0].gpus.first()
+    booking = _active(user, project, gpu)
+    booking.started_at = timezone.now() - timedelta(minutes=30)
+    booking.save()
+    for minutes, utilization in [(20, 30.0), (10, 70.0)]:
+        Sample.objects.create(
+            node=gpu.node,
+            uuid=gpu.uuid,
+            time=timezone.now() - timedelta(minutes=minutes),
+            utilization_gpu=utilization,
+            memory_used_mib=1024,
+            memory_total_mib=81920,
+        )
+    body = client_in.get(f"/bookings/{booking.pk}/").content.decode()
+    assert "<strong>50.0 %</strong> mean utilization" in body
+    assert 'id="chart-utilization_gpu"' in body
