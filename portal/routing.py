@@ -4,8 +4,12 @@ from django.urls import path
 
 from agents import protocol
 from portal.consumers.agent import AgentConsumer
+from portal.consumers.live import LiveConsumer
 
-websocket_urlpatterns: list = []
+# Browsers: session cookie, origin checked (asgi.py).
+websocket_urlpatterns: list = [
+    path("ws/live/", LiveConsumer.as_asgi()),
+]
 
 # Agents authenticate with their node token (no cookies, no Origin header): asgi.py routes them
 # past the browser stack's origin check.

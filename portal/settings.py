@@ -113,7 +113,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # redis-py 8 reads with a 5 s socket timeout by default, the same as channels_redis's
+            # BRPOP wait: idle consumers then die with "Timeout reading". Wait longer than BRPOP.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
         }
     }
 else:
@@ -185,6 +187,12 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # plotly.js straight from the plotly package, as /static/vendor/plotly/plotly.min.js.
+    "portal.web.staticfinders.PlotlyFinder",
+]
 STATIC_ROOT = Path(env("STATIC_ROOT", str(VAR_DIR / "staticfiles")))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -1,7 +1,18 @@
+"""The browser pages' routes, in one visible list."""
+
 from django.urls import path
 
-from portal.web import views
+from portal.web import actions, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("bookings/", views.bookings, name="bookings"),
+    path("bookings/<int:booking_id>/", views.booking_detail, name="booking-detail"),
+    path("bookings/<int:booking_id>/cancel/", actions.booking_cancel, name="booking-cancel"),
+    path("bookings/<int:booking_id>/release/", actions.booking_release, name="booking-release"),
+    path("bookings/<int:booking_id>/extend/", actions.booking_extend, name="booking-extend"),
+    path("book/", actions.book, name="book"),
+    path("calendar/", views.calendar_week, name="calendar"),
+    path("gpus/<int:gpu_id>/", views.gpu_detail, name="gpu-detail"),
+    path("projects/<slug:slug>/", views.project_detail, name="project"),
 ]

@@ -1,7 +1,208 @@
+"""Browser pages: interfaces that read through selectors and write through the booking services.
+
+A page that updates live is made of fragments; `?fragment=<name>` renders just that part, which
+static/portal/live.js re-fetches when a booking or the queue changes.
+"""
+
+from datetime import datetime, time, timedelta
+
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.http import Http404
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+
+from portal.models import Allocation, Booking, Gpu, Project
+from portal.services.quotas import quota_effective, quota_project, usage_current
+from portal.web import calendar, charts, history, selectors
+
+FILTERS = ("model", "node", "state")
+
+
+def render_page(request, template: str, context: dict, fragments: dict[str, str]):
+    """The whole page, or only the fragment named by ?fragment= (for live re-fetches)."""
+    name = request.GET.get("fragment")
+    if name:
+        if name not in fragments:
+            raise Http404("No such fragment.")
+        return render(request, fragments[name], context)
+    return render(request, template, context)
 
 
 @login_required
 def overview(request):
-    return render(request, "portal/overview.html", {})
+    now = timezone.now()
+    rows = selectors.device_rows(now=now)
+    filters = {name: request.GET.get(name, "") for name in FILTERS}
+    mine = selectors.my_live_bookings(user=request.user)
+    context = {
+        "rows": selectors.filter_rows(rows, **filters),
+        "filters": filters,
+        "filter_query": "&".join(f"{k}={v}" for k, v in filters.items() if v),
+        "choices": selectors.filter_choices(),
+        "totals": selectors.site_totals(rows=rows, now=now),
+        "mine": _with_times(mine, now),
+        "now": now,
+    }
+    fragments = {
+        "devices": "portal/_devices.html",
+        "mine": "portal/_mine.html",
+        "totals": "portal/_totals.html",
+    }
+    return render_page(request, "portal/overview.html", context, fragments)
+
+
+def _with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
+    for booking in bookings:
+        booking.time_left = selectors.time_left(booking, now)
+        booking.reason_text = selectors.pending_reason_text(booking.pending_reason)
+        booking.hints = selectors.usage_hints(booking)
+    return bookings
+
+
+@login_required
+def bookings(request):
+    now = timezone.now()
+    rows = _with_times(selectors.bookings_for_page(user=request.user), now)
+    context = {
+        "live": [b for b in rows if b.state in Booking.LIVE_STATES],
+        "past": [b for b in rows if b.state not in Booking.LIVE_STATES],
+        "now": now,
+    }
+    return render_page(
+        request, "portal/bookings.html", context, {"bookings": "portal/_bookings.html"}
+    )
+
+
+@login_required
+def booking_detail(request, booking_id: int):
+    now = timezone.now()
+    booking = selectors.booking_for_page(user=request.user, booking_id=booking_id)
+    if booking is None:
+        raise Http404("No such booking among yours.")
+    _with_times([booking], now)
+    allocations = [a for a in booking.allocations.all()]
+    shown = [a for a in allocations if a.live] or allocations
+    series, kept = _booking_history(booking, shown, now)
+    is_mig = bool(shown) and all(a.mig_instance_id for a in shown)
+    all_samples = [s for samples in series.values() for s in samples]
+    context = {
+        "booking": booking,
+        "allocations": shown,
+        "readings": selectors.latest_by_uuid([a.device_uuid for a in shown]),
+        "charts": charts.device_charts(series, is_mig=is_mig) if booking.started_at else [],
+        "history_kept": kept,
+        "efficiency": charts.mean_utilization(all_samples),
+        "is_mig": is_mig,
+        "now": now,
+    }
+    return render_page(
+        request, "portal/booking_detail.html", context, {"booking": "portal/_booking_state.html"}
+    )
+
+
+def _booking_history(booking: Booking, allocations: list[Allocation], now: datetime):
+    """Samples per device over the booking's own time (at most its last week)."""
+    if not booking.started_at:
+        return {}, True
+    until = min(booking.ended_at or now, now)
+    since = max(booking.started_at, until - timedelta(days=7))
+    series = {}
+    for allocation in allocations:
+        samples = history.device_history(uuid=allocation.device_uuid, since=since, until=until)
+        if samples is None:
+            return {}, False
+        series[allocation.device_label] = samples
+    return series, True
+
+
+@login_required
+def gpu_detail(request, gpu_id: int):
+    now = timezone.now()
+    gpu = get_object_or_404(Gpu.objects.select_related("node"), pk=gpu_id)
+    slices = list(gpu.mig_instances.order_by("-slices", "uuid"))
+    chosen = next((m for m in slices if str(m.pk) == request.GET.get("slice")), None)
+    uuid, label = (chosen.uuid, str(chosen)) if chosen else (gpu.uuid, str(gpu))
+    range_name, since, until = history.range_window(request.GET.get("range", ""), now)
+    samples = history.device_history(uuid=uuid, since=since, until=until)
+    upcoming = (
+        Allocation.objects.filter(gpu=gpu, live=True, end__gt=now)
+        .select_related("booking__owner", "mig_instance")
+        .order_by("start")[:20]
+    )
+    context = {
+        "gpu": gpu,
+        "slices": slices,
+        "chosen": chosen,
+        "device_uuid": uuid,
+        "device_label": label,
+        "reading": selectors.latest_by_uuid([uuid]).get(uuid),
+        "range": range_name,
+        "ranges": list(history.RANGES),
+        "history_kept": samples is not None,
+        "charts": charts.device_charts({label: samples or []}, is_mig=chosen is not None),
+        "upcoming": upcoming,
+        "visible_ids": set(selectors.visible_bookings(request.user).values_list("pk", flat=True)),
+    }
+    return render(request, "portal/gpu_detail.html", context)
+
+
+@login_required
+def calendar_week(request):
+    now = timezone.now()
+    monday = calendar.week_start(request.GET.get("week", ""), now.date())
+    since = datetime.combine(monday, time.min, tzinfo=now.tzinfo)
+    until = since + calendar.WEEK
+    filters = {name: request.GET.get(name, "") for name in ("model", "node")}
+    rows = selectors.filter_rows(selectors.device_rows(now=now), **filters)
+    devices = [d for r in rows for d in (r.children or [r])]
+    bars = calendar.week_bars(user=request.user, since=since, until=until)
+    for device in devices:
+        device.bars = bars.get(device.uuid, [])
+    now_place = calendar.geometry(now, now + timedelta(seconds=1), since, until)
+    context = {
+        "devices": devices,
+        "days": calendar.day_slots(since, now),
+        "planned": calendar.planned_starts(user=request.user, since=since, until=until),
+        "since": since,
+        "prev_week": (monday - timedelta(days=7)).isoformat(),
+        "next_week": (monday + timedelta(days=7)).isoformat(),
+        "now_left": now_place[0] if now_place else None,
+        "filters": filters,
+        "choices": selectors.filter_choices(),
+    }
+    return render_page(
+        request, "portal/calendar.html", context, {"timeline": "portal/_timeline.html"}
+    )
+
+
+@login_required
+def project_detail(request, slug: str):
+    project = get_object_or_404(Project, slug=slug)
+    if not (request.user.is_staff or project.memberships.filter(user=request.user).exists()):
+        raise Http404("No such project among yours.")
+    now = timezone.now()
+    limits = quota_project(project=project)
+    mine = quota_effective(project=project, user=request.user)
+    period = limits.budget_period_days
+    first_day = (now - timedelta(days=29)).date()
+    since = datetime.combine(first_day, time.min, tzinfo=now.tzinfo)
+    rows = [
+        (user, start, min(end, now), fraction)
+        for user, start, end, fraction in Allocation.objects.filter(
+            booking__project=project, start__lt=now, end__gt=since
+        ).values_list("booking__owner__username", "start", "end", "fraction")
+    ]
+    dates, series = charts.daily_gpu_hours(rows, first_day=first_day, days=30)
+    members = project.memberships.select_related("user").order_by("user__username")
+    context = {
+        "project": project,
+        "limits": limits,
+        "mine": mine,
+        "usage": usage_current(project=project, now=now, period_days=period),
+        "my_usage": usage_current(
+            project=project, user=request.user, now=now, period_days=mine.budget_period_days
+        ),
+        "members": [(m, round(sum(series.get(m.user.username, [])), 1)) for m in members],
+        "hours_figure": charts.member_hours_figure(dates, series) if series else None,
+    }
+    return render(request, "portal/project.html", context)

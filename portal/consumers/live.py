@@ -1,0 +1,45 @@
+"""The browsers' live feed: telemetry readings, booking and queue changes, forwarded as JSON.
+
+The consumer only authenticates, joins groups and forwards (STYLE.md): services and the telemetry
+ingest decide what to send, after commit. Pages re-fetch what a change affects.
+"""
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from portal.services.live import QUEUE_GROUP, user_group
+
+TELEMETRY_GROUP = "telemetry"
+# Close code the page reads as "signed out: do not reconnect".
+UNAUTHENTICATED = 4401
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    """One socket per open page, authenticated by the session cookie."""
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=UNAUTHENTICATED)
+            return
+        self.groups_joined = [TELEMETRY_GROUP, QUEUE_GROUP, user_group(user.pk)]
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs):
+        """Browsers only listen; a ping gets a pong so clients can check the line."""
+        if content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+    async def telemetry_readings(self, event):
+        await self.send_json(event)
+
+    async def booking_changed(self, event):
+        await self.send_json(event)
+
+    async def queue_changed(self, event):
+        await self.send_json(event)

@@ -1,0 +1,68 @@
+"""Formatting for the pages. static/portal/live.js formats live readings the same way."""
+
+from datetime import timedelta
+
+from django import template
+
+register = template.Library()
+
+NO_READING = "no reading yet"
+NOT_MEASURED = "not measured"
+
+
+@register.filter
+def gib(mib) -> str:
+    if mib is None:
+        return "—"
+    return f"{mib / 1024:.1f} GiB"
+
+
+@register.simple_tag
+def metric(reading, key: str) -> str:
+    """A reading's value as text; utilization None on a device with a reading is NOT zero."""
+    if not reading:
+        return NO_READING if key == "utilization_gpu" else "—"
+    value = reading.get(key)
+    if value is None:
+        return NOT_MEASURED if key.startswith("utilization") else "—"
+    if key.startswith("utilization"):
+        return f"{value:.0f} %"
+    if key == "memory_used_mib":
+        total = reading.get("memory_total_mib")
+        return (
+            f"{value / 1024:.1f} / {total / 1024:.0f} GiB" if total else f"{value / 1024:.1f} GiB"
+        )
+    if key == "temperature_c":
+        return f"{value:.0f} °C"
+    if key == "power_w":
+        return f"{value:.0f} W"
+    return str(value)
+
+
+@register.simple_tag
+def meter(reading, key: str = "utilization_gpu") -> str:
+    """Width in percent for a small bar, or empty when there is nothing measured."""
+    if not reading or reading.get(key) is None:
+        return "0"
+    return f"{max(0.0, min(100.0, float(reading[key]))):.0f}"
+
+
+@register.filter
+def duration(value) -> str:
+    """A timedelta or seconds as '2 d 3 h', '3 h 20 min' or '5 min'."""
+    if value is None or value == "":
+        return "—"
+    seconds = int(value.total_seconds() if isinstance(value, timedelta) else value)
+    days, rest = divmod(max(seconds, 0), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"{days} d {hours} h" if hours else f"{days} d"
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{minutes} min"
+
+
+@register.filter
+def get_item(mapping, key):
+    return mapping.get(key) if mapping else None

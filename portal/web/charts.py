@@ -1,0 +1,126 @@
+"""Plot figures for the pages: plain functions, data in, plotly figure dict out. No ORM here.
+
+The browser draws the dicts with the plotly.js the portal serves itself; static/portal/charts.js
+applies the light or dark colours, so figures carry no colours of their own except series hues.
+"""
+
+from datetime import date, datetime, timedelta
+
+# (sample key, chart title, y-axis title, fixed y range or None)
+METRICS = [
+    ("utilization_gpu", "Utilization", "%", [0, 100]),
+    ("memory_used_mib", "Memory used", "GiB", None),
+    ("temperature_c", "Temperature", "°C", None),
+    ("power_w", "Power", "W", None),
+]
+NOT_MEASURED = "Utilization is not measured on MIG instances (NVIDIA reports none per slice)."
+WHOLE_GPU_ONLY = "Reported for the whole GPU only: see the GPU's own page."
+NO_VALUES = "No readings of this in the range."
+
+
+def _layout(y_title: str, y_range=None) -> dict:
+    yaxis = {"title": {"text": y_title}, "rangemode": "tozero", "fixedrange": True}
+    if y_range:
+        yaxis["range"] = y_range
+    return {
+        "margin": {"l": 48, "r": 12, "t": 8, "b": 36},
+        "height": 220,
+        "showlegend": False,
+        "xaxis": {"type": "date"},
+        "yaxis": yaxis,
+        "hovermode": "x unified",
+    }
+
+
+def _value(sample: dict, key: str):
+    value = sample.get(key)
+    if value is not None and key == "memory_used_mib":
+        return round(value / 1024, 2)
+    return value
+
+
+def metric_figure(series: dict[str, list[dict]], *, key: str, y_title: str, y_range=None) -> dict:
+    """One metric over time, one line per device; gaps (None) stay gaps, never zeros."""
+    layout = _layout(y_title, y_range)
+    layout["showlegend"] = len(series) > 1
+    return {
+        "data": [
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": [s["time"] for s in samples],
+                "y": [_value(s, key) for s in samples],
+                "connectgaps": False,
+                "line": {"width": 1.5},
+                "name": label,
+            }
+            for label, samples in series.items()
+        ],
+        "layout": layout,
+    }
+
+
+def device_charts(series: dict[str, list[dict]], *, is_mig: bool) -> list[dict]:
+    """The four charts of one or more devices: {"key", "title", "figure" or None, "note"} each."""
+    charts = []
+    has_samples = any(series.values())
+    for key, title, y_title, y_range in METRICS:
+        measured = any(s.get(key) is not None for samples in series.values() for s in samples)
+        if key == "utilization_gpu" and is_mig and not measured:
+            charts.append({"key": key, "title": title, "figure": None, "note": NOT_MEASURED})
+        elif not has_samples:
+            charts.append({"key": key, "title": title, "figure": None, "note": "No history yet."})
+        elif not measured:
+            note = WHOLE_GPU_ONLY if is_mig else NO_VALUES
+            charts.append({"key": key, "title": title, "figure": None, "note": note})
+        else:
+            figure = metric_figure(series, key=key, y_title=y_title, y_range=y_range)
+            charts.append({"key": key, "title": title, "figure": figure, "note": ""})
+    return charts
+
+
+def mean_utilization(samples: list[dict]) -> float | None:
+    """Mean GPU utilization over the samples that measured it; None when none did."""
+    values = [s["utilization_gpu"] for s in samples if s.get("utilization_gpu") is not None]
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def daily_gpu_hours(
+    rows, *, first_day: date, days: int
+) -> tuple[list[date], dict[str, list[float]]]:
+    """GPU-hours per user per UTC day from (user, start, end, fraction) rows, for `days` days."""
+    dates = [first_day + timedelta(days=i) for i in range(days)]
+    series: dict[str, list[float]] = {}
+    for user, start, end, fraction in rows:
+        hours = series.setdefault(user, [0.0] * days)
+        for i, day in enumerate(dates):
+            day_start = datetime(day.year, day.month, day.day, tzinfo=start.tzinfo)
+            day_end = day_start + timedelta(days=1)
+            overlap = (min(end, day_end) - max(start, day_start)).total_seconds()
+            if overlap > 0:
+                hours[i] += fraction * overlap / 3600
+    return dates, {u: [round(h, 2) for h in hs] for u, hs in sorted(series.items())}
+
+
+def member_hours_figure(dates: list[date], series: dict[str, list[float]]) -> dict:
+    """Stacked daily bars of GPU-hours, one colour per member."""
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "name": user,
+                "x": [d.isoformat() for d in dates],
+                "y": hours,
+                "hovertemplate": "%{y:.1f} GPU-h<extra>" + user + "</extra>",
+            }
+            for user, hours in series.items()
+        ],
+        "layout": {
+            "barmode": "stack",
+            "height": 280,
+            "margin": {"l": 48, "r": 12, "t": 8, "b": 36},
+            "xaxis": {"type": "date"},
+            "yaxis": {"title": {"text": "GPU-hours"}, "rangemode": "tozero", "fixedrange": True},
+            "legend": {"orientation": "h", "y": -0.2},
+        },
+    }

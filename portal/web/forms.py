@@ -1,0 +1,147 @@
+"""Forms of the pages. They parse input; the booking rules live in the services."""
+
+from django import forms
+
+from portal.errors import ApplicationError
+from portal.models import Qos
+from portal.services import inventory
+
+DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
+# Service field names that the form shows under another name.
+SERVICE_TO_FORM_FIELD = {"duration_s": "duration_hours", "by_s": "by_hours"}
+
+
+class DateTimeLocalInput(forms.DateTimeInput):
+    input_type = "datetime-local"
+
+    def __init__(self, **kwargs):
+        super().__init__(format=DATETIME_LOCAL, **kwargs)
+
+
+class AccessibleForm(forms.Form):
+    """Points each field with an error at its error text, for screen readers."""
+
+    def add_error(self, field, error):
+        super().add_error(field, error)
+        names = [field] if field else []
+        if isinstance(error, dict):
+            names = list(error)
+        for name in names:
+            if name in self.fields:
+                widget = self.fields[name].widget
+                auto_id = self[name].auto_id
+                described = f"{auto_id}_error"
+                if self.fields[name].help_text:
+                    described += f" {auto_id}_helptext"
+                widget.attrs["aria-describedby"] = described
+
+
+class BookForm(AccessibleForm):
+    """Book whole GPUs or one MIG slice, as soon as possible or for a fixed window."""
+
+    project = forms.ChoiceField()
+    kind = forms.ChoiceField(
+        choices=[("gpus", "Whole GPUs"), ("mig", "A MIG slice")],
+        widget=forms.RadioSelect,
+        initial="gpus",
+        label="What",
+    )
+    gpus = forms.IntegerField(min_value=1, initial=1, required=False, label="Number of GPUs")
+    mig_profile = forms.ChoiceField(required=False, label="MIG profile")
+    gpu_model = forms.ChoiceField(required=False, label="GPU model")
+    when = forms.ChoiceField(
+        choices=[("asap", "As soon as possible"), ("window", "A fixed window")],
+        widget=forms.RadioSelect,
+        initial="asap",
+        label="When",
+    )
+    duration_hours = forms.FloatField(
+        min_value=0.02, initial=4, required=False, label="Duration (hours)"
+    )
+    start = forms.DateTimeField(
+        required=False, widget=DateTimeLocalInput(), input_formats=[DATETIME_LOCAL]
+    )
+    end = forms.DateTimeField(
+        required=False, widget=DateTimeLocalInput(), input_formats=[DATETIME_LOCAL]
+    )
+    qos = forms.ChoiceField(choices=Qos.choices, initial=Qos.NORMAL, label="QOS")
+    preemptible = forms.BooleanField(
+        required=False,
+        help_text="Lets higher-QOS work stop this booking early; it may start sooner.",
+    )
+    command = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="Optional: run this as a batch job; leave empty for an interactive booking.",
+    )
+
+    def __init__(self, *args, projects: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].choices = [(p, p) for p in projects]
+        if len(projects) == 1:
+            self.fields["project"].initial = projects[0]
+        profiles = inventory.mig_profiles()
+        self.fields["mig_profile"].choices = [("", "Choose a profile")] + [(p, p) for p in profiles]
+        models = sorted(set(inventory.gpu_models()) | set(_mig_models()))
+        self.fields["gpu_model"].choices = [("", "Any model")] + [(m, m) for m in models]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("kind") == "mig" and not data.get("mig_profile"):
+            self.add_error("mig_profile", "Choose a MIG profile.")
+        if data.get("kind") == "gpus" and not data.get("gpus"):
+            self.add_error("gpus", "Give a number of GPUs, at least 1.")
+        if data.get("when") == "asap" and not data.get("duration_hours"):
+            self.add_error("duration_hours", "Give a duration in hours.")
+        if data.get("when") == "window":
+            for name in ("start", "end"):
+                if not data.get(name) and name not in self.errors:
+                    self.add_error(name, "Required for a fixed window.")
+        return data
+
+    def submit_kwargs(self) -> dict:
+        """The booking_submit arguments this form stands for."""
+        data = self.cleaned_data
+        kwargs = {
+            "project": data["project"],
+            "gpu_model": data.get("gpu_model") or None,
+            "qos": data["qos"],
+            "preemptible": data["preemptible"],
+            "command": data.get("command") or "",
+        }
+        if data["kind"] == "mig":
+            kwargs["mig_profile"] = data["mig_profile"]
+        else:
+            kwargs["gpus"] = data["gpus"]
+        if data["when"] == "window":
+            kwargs.update(start=data["start"], end=data["end"])
+        else:
+            kwargs["duration_s"] = round(data["duration_hours"] * 3600)
+        return kwargs
+
+
+def _mig_models() -> list[str]:
+    from portal.models import MigInstance
+
+    return list(MigInstance.objects.values_list("gpu__model", flat=True).distinct())
+
+
+class ExtendForm(AccessibleForm):
+    by_hours = forms.TypedChoiceField(
+        choices=[(1, "1 hour"), (4, "4 hours"), (24, "1 day")],
+        coerce=int,
+        initial=1,
+        label="Extend by",
+    )
+
+
+def add_service_errors(form: forms.Form, error: ApplicationError) -> None:
+    """Show a service refusal at the fields it names, else at the top of the form."""
+    placed = False
+    for name, reason in error.fields.items():
+        field = SERVICE_TO_FORM_FIELD.get(name, name)
+        if field in form.fields:
+            form.add_error(field, reason[:1].upper() + reason[1:])
+            placed = True
+    if not placed:
+        form.add_error(None, error.message)

@@ -1,0 +1,290 @@
+"""Reads for the browser pages: devices with their state, what is mine, site totals.
+
+Selectors only read. Pure helpers (no ORM) sit at the bottom so they test without a database.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Prefetch
+
+from portal.models import Allocation, Booking, Gpu, MigInstance, Node
+from portal.services.bookings import visible_bookings
+from portal.services.telemetry_cache import latest_by_uuid
+
+# A device whose reading shows processes, or more than this utilization, is "in use".
+IN_USE_UTILIZATION = 5.0
+
+PENDING_REASONS = {
+    "resources": "Waiting for enough free devices of the kind asked for.",
+    "reservation": "Devices are held for a reservation that starts before this could finish.",
+    "quota": "Your project is at a quota limit; it starts when usage drops.",
+    "priority": "Requests with a higher priority are ahead in the queue.",
+    "node_down": "The nodes that could run it are down or draining.",
+}
+
+
+@dataclass
+class DeviceRow:
+    """One bookable device (a whole GPU, or a MIG slice) as the overview and calendar show it."""
+
+    uuid: str
+    label: str
+    node: str
+    node_state: str
+    gpu_id: int
+    model: str
+    profile: str
+    memory_mib: int
+    is_mig: bool
+    mig_id: int | None = None
+    state: str = "free"
+    booking: Booking | None = None
+    reading: dict | None = None
+    children: list = field(default_factory=list)
+
+    @property
+    def state_label(self) -> str:
+        return {"in_use": "in use"}.get(self.state, self.state)
+
+
+def device_state(*, node_state: str, booking: Booking | None, reading: dict | None) -> str:
+    """free / booked / in_use / down: what a researcher needs to know about a device now."""
+    if node_state != Node.State.UP:
+        return "down"
+    if booking is None:
+        return "free"
+    if reading and (
+        reading.get("processes") or (reading.get("utilization_gpu") or 0) > IN_USE_UTILIZATION
+    ):
+        return "in_use"
+    return "booked"
+
+
+def _current_allocations(now: datetime) -> tuple[dict, dict]:
+    """Live allocations covering now, keyed by whole-GPU id and by MIG-instance id."""
+    rows = Allocation.objects.filter(live=True, start__lte=now, end__gt=now).select_related(
+        "booking__owner", "booking__project"
+    )
+    by_gpu, by_mig = {}, {}
+    for allocation in rows:
+        if allocation.mig_instance_id:
+            by_mig[allocation.mig_instance_id] = allocation.booking
+        else:
+            by_gpu[allocation.gpu_id] = allocation.booking
+    return by_gpu, by_mig
+
+
+def device_rows(*, now: datetime) -> list[DeviceRow]:
+    """Every GPU (and, under a GPU in MIG mode, each slice), with booking, reading and state."""
+    gpus = Gpu.objects.select_related("node").prefetch_related(
+        Prefetch("mig_instances", queryset=MigInstance.objects.order_by("-slices", "uuid"))
+    )
+    gpus = list(gpus.order_by("node__hostname", "index"))
+    uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig_instances.all()]
+    readings = latest_by_uuid(uuids)
+    by_gpu, by_mig = _current_allocations(now)
+    rows = []
+    for gpu in gpus:
+        row = _gpu_row(gpu, readings, by_gpu.get(gpu.pk))
+        for mig in gpu.mig_instances.all():
+            row.children.append(_mig_row(gpu, mig, readings, by_mig.get(mig.pk)))
+        if row.children:
+            row.state = _parent_state(row)
+        rows.append(row)
+    return rows
+
+
+def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None) -> DeviceRow:
+    return _row(
+        gpu,
+        uuid=gpu.uuid,
+        label=f"{gpu.node.hostname}/gpu{gpu.index}",
+        profile="MIG" if gpu.mig_mode else "",
+        memory_mib=gpu.memory_mib,
+        mig_id=None,
+        reading=readings.get(gpu.uuid),
+        booking=booking,
+    )
+
+
+def _mig_row(gpu: Gpu, mig: MigInstance, readings: dict, booking: Booking | None) -> DeviceRow:
+    return _row(
+        gpu,
+        uuid=mig.uuid,
+        label=f"{gpu.node.hostname}/gpu{gpu.index}/{mig.profile}",
+        profile=mig.profile,
+        memory_mib=mig.memory_mib,
+        mig_id=mig.pk,
+        reading=readings.get(mig.uuid),
+        booking=booking,
+    )
+
+
+def _row(gpu: Gpu, *, mig_id: int | None, reading, booking, **fields) -> DeviceRow:
+    return DeviceRow(
+        node=gpu.node.hostname,
+        node_state=gpu.node.state,
+        gpu_id=gpu.pk,
+        model=gpu.model,
+        is_mig=mig_id is not None,
+        mig_id=mig_id,
+        state=device_state(node_state=gpu.node.state, booking=booking, reading=reading),
+        booking=booking,
+        reading=reading,
+        **fields,
+    )
+
+
+def _parent_state(row: DeviceRow) -> str:
+    states = {c.state for c in row.children}
+    if row.node_state != Node.State.UP:
+        return "down"
+    if states == {"free"}:
+        return "free"
+    return "in_use" if "in_use" in states else ("partly booked" if "free" in states else "booked")
+
+
+@dataclass(frozen=True)
+class Totals:
+    """The site at a glance."""
+
+    free_gpus: int
+    whole_gpus: int
+    free_slices: int
+    slices: int
+    queued: int
+    queued_gpu_hours: float
+    booked_today_pct: float | None
+    mean_utilization_now: float | None
+
+
+def site_totals(*, rows: list[DeviceRow], now: datetime) -> Totals:
+    """Free devices, queued demand and how much of today's capacity was booked."""
+    whole = [r for r in rows if not r.children]
+    slices = [c for r in rows for c in r.children]
+    pending = Booking.objects.filter(state=Booking.State.PENDING)
+    slices_of = dict(MigInstance.objects.values_list("profile", "slices").distinct())
+    queued_hours = sum(
+        (b.gpus or slices_of.get(b.mig_profile, 7) / 7) * b.duration_s / 3600
+        for b in pending.only("gpus", "mig_profile", "duration_s")
+    )
+    measured = [
+        r.reading["utilization_gpu"]
+        for r in rows
+        if r.reading and r.reading.get("utilization_gpu") is not None
+    ]
+    return Totals(
+        free_gpus=sum(1 for r in whole if r.state == "free"),
+        whole_gpus=len(whole),
+        free_slices=sum(1 for c in slices if c.state == "free"),
+        slices=len(slices),
+        queued=pending.count(),
+        queued_gpu_hours=round(queued_hours, 1),
+        booked_today_pct=_booked_share_today(now=now, devices=len(rows)),
+        mean_utilization_now=round(sum(measured) / len(measured), 1) if measured else None,
+    )
+
+
+def _booked_share_today(*, now: datetime, devices: int) -> float | None:
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if devices == 0 or now <= midnight:
+        return None
+    # Ended allocations had their end cut to the real end, so every row counts as it stands.
+    rows = Allocation.objects.filter(start__lt=now, end__gt=midnight).values_list(
+        "start", "end", "fraction"
+    )
+    return booked_share(rows, since=midnight, until=now, capacity=devices)
+
+
+def my_live_bookings(*, user) -> list[Booking]:
+    """The user's own pending, planned and active bookings, soonest first."""
+    return list(
+        Booking.objects.filter(owner=user, state__in=Booking.LIVE_STATES)
+        .select_related("project")
+        .prefetch_related(_allocations_prefetch())
+        .order_by("state", "planned_start", "id")
+    )
+
+
+def _allocations_prefetch() -> Prefetch:
+    return Prefetch(
+        "allocations", queryset=Allocation.objects.select_related("gpu__node", "mig_instance")
+    )
+
+
+def bookings_for_page(*, user, limit: int = 50) -> list[Booking]:
+    """What /bookings/ lists: live bookings first, then the most recent others."""
+    qs = (
+        visible_bookings(user)
+        .select_related("owner", "project")
+        .prefetch_related(_allocations_prefetch())
+    )
+    live = list(qs.filter(state__in=Booking.LIVE_STATES).order_by("-submitted_at", "-id"))
+    done = list(qs.exclude(state__in=Booking.LIVE_STATES).order_by("-submitted_at", "-id")[:limit])
+    return live + done
+
+
+def booking_for_page(*, user, booking_id: int) -> Booking | None:
+    return (
+        visible_bookings(user)
+        .select_related("owner", "project")
+        .prefetch_related(_allocations_prefetch())
+        .filter(pk=booking_id)
+        .first()
+    )
+
+
+def filter_choices() -> dict:
+    return {
+        "models": sorted(set(Gpu.objects.values_list("model", flat=True))),
+        "nodes": list(Node.objects.order_by("hostname").values_list("hostname", flat=True)),
+        "states": ["free", "booked", "in_use", "down"],
+    }
+
+
+# Pure helpers -------------------------------------------------------------------------------
+
+
+def filter_rows(rows: list[DeviceRow], *, model="", node="", state="") -> list[DeviceRow]:
+    """The rows matching the overview's filters (a GPU matches if one of its slices does)."""
+    return [
+        r
+        for r in rows
+        if (not model or r.model == model)
+        and (not node or r.node == node)
+        and (not state or r.state == state or any(c.state == state for c in r.children))
+    ]
+
+
+def usage_hints(booking: Booking) -> list[tuple[str, str]]:
+    """(hostname, CUDA_VISIBLE_DEVICES value) per node a booking holds devices on."""
+    by_node: dict[str, list[str]] = {}
+    for allocation in booking.allocations.all():
+        if allocation.live:
+            by_node.setdefault(allocation.gpu.node.hostname, []).append(allocation.device_uuid)
+    return [(host, ",".join(uuids)) for host, uuids in sorted(by_node.items())]
+
+
+def booked_share(rows, *, since: datetime, until: datetime, capacity: int) -> float | None:
+    """Percent of `capacity` devices' time in [since, until) covered by (start, end, fraction)."""
+    span = (until - since).total_seconds()
+    if capacity <= 0 or span <= 0:
+        return None
+    booked = sum(
+        fraction * max(0.0, (min(end, until) - max(start, since)).total_seconds())
+        for start, end, fraction in rows
+    )
+    return round(100 * booked / (capacity * span), 1)
+
+
+def time_left(booking: Booking, now: datetime) -> timedelta | None:
+    """How long an active booking still holds its devices."""
+    ends = [a.end for a in booking.allocations.all() if a.live]
+    if booking.state != Booking.State.ACTIVE or not ends:
+        return None
+    return max(timedelta(0), max(ends) - now)
+
+
+def pending_reason_text(code: str) -> str:
+    return PENDING_REASONS.get(code, "")

@@ -1,0 +1,110 @@
+// The Book form: show only the fields that apply, and preview the earliest start as you type.
+(function () {
+  "use strict";
+  var form = document.getElementById("book-form");
+  if (!form) return;
+  var out = document.getElementById("estimate");
+  var timer = null;
+  var seq = 0;
+
+  function value(name) {
+    var checked = form.querySelector('[name="' + name + '"]:checked');
+    if (checked) return checked.value;
+    var el = form.elements[name];
+    if (!el) return "";
+    if (el.type === "checkbox") return el.checked;
+    return el.value;
+  }
+
+  function toggle() {
+    form.querySelectorAll("[data-show-when]").forEach(function (el) {
+      var rule = el.dataset.showWhen.split("=");
+      el.hidden = value(rule[0]) !== rule[1];
+    });
+  }
+
+  function payload() {
+    var body = { qos: value("qos"), preemptible: !!value("preemptible") };
+    if (value("project")) body.project = value("project");
+    if (value("gpu_model")) body.gpu_model = value("gpu_model");
+    if (value("command")) body.command = value("command");
+    if (value("kind") === "mig") {
+      if (!value("mig_profile")) return null;
+      body.mig_profile = value("mig_profile");
+    } else {
+      var gpus = parseInt(value("gpus"), 10);
+      if (!gpus) return null;
+      body.gpus = gpus;
+    }
+    if (value("when") === "window") {
+      if (!value("start") || !value("end")) return null;
+      body.start = value("start") + ":00Z";
+      body.end = value("end") + ":00Z";
+    } else {
+      var hours = parseFloat(value("duration_hours"));
+      if (!hours) return null;
+      body.duration_s = Math.round(hours * 3600);
+    }
+    return body;
+  }
+
+  function when(iso) {
+    var date = new Date(iso);
+    var text = date.toLocaleString("en-GB", {
+      weekday: "short", day: "numeric", month: "short", hour: "2-digit", minute: "2-digit", timeZone: "UTC"
+    }) + " UTC";
+    var minutes = Math.round((date - Date.now()) / 60000);
+    if (minutes <= 1) return "now (" + text + ")";
+    if (minutes < 120) return text + " (in " + minutes + " min)";
+    return text + " (in " + Math.round(minutes / 60) + " h)";
+  }
+
+  function show(html, state) {
+    out.dataset.state = state;
+    out.innerHTML = html;
+  }
+
+  function escape(text) {
+    var span = document.createElement("span");
+    span.textContent = text || "";
+    return span.innerHTML;
+  }
+
+  function estimate() {
+    var body = payload();
+    if (!body) { show('<span class="muted">Earliest start: fill in the form to see an estimate.</span>', "idle"); return; }
+    var mine = ++seq;
+    show('<span class="muted">Estimating the earliest start…</span>', "loading");
+    fetch(form.dataset.estimateUrl, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": form.elements.csrfmiddlewaretoken.value },
+      body: JSON.stringify(body)
+    }).then(function (response) {
+      if (mine !== seq) return;
+      if (response.status === 404 || response.status === 405 || response.status >= 500) { show('<span class="muted">Estimate unavailable.</span>', "unavailable"); return; }
+      return response.json().then(function (data) {
+        if (mine !== seq) return;
+        if (response.ok && data.earliest_start) {
+          show("Earliest start: <strong>" + escape(when(data.earliest_start)) + "</strong>" +
+            (data.detail ? ' <span class="muted">' + escape(data.detail) + "</span>" : ""), "ok");
+        } else if (response.ok) {
+          show("No start found yet. " + escape(data.detail || data.reason), "none");
+        } else if (data.error) {
+          show("Cannot start as asked: " + escape(data.error.message), "error");
+        } else {
+          show('<span class="muted">Estimate unavailable.</span>', "unavailable");
+        }
+      });
+    }).catch(function () {
+      if (mine === seq) show('<span class="muted">Estimate unavailable.</span>', "unavailable");
+    });
+  }
+
+  form.addEventListener("input", function () { toggle(); clearTimeout(timer); timer = setTimeout(estimate, 400); });
+  form.addEventListener("change", function () { toggle(); clearTimeout(timer); timer = setTimeout(estimate, 400); });
+  toggle();
+  estimate();
+  var firstError = form.querySelector('[aria-invalid="true"]');
+  if (firstError) firstError.focus();
+})();

@@ -1,0 +1,110 @@
+"""Browser-test fixtures: a daphne (ASGI) server on the test database, and headless Chromium.
+
+The server is a real daphne subprocess against the test PostgreSQL database and Redis (db 15,
+the channel layer and cache of the suite), so websockets, sessions and static files behave as in
+production. Data is created with `transactional_db`, so the server sees it.
+"""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from portal.web.asgi_process import ROOT, daphne_start, daphne_stop, free_port
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture
+def asgi_server(transactional_db, request):
+    """Base URL of a daphne server running the portal against the test database."""
+    from django.conf import settings
+    from django.db import connection
+
+    db = connection.settings_dict
+    env = os.environ | {
+        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "DEBUG": "1",
+    }
+    port = free_port()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with open(ARTIFACTS / f"daphne-{request.node.name}.log", "wb") as log:
+        process = daphne_start(port=port, env=env, log=log)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            daphne_stop(process)
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Headless Chromium for one module of tests.
+
+    Playwright's sync API keeps an event loop running in the test thread, so while it lives the
+    ORM needs DJANGO_ALLOW_ASYNC_UNSAFE and anything using async_to_sync goes through in_thread().
+    """
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
+
+
+def in_thread(function, *args, **kwargs):
+    """Run `function` off the browser's event loop (channel-layer sends, services that broadcast)."""
+    from django.db import connection
+
+    def call():
+        try:
+            return function(*args, **kwargs)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result()
+
+
+@pytest.fixture
+def browser_page(chromium, request):
+    """A fresh desktop-sized page; page errors fail the test. Its last view is saved."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.set_default_timeout(10_000)
+    yield page
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"last-{request.node.name}.png"), full_page=True)
+    context.close()
+    assert errors == []
+
+
+def sign_in(page, base_url: str, username: str, password: str) -> None:
+    page.goto(f"{base_url}/accounts/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base_url}/")

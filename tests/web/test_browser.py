@@ -1,0 +1,125 @@
+"""End to end in headless Chromium against a daphne server: book, watch it live, cancel."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.utils import timezone
+
+from portal.models import Booking
+from portal.services.bookings import booking_extend
+from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
+from tests.web.conftest import in_thread, sign_in
+
+pytestmark = pytest.mark.browser
+PASSWORD = "pw-secret-123"
+
+
+@pytest.fixture
+def alice(transactional_db):
+    user = UserFactory(username="alice")
+    project = ProjectFactory(slug="vision", name="Vision lab")
+    member(user, project)
+    QuotaFactory(project=project, max_gpus=16)
+    make_node("node-a")
+    return user
+
+
+def _telemetry(uuid: str, utilization: float) -> None:
+    reading = {
+        "uuid": uuid,
+        "utilization_gpu": utilization,
+        "utilization_memory": 20.0,
+        "memory_used_mib": 30 * 1024,
+        "memory_total_mib": 80 * 1024,
+        "temperature_c": 61.0,
+        "power_w": 312.0,
+        "processes": [],
+        "time": timezone.now().isoformat(),
+    }
+    message = {
+        "type": "telemetry.readings",
+        "node": "node-a",
+        "time": reading["time"],
+        "readings": [reading],
+    }
+    async_to_sync(get_channel_layer().group_send)("telemetry", message)
+
+
+def _local(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
+
+
+def test_it_books_watches_live_and_cancels(alice, asgi_server, browser_page):
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+
+    page.goto(f"{asgi_server}/book/")
+    page.check("#id_when_1")
+    now = timezone.now()
+    page.fill("#id_start", _local(now))
+    page.fill("#id_end", _local(now + timedelta(hours=2)))
+    page.fill("#id_gpus", "1")
+    page.click("button:has-text('Submit booking')")
+
+    booking = Booking.objects.get()
+    page.wait_for_url(f"{asgi_server}/bookings/{booking.pk}/")
+    assert page.text_content("#booking-state").strip() == "Active"
+    page.wait_for_selector("body[data-live-state='open']")
+    page.evaluate("window.__sameDocument = true")
+
+    uuid = booking.allocations.get().device_uuid
+    cell = f"[data-uuid='{uuid}'] [data-metric='utilization_gpu']"
+    assert page.text_content(cell).strip() == "no reading yet"
+    in_thread(_telemetry, uuid, 87.0)
+    page.wait_for_function(f'document.querySelector("{cell}")?.textContent.trim() === "87 %"')
+
+    # A change made elsewhere reaches the page as a booking message and a fragment re-fetch.
+    length = page.text_content("#booking-length")
+    in_thread(booking_extend, user=alice, booking_id=booking.pk, now=timezone.now(), by_s=3600)
+    page.wait_for_function(f"document.getElementById('booking-length').textContent !== {length!r}")
+    assert page.text_content("#booking-length").startswith("2 h 5")
+    assert page.evaluate("window.__sameDocument") is True
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("button.danger:has-text('Cancel')")
+    page.wait_for_function(
+        "(document.getElementById('booking-state') || {}).textContent?.trim() === 'Cancelled'"
+    )
+    booking.refresh_from_db()
+    assert booking.state == Booking.State.CANCELLED
+
+
+def test_it_shows_a_bad_field_at_the_field(alice, asgi_server, browser_page):
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.goto(f"{asgi_server}/book/")
+    page.fill("#id_gpus", "0")
+    page.click("button:has-text('Submit booking')")
+    error = page.wait_for_selector("#id_gpus_error")
+    assert "at least 1" in error.text_content()
+    assert page.get_attribute("#id_gpus", "aria-invalid") == "true"
+    assert "id_gpus_error" in page.get_attribute("#id_gpus", "aria-describedby")
+    assert Booking.objects.count() == 0
+
+
+def test_it_catches_up_after_the_line_drops(alice, asgi_server, browser_page):
+    page = browser_page
+    project = alice.projects.get()
+    booking = Booking.objects.create(
+        owner=alice, project=project, gpus=2, duration_s=3600, submitted_at=timezone.now()
+    )
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.wait_for_selector("body[data-live-state='open']")
+    assert "start time not known yet" in page.text_content("[data-fragment='mine']")
+
+    # Changed without any broadcast: only a re-fetch after reconnecting can show it.
+    Booking.objects.filter(pk=booking.pk).update(
+        planned_start=timezone.now() + timedelta(hours=2), queue_position=3
+    )
+    page.evaluate("window.portalLive.drop()")
+    page.wait_for_function(
+        "document.querySelector('[data-fragment=mine]')?.textContent.includes('position 3')"
+    )
+    assert page.get_attribute("body", "data-live-state") == "open"

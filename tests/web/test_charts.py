@@ -1,0 +1,82 @@
+"""Plot figures and usage maths: plain functions, no database."""
+
+from datetime import UTC, date, datetime, timedelta
+
+from portal.web import calendar, charts, selectors
+
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+def _sample(minute, **values):
+    return {"time": (T0 + timedelta(minutes=minute)).isoformat(), **values}
+
+
+def test_it_never_draws_zeros_for_unmeasured_mig_utilization():
+    samples = [_sample(i, utilization_gpu=None, memory_used_mib=2048) for i in range(3)]
+    figures = {c["key"]: c for c in charts.device_charts({"mig": samples}, is_mig=True)}
+    assert figures["utilization_gpu"]["figure"] is None
+    assert "not measured" in figures["utilization_gpu"]["note"]
+    assert figures["memory_used_mib"]["figure"]["data"][0]["y"] == [2.0, 2.0, 2.0]
+    assert figures["power_w"]["figure"] is None  # no empty axes for what a slice never reports
+    assert "whole GPU" in figures["power_w"]["note"]
+
+
+def test_it_keeps_gaps_as_gaps():
+    samples = [_sample(0, utilization_gpu=50.0), _sample(1, utilization_gpu=None)]
+    figure = charts.metric_figure({"gpu0": samples}, key="utilization_gpu", y_title="%")
+    assert figure["data"][0]["y"] == [50.0, None]
+    assert figure["layout"]["yaxis"]["title"]["text"] == "%"
+
+
+def test_it_says_no_history_yet_without_samples():
+    assert {c["note"] for c in charts.device_charts({"gpu0": []}, is_mig=False)} == {
+        "No history yet."
+    }
+
+
+def test_it_computes_efficiency_over_measured_samples_only():
+    samples = [_sample(0, utilization_gpu=20.0), _sample(1, utilization_gpu=None)]
+    samples.append(_sample(2, utilization_gpu=60.0))
+    assert charts.mean_utilization(samples) == 40.0
+    assert charts.mean_utilization([_sample(0, utilization_gpu=None)]) is None
+
+
+def test_it_splits_gpu_hours_per_member_and_day():
+    rows = [
+        ("alice", T0.replace(hour=22), T0.replace(hour=22) + timedelta(hours=4), 1.0),
+        ("bob", T0, T0 + timedelta(hours=1), 3 / 7),
+    ]
+    dates, series = charts.daily_gpu_hours(rows, first_day=date(2026, 11, 30), days=2)
+    assert dates == [date(2026, 11, 30), date(2026, 12, 1)]
+    assert series == {"alice": [2.0, 2.0], "bob": [0.43, 0.0]}
+
+
+def test_it_places_bars_inside_the_week_only():
+    since = T0
+    until = T0 + timedelta(days=7)
+    assert calendar.geometry(T0 - timedelta(days=1), T0 + timedelta(hours=42), since, until) == (
+        0.0,
+        25.0,
+    )
+    assert calendar.geometry(until, until + timedelta(hours=1), since, until) is None
+
+
+def test_it_starts_weeks_on_monday():
+    assert calendar.week_start("2026-12-03", date(2026, 1, 1)) == date(2026, 11, 30)
+    assert calendar.week_start("junk", date(2026, 12, 6)) == date(2026, 11, 30)
+
+
+def test_it_computes_the_booked_share_of_capacity():
+    rows = [(T0, T0 + timedelta(hours=2), 1.0), (T0, T0 + timedelta(hours=8), 0.5)]
+    share = selectors.booked_share(rows, since=T0, until=T0 + timedelta(hours=4), capacity=2)
+    assert share == 50.0
+
+
+def test_it_calls_a_device_in_use_only_when_work_runs_on_it():
+    booking = object()
+    busy = {"utilization_gpu": 80.0, "processes": []}
+    idle = {"utilization_gpu": 0.0, "processes": []}
+    assert selectors.device_state(node_state="up", booking=None, reading=busy) == "free"
+    assert selectors.device_state(node_state="up", booking=booking, reading=busy) == "in_use"
+    assert selectors.device_state(node_state="up", booking=booking, reading=idle) == "booked"
+    assert selectors.device_state(node_state="down", booking=None, reading=None) == "down"

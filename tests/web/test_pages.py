@@ -1,0 +1,274 @@
+"""Browser pages: status codes, what they show, who may see and change what."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from portal.models import Booking
+from portal.services.telemetry_cache import latest_store
+from tests.factories import (
+    AllocationFactory,
+    BookingFactory,
+    ProjectFactory,
+    UserFactory,
+    make_mig_gpu,
+    member,
+)
+
+PAGES = ["/", "/bookings/", "/book/", "/calendar/", "/projects/vision/"]
+
+
+@pytest.fixture
+def client_in(client, user, project):
+    client.force_login(user)
+    return client
+
+
+def _active(owner, project, gpu, hours=2):
+    now = timezone.now()
+    booking = BookingFactory(
+        owner=owner, project=project, state=Booking.State.ACTIVE, started_at=now
+    )
+    AllocationFactory(booking=booking, gpu=gpu, start=now, end=now + timedelta(hours=hours))
+    return booking
+
+
+def reading(**values):
+    base = {
+        "utilization_gpu": 42.0,
+        "utilization_memory": 10.0,
+        "memory_used_mib": 2048,
+        "memory_total_mib": 81920,
+        "temperature_c": 55.0,
+        "power_w": 250.0,
+        "processes": [],
+        "time": timezone.now().isoformat(),
+    }
+    return base | values
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_it_sends_anonymous_visitors_to_sign_in(client, db, path):
+    response = client.get(path)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_it_renders_every_page_for_a_member(client_in, cluster, path):
+    response = client_in.get(path)
+    assert response.status_code == 200
+    assert b'data-live-url="/ws/live/"' in response.content
+
+
+def test_it_renders_the_sign_in_page(client, db):
+    response = client.get("/accounts/login/")
+    assert response.status_code == 200
+    assert b'<label for="id_username">' in response.content
+
+
+def test_it_shows_devices_with_owner_and_live_reading(client_in, user, project, cluster):
+    gpu = cluster[0].gpus.order_by("index").first()
+    booking = _active(user, project, gpu)
+    latest_store({gpu.uuid: reading(utilization_gpu=73.0)})
+    body = client_in.get("/").content.decode()
+    assert f'data-uuid="{gpu.uuid}"' in body
+    assert "73 %" in body
+    assert f'href="/bookings/{booking.pk}/"' in body
+    assert "no reading yet" in body  # the other GPUs have not reported
+
+
+def test_it_says_not_measured_for_mig_utilization(client_in, cluster):
+    gpu = make_mig_gpu(cluster[0], 8)
+    mig = gpu.mig_instances.first()
+    latest_store({mig.uuid: reading(utilization_gpu=None, memory_total_mib=40960)})
+    body = client_in.get("/").content.decode()
+    row = body.split(f'data-uuid="{mig.uuid}"', 1)[1].split("</tr>", 1)[0]
+    assert "not measured" in row
+    assert "0 %" not in row
+
+
+def test_it_filters_devices_by_node_and_state(client_in, user, project, cluster):
+    _active(user, project, cluster[1].gpus.get(index=0))
+    body = client_in.get("/?node=node-b&state=booked").content.decode()
+    assert "node-b/gpu0" in body
+    assert "node-b/gpu1" not in body
+    assert "node-a/gpu0" not in body
+
+
+def test_it_shows_why_my_pending_request_waits(client_in, user, project, cluster):
+    start = timezone.now() + timedelta(hours=3)
+    BookingFactory(
+        owner=user,
+        project=project,
+        gpus=4,
+        planned_start=start,
+        queue_position=2,
+        pending_reason="priority",
+    )
+    body = client_in.get("/?fragment=mine").content.decode()
+    assert "position 2 in queue" in body
+    assert start.strftime("%H:%M") in body
+    assert "higher priority" in body
+
+
+def test_it_renders_fragments_and_refuses_unknown_ones(client_in, cluster):
+    assert client_in.get("/?fragment=devices").status_code == 200
+    assert b"<html" not in client_in.get("/?fragment=totals").content
+    assert client_in.get("/?fragment=nope").status_code == 404
+
+
+def test_it_hides_someone_elses_booking(client_in, project, cluster):
+    stranger = UserFactory(username="mallory")
+    other = ProjectFactory(slug="other")
+    member(stranger, other)
+    booking = _active(stranger, other, cluster[0].gpus.first())
+    assert client_in.get(f"/bookings/{booking.pk}/").status_code == 404
+    assert client_in.post(f"/bookings/{booking.pk}/cancel/").status_code == 404
+    booking.refresh_from_db()
+    assert booking.state == Booking.State.ACTIVE
+
+
+def test_it_cancels_a_booking_by_post(client_in, user, project, cluster):
+    booking = _active(user, project, cluster[0].gpus.first())
+    response = client_in.post(f"/bookings/{booking.pk}/cancel/", {"next": "/bookings/"})
+    assert response.status_code == 302
+    assert response["Location"] == "/bookings/"
+    booking.refresh_from_db()
+    assert booking.state == Booking.State.CANCELLED
+
+
+def test_it_refuses_cancel_by_get(client_in, user, project, cluster):
+    booking = _active(user, project, cluster[0].gpus.first())
+    assert client_in.get(f"/bookings/{booking.pk}/cancel/").status_code == 405
+
+
+def test_it_shows_a_refused_release_as_a_message(client_in, user, project, cluster):
+    booking = BookingFactory(owner=user, project=project)  # pending: cannot be released
+    response = client_in.post(f"/bookings/{booking.pk}/release/", follow=True)
+    assert "cannot be released" in response.content.decode()
+
+
+def test_it_extends_an_active_booking(client_in, user, project, cluster):
+    booking = _active(user, project, cluster[0].gpus.first(), hours=2)
+    client_in.post(f"/bookings/{booking.pk}/extend/", {"by_hours": "4"})
+    allocation = booking.allocations.get()
+    assert allocation.end - allocation.start == timedelta(hours=6)
+
+
+def test_it_shows_how_to_use_an_active_booking(client_in, user, project, cluster):
+    gpu = cluster[0].gpus.first()
+    booking = _active(user, project, gpu)
+    body = client_in.get(f"/bookings/{booking.pk}/").content.decode()
+    assert f"CUDA_VISIBLE_DEVICES={gpu.uuid}" in body
+    assert "node-a" in body
+    assert "No history yet" in body or "Efficiency" in body
+
+
+def test_it_books_a_reservation_from_the_form(client_in, project, cluster):
+    start = timezone.now() + timedelta(hours=1)
+    response = client_in.post(
+        "/book/",
+        {
+            "project": "vision",
+            "kind": "gpus",
+            "gpus": "2",
+            "when": "window",
+            "start": start.strftime("%Y-%m-%dT%H:%M"),
+            "end": (start + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M"),
+            "qos": "normal",
+        },
+    )
+    booking = Booking.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/bookings/{booking.pk}/"
+    assert booking.state == Booking.State.PLANNED
+    assert booking.allocations.count() == 2
+
+
+def test_it_shows_form_errors_at_the_field(client_in, project, cluster):
+    response = client_in.post(
+        "/book/",
+        {"project": "vision", "kind": "gpus", "gpus": "0", "when": "asap", "qos": "normal"},
+    )
+    assert response.status_code == 400
+    body = response.content.decode()
+    field = body.split('data-field="gpus"', 1)[1].split('data-field="', 1)[0]
+    assert 'id="id_gpus_error"' in field
+    assert 'aria-invalid="true"' in field
+    assert Booking.objects.count() == 0
+
+
+def test_it_shows_service_refusals_at_the_field(client_in, project, cluster):
+    response = client_in.post(
+        "/book/",
+        {
+            "project": "vision",
+            "kind": "gpus",
+            "gpus": "99",
+            "when": "asap",
+            "duration_hours": "1",
+            "qos": "normal",
+        },
+    )
+    assert response.status_code == 400
+    field = response.content.decode().split('data-field="gpus"', 1)[1].split("</div>", 1)[0]
+    assert "the cluster has 16" in field
+
+
+def test_it_prefills_the_form_from_a_calendar_slot(client_in, cluster):
+    body = client_in.get(
+        "/book/?start=2030-01-07T09:00&end=2030-01-07T13:00&gpu_model=A100-80GB"
+    ).content.decode()
+    assert 'value="2030-01-07T09:00"' in body
+    assert 'value="window" id="id_when_1" required checked' in body
+
+
+def test_it_draws_bookings_on_the_calendar(client_in, user, project, cluster):
+    booking = _active(user, project, cluster[0].gpus.first())
+    body = client_in.get("/calendar/").content.decode()
+    assert f'href="/bookings/{booking.pk}/"' in body
+    assert "tl-bar state-active" in body
+    assert "/book/?start=" in body
+
+
+def test_it_shows_a_gpu_with_not_measured_mig_utilization(client_in, cluster):
+    gpu = make_mig_gpu(cluster[0], 8)
+    mig = gpu.mig_instances.first()
+    body = client_in.get(f"/gpus/{gpu.pk}/?slice={mig.pk}&range=day").content.decode()
+    assert mig.uuid in body
+    assert "not measured" in body.lower()
+
+
+def test_it_hides_projects_i_am_not_in(client_in, db):
+    ProjectFactory(slug="secret")
+    assert client_in.get("/projects/secret/").status_code == 404
+
+
+def test_it_shows_project_usage_against_limits(client_in, user, project, cluster):
+    _active(user, project, cluster[0].gpus.first())
+    body = client_in.get("/projects/vision/").content.decode()
+    assert "1.0 / 16 GPUs" in body
+    assert "alice" in body
+
+
+def test_it_shows_a_bookings_efficiency_and_charts(client_in, user, project, cluster):
+    from portal.models import Sample
+
+    gpu = cluster[0].gpus.first()
+    booking = _active(user, project, gpu)
+    booking.started_at = timezone.now() - timedelta(minutes=30)
+    booking.save()
+    for minutes, utilization in [(20, 30.0), (10, 70.0)]:
+        Sample.objects.create(
+            node=gpu.node,
+            uuid=gpu.uuid,
+            time=timezone.now() - timedelta(minutes=minutes),
+            utilization_gpu=utilization,
+            memory_used_mib=1024,
+            memory_total_mib=81920,
+        )
+    body = client_in.get(f"/bookings/{booking.pk}/").content.decode()
+    assert "<strong>50.0 %</strong> mean utilization" in body
+    assert 'id="chart-utilization_gpu"' in body

@@ -1,0 +1,119 @@
+"""Every page at desktop and phone width, light and dark: no script errors, no sideways page.
+
+Screenshots land in test-artifacts/ (gitignored) for people to look at.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from portal.models import Allocation, Booking, Gpu
+from portal.services.telemetry_cache import latest_store
+from tests.factories import (
+    AllocationFactory,
+    BookingFactory,
+    ProjectFactory,
+    QuotaFactory,
+    UserFactory,
+    make_mig_gpu,
+    make_node,
+    member,
+)
+from tests.web.conftest import ARTIFACTS, sign_in
+
+pytestmark = pytest.mark.browser
+PAGES = [
+    ("overview", "/"),
+    ("bookings", "/bookings/"),
+    ("book", "/book/"),
+    ("calendar", "/calendar/"),
+    ("gpu", "/gpus/{gpu}/"),
+    ("booking", "/bookings/{booking}/"),
+    ("project", "/projects/vision/"),
+]
+VIEWS = [("desktop", 1280, 900), ("phone", 390, 844)]
+
+
+@pytest.fixture
+def site(transactional_db):
+    """A small site: two nodes (one with MIG slices), bookings in every live state, readings."""
+    now = timezone.now()
+    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
+    project = ProjectFactory(slug="vision", name="Vision lab")
+    member(alice, project)
+    member(bob, project)
+    QuotaFactory(project=project, max_gpus=8, gpu_hours_budget=500)
+    node = make_node("gpu-a01", gpus=4, model="H100-80GB")
+    make_mig_gpu(make_node("gpu-a02", gpus=2), 2)
+    gpus = list(Gpu.objects.filter(node=node).order_by("index"))
+    mine = BookingFactory(owner=alice, project=project, gpus=2, state=Booking.State.ACTIVE)
+    mine.started_at = now - timedelta(hours=1)
+    mine.save()
+    for gpu in gpus[:2]:
+        AllocationFactory(
+            booking=mine, gpu=gpu, start=now - timedelta(hours=1), end=now + timedelta(hours=3)
+        )
+    theirs = BookingFactory(owner=bob, project=project, state=Booking.State.PLANNED)
+    AllocationFactory(
+        booking=theirs, gpu=gpus[2], start=now + timedelta(days=1), end=now + timedelta(days=2)
+    )
+    BookingFactory(
+        owner=alice,
+        project=project,
+        gpus=4,
+        gpu_model="H100-80GB",
+        planned_start=now + timedelta(hours=3),
+        queue_position=1,
+        pending_reason="resources",
+        state_detail="Waiting for 4 free H100-80GB GPUs; two free at the planned start.",
+    )
+    readings = {}
+    for index, gpu in enumerate(Gpu.objects.all()):
+        readings[gpu.uuid] = _reading(gpu.memory_mib, 15.0 * index)
+    for allocation in Allocation.objects.filter(booking=mine):
+        readings[allocation.gpu.uuid]["processes"] = [
+            {"pid": 1, "user": "alice", "used_memory_mib": 1, "name": "python"}
+        ]
+    for gpu in Gpu.objects.filter(mig_mode=True):
+        for mig in gpu.mig_instances.all():
+            readings[mig.uuid] = _reading(mig.memory_mib, None)
+    latest_store(readings)
+    return {"gpu": gpus[0].pk, "booking": mine.pk}
+
+
+def _reading(total_mib: int, utilization):
+    return {
+        "utilization_gpu": utilization,
+        "utilization_memory": None,
+        "memory_used_mib": total_mib // 3,
+        "memory_total_mib": total_mib,
+        "temperature_c": 48.0 if utilization is not None else None,
+        "power_w": 210.0 if utilization is not None else None,
+        "processes": [],
+        "time": timezone.now().isoformat(),
+    }
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_it_renders_every_page_on_desktop_and_phone(site, asgi_server, chromium, scheme):
+    ARTIFACTS.mkdir(exist_ok=True)
+    for view, width, height in VIEWS:
+        context = chromium.new_context(
+            viewport={"width": width, "height": height}, color_scheme=scheme
+        )
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error, errors=errors: errors.append(str(error)))
+        sign_in(page, asgi_server, "alice", "pw-secret-123")
+        for name, path in PAGES:
+            response = page.goto(asgi_server + path.format(**site))
+            assert response.status == 200, path
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=str(ARTIFACTS / f"{name}-{view}-{scheme}.png"), full_page=True)
+            overflow = page.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            )
+            assert overflow <= 1, f"{path} scrolls sideways by {overflow}px at {view} width"
+        context.close()
+        assert errors == []
