@@ -17,7 +17,9 @@ CACHES["default"]["KEY_PREFIX"] = TEST_RUN_ID  # noqa: F405
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"asgi{TEST_RUN_ID}"  # noqa: F405
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-CELERY_TASK_ALWAYS_EAGER = True
+# Tests run tasks eagerly; a test that starts a real worker sets CELERY_WORKER_EAGER=0 for it.
+CELERY_TASK_ALWAYS_EAGER = os.environ.get("CELERY_WORKER_EAGER", "1") == "1"
+CELERY_TASK_DEFAULT_QUEUE = f"portal-test-{TEST_RUN_ID}"
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 WHITENOISE_USE_FINDERS = True
 STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405

@@ -154,3 +154,12 @@ class QuotaLimitOutput(serializers.Serializer):
     limits = serializers.DictField()
     usage = serializers.DictField()
     project_usage = serializers.DictField()
+
+
+class EstimateOutput(serializers.Serializer):
+    earliest_start = serializers.DateTimeField(allow_null=True)
+    reason = serializers.CharField(
+        help_text="fits, starting, priority, resources, reservation, quota, ..."
+    )
+    detail = serializers.CharField()
+    queue_position = serializers.IntegerField(allow_null=True)

@@ -18,6 +18,7 @@ from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterS
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
 from portal.models.tokens import hash_token, new_token
 from portal.services import bookings as booking_services
+from portal.services.estimate import booking_estimate
 from portal.services.quotas import quota_effective, usage_current
 
 
@@ -145,6 +146,14 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             booking = booking_services.booking_submit(user=request.user, now=timezone.now(), **data)
             idempotency.remember(user_id=request.user.pk, key=key, booking_id=booking.pk)
         return self._render(booking, status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.BookingCreateInput, responses={200: s.EstimateOutput})
+    @action(detail=False, methods=["post"])
+    def estimate(self, request):
+        """When would this booking start if submitted now, and why not sooner? Writes nothing."""
+        data = _valid(s.BookingCreateInput, request.data)
+        result = booking_estimate(user=request.user, now=timezone.now(), **data)
+        return Response(s.EstimateOutput(result).data)
 
     def retrieve(self, request, *args, **kwargs):
         booking = self.get_queryset().filter(pk=kwargs["pk"]).first()

@@ -166,7 +166,7 @@ def _check_what(request: BookingRequest, *, gpus: int | None, mig_profile: str) 
     if gpus > capacity.total:
         kind = f" {request.gpu_model}" if request.gpu_model else ""
         raise ValidationFailed.field(
-            "gpus", f"asks for {gpus} but the cluster has {capacity.total}{kind} GPUs in service."
+            "gpus", f"asks for {gpus} but the cluster has {capacity.total}{kind} GPUs."
         )
     return replace(request, gpus=gpus, gpu_equivalents=float(gpus))
 

@@ -93,8 +93,7 @@ def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
     lock_nodes(
         inventory.candidate_node_ids(gpu_model=request.gpu_model, mig_profile=request.mig_profile)
     )
-    _check_window_quota(user, request, now)
-    devices = _place(request)
+    devices = check_reservation(user, request, now)
     booking = _create(user, request, now, State.PLANNED)
     booking.planned_start = request.start
     booking.save(update_fields=["planned_start"])
@@ -116,6 +115,12 @@ def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
             raise
         raise NoCapacity("Another booking took these devices a moment ago; try again.") from exc
     return booking
+
+
+def check_reservation(user, request: BookingRequest, now: datetime) -> list[FreeDevice]:
+    """The devices a reservation would get now, or the refusal (quota, no capacity). Reads only."""
+    _check_window_quota(user, request, now)
+    return _place(request)
 
 
 def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:

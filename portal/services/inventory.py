@@ -33,10 +33,11 @@ def mig_profile_slices(profile: str) -> int | None:
 
 
 def whole_gpu_capacity(*, gpu_model: str = "", allowed_models: tuple[str, ...] = ()) -> Capacity:
-    """Whole GPUs (MIG off) of the model on nodes not down or draining."""
-    qs = Gpu.objects.filter(mig_mode=False).exclude(
-        node__state__in=[Node.State.DOWN, Node.State.DRAIN]
-    )
+    """Whole GPUs (MIG off) of the model in the inventory, down or draining nodes included.
+
+    A request that fits only once a node is back is queued (reason node_down), not refused.
+    """
+    qs = Gpu.objects.filter(mig_mode=False)
     qs = _model_filter(qs, "model", gpu_model, allowed_models)
     per_node = list(qs.values("node").annotate(n=Count("id")).values_list("n", flat=True))
     return Capacity(total=sum(per_node), largest_node=max(per_node, default=0))

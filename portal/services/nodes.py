@@ -60,6 +60,13 @@ def node_inventory_update(*, node: Node, gpus: list[dict]) -> None:
     Gpu.objects.filter(pk__in=gone_gpus.values("pk")).delete()
 
 
+def gpu_model_name(nvml_name: str) -> str:
+    """The model as users type it: NVML's product name without the vendor ("NVIDIA H100 80GB HBM3"
+    becomes "H100 80GB HBM3")."""
+    name = nvml_name.strip()
+    return name[len("NVIDIA ") :] if name.upper().startswith("NVIDIA ") else name
+
+
 def _gpu_upsert(node: Node, info: dict) -> Gpu:
     # Another GPU of this node may hold the index that this UUID now reports (card swapped).
     Gpu.objects.filter(node=node, index=info["index"]).exclude(uuid=info["uuid"]).delete()
@@ -68,7 +75,7 @@ def _gpu_upsert(node: Node, info: dict) -> Gpu:
         defaults={
             "node": node,
             "index": info["index"],
-            "model": info["model"],
+            "model": gpu_model_name(info["model"]),
             "memory_mib": info["memory_total_mib"],
             "mig_mode": bool(info.get("mig_mode")),
         },

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -42,10 +43,12 @@ def _json(url: str, body: dict | None = None, token: str = "") -> dict:
     if token:
         headers["Authorization"] = f"Token {token}"
     data = json.dumps(body).encode() if body is not None else None
-    with urllib.request.urlopen(
-        urllib.request.Request(url, data=data, headers=headers), timeout=10
-    ) as r:
-        return json.loads(r.read())
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"{exc.code} from {url}: {exc.read().decode()}") from exc
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -130,3 +133,38 @@ def test_it_runs_the_embedded_demo_with_live_simulated_nodes(embedded_portal):
         f"{base}/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui.css"
     )
     assert static.status == 200
+
+
+def test_it_runs_a_queued_batch_booking_on_a_simulated_node_end_to_end(embedded_portal):
+    base, _ = embedded_portal
+    token = _json(f"{base}/api/v1/auth/token/", {"username": "bob", "password": DEMO_PASSWORD})[
+        "token"
+    ]
+    _wait(
+        lambda: (
+            sum(n["state"] == "up" for n in _json(f"{base}/api/v1/nodes/", token=token)["results"])
+            == 3
+        ),
+        60,
+        "the simulated nodes",
+    )
+    booking = _json(
+        f"{base}/api/v1/bookings/",
+        {
+            "gpus": 2,
+            "gpu_model": "A100-80GB",
+            "duration_s": 600,
+            "command": "echo hello from $CUDA_VISIBLE_DEVICES",
+        },
+        token,
+    )
+    url = f"{base}/api/v1/bookings/{booking['id']}/"
+    done = _wait(
+        lambda: (b := _json(url, token=token))["state"] in ("finished", "failed") and b,
+        60,
+        "the batch command to run and exit",
+    )
+    assert done["state"] == "finished", done
+    assert done["exit_code"] == 0
+    assert done["log_tail"].startswith("hello from GPU-")
+    assert done["log_tail"].count("GPU-") == 2

@@ -139,7 +139,7 @@ def test_it_registers_inventory_with_mig_and_answers_the_settings(node_a, agent_
     }
     assert _uuids(node_a[0]) == (["GPU-new-0", "GPU-new-1"], ["MIG-new-0a", "MIG-new-0b"])
     gpu = Gpu.objects.get(uuid="GPU-new-0")
-    assert gpu.mig_mode and gpu.model == "NVIDIA H100-80GB"
+    assert gpu.mig_mode and gpu.model == "H100-80GB"  # the vendor prefix is dropped
     assert MigInstance.objects.get(uuid="MIG-new-0a").slices == 3
     assert Node.objects.get(pk=node_a[0].pk).agent_version == "0.1.0"
 
@@ -422,3 +422,11 @@ def test_it_ignores_the_exit_of_a_leftover_job_when_the_booking_runs_elsewhere_n
     assert agent_a.events(_exited(booking, 1)).status_code == 202
     booking.refresh_from_db()
     assert (booking.state, booking.exit_code) == ("active", None)
+
+
+def test_it_names_models_as_users_type_them():
+    from portal.services.nodes import gpu_model_name
+
+    assert gpu_model_name("NVIDIA H100 80GB HBM3") == "H100 80GB HBM3"
+    assert gpu_model_name("NVIDIA H200") == "H200"
+    assert gpu_model_name("Tesla V100-SXM2-32GB") == "Tesla V100-SXM2-32GB"

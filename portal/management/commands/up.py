@@ -7,6 +7,8 @@ seeds the demo, starts one simulated agent per demo node, and serves the ASGI ap
 """
 
 import atexit
+import getpass
+import json
 import logging
 import os
 import subprocess
@@ -68,8 +70,14 @@ class Command(BaseCommand):
 
 
 def _start_agents(url: str) -> list[subprocess.Popen]:
-    """One simulated node agent per demo node, each with a fresh token."""
+    """One simulated node agent per demo node, each with a fresh token.
+
+    Demo users have no Unix accounts here, so their batch commands run as whoever runs `up`.
+    """
     children = []
+    user_map = settings.VAR_DIR / "agents" / "demo-user-map.json"
+    user_map.parent.mkdir(parents=True, exist_ok=True)
+    user_map.write_text(json.dumps({name: getpass.getuser() for name, _, _ in DEMO_USERS}))
     for hostname, spec in DEMO_NODES.items():
         token = node_token_issue(hostname=hostname)
         state_dir = settings.VAR_DIR / "agents" / hostname
@@ -87,6 +95,8 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             spec,
             "--state-dir",
             str(state_dir),
+            "--user-map",
+            str(user_map),
             "--log-level",
             "WARNING",
         ]
