@@ -56,11 +56,18 @@ def test_it_books_watches_live_and_cancels(alice, asgi_server, browser_page):
     sign_in(page, asgi_server, "alice", PASSWORD)
 
     page.goto(f"{asgi_server}/book/")
+    # Before submitting, the form shows what the allocator would give (ASAP by default).
+    page.wait_for_function(
+        'document.getElementById("estimate").textContent.includes("Earliest start")'
+    )
     page.check("#id_when_1")
     now = timezone.now()
     page.fill("#id_start", _local(now))
     page.fill("#id_end", _local(now + timedelta(hours=2)))
     page.fill("#id_gpus", "1")
+    page.wait_for_function(
+        'document.getElementById("estimate").textContent.includes("free for the whole window")'
+    )
     page.click("button:has-text('Submit booking')")
 
     booking = Booking.objects.get()
