@@ -69,7 +69,17 @@ def booking_submit(
 
 
 def _create(user, request: BookingRequest, now: datetime, state: str) -> Booking:
-    booking = Booking(
+    booking = booking_from_request(user, request, now, state)
+    booking.full_clean()
+    booking.save()
+    return booking
+
+
+def booking_from_request(
+    user, request: BookingRequest, now: datetime, state: str = State.PENDING
+) -> Booking:
+    """An unsaved Booking for a validated request (saved by submit, planned as-is by estimate)."""
+    return Booking(
         owner=user,
         project=request.project,
         gpus=request.gpus,
@@ -84,9 +94,6 @@ def _create(user, request: BookingRequest, now: datetime, state: str) -> Booking
         state=state,
         submitted_at=now,
     )
-    booking.full_clean()
-    booking.save()
-    return booking
 
 
 def _reserve(user, request: BookingRequest, now: datetime) -> Booking:

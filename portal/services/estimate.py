@@ -60,18 +60,8 @@ def _estimate_reservation(user, request: BookingRequest, now: datetime) -> Estim
 
 
 def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:
-    hypothetical = Booking(
-        pk=ESTIMATE_ID,
-        owner=user,
-        project=request.project,
-        gpus=request.gpus,
-        mig_profile=request.mig_profile,
-        gpu_model=request.gpu_model,
-        duration_s=request.duration_s,
-        qos=request.qos,
-        preemptible=request.preemptible,
-        submitted_at=now,
-    )
+    hypothetical = booking_services.booking_from_request(user, request, now)
+    hypothetical.pk = ESTIMATE_ID
     pending = list(
         Booking.objects.filter(state=Booking.State.PENDING)
         .select_related("owner", "project")

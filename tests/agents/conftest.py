@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import zlib
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +19,7 @@ import pytest
 from agents import protocol
 from agents.agent import Agent
 from agents.simulate import SimulatedBackend
+from tests import agent_cycles
 
 TOKEN = "node-token-1"
 HOSTNAME = "sim-node"
@@ -188,20 +188,10 @@ def spawn():
             proc.wait()
 
 
-def _cycle_until(agent, condition, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        agent.handle_one_cycle()
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout_s} s")
-
-
 @pytest.fixture
 def cycle_until():
     """Run agent cycles until `condition()` holds; fail the test after `timeout_s`."""
-    return _cycle_until
+    return agent_cycles.cycle_until
 
 
 @pytest.fixture

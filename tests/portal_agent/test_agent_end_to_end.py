@@ -1,7 +1,6 @@
 """A real agent (agents.agent.Agent on the simulated backend) against the real portal over HTTP."""
 
 import getpass
-import time
 from pathlib import Path
 
 import pytest
@@ -13,21 +12,12 @@ from portal.models import Booking, Gpu, Node, Sample
 from portal.services.bookings import booking_cancel
 from portal.services.nodes import node_token_issue
 from portal.services.telemetry_cache import latest_by_uuid
+from tests.agent_cycles import cycle_until
 from tests.factories import UserFactory, make_active_booking
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 HOSTNAME = "sim-e2e"
-
-
-def _cycle_until(agent: Agent, condition, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        agent.handle_one_cycle()
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout_s} s")
 
 
 @pytest.fixture
@@ -65,13 +55,13 @@ def test_it_registers_reports_runs_a_booking_and_reconciles_after_a_restart(
 ):
     agent = make_agent()
     node = Node.objects.get(hostname=HOSTNAME)
-    _cycle_until(agent, lambda: Gpu.objects.filter(node=node).count() == 3)
+    cycle_until(agent, lambda: Gpu.objects.filter(node=node).count() == 3)
     assert Node.objects.get(pk=node.pk).state == "up"
     mig_uuids = [m.uuid for gpu in agent.backend.discover() for m in gpu.mig_instances]
     assert len(mig_uuids) == 3
 
     # Its readings appear in the database and the cache; MIG utilization stays null.
-    _cycle_until(agent, lambda: Sample.objects.filter(uuid=mig_uuids[0]).exists())
+    cycle_until(agent, lambda: Sample.objects.filter(uuid=mig_uuids[0]).exists())
     assert Sample.objects.filter(uuid=mig_uuids[0]).first().utilization_gpu is None
     whole = Gpu.objects.get(node=node, index=0)
     assert Sample.objects.filter(uuid=whole.uuid, utilization_gpu__isnull=False).exists()
@@ -80,7 +70,7 @@ def test_it_registers_reports_runs_a_booking_and_reconciles_after_a_restart(
     # A batch booking on its devices is launched by the agent; its exit finishes it.
     alice = UserFactory(username="alice")
     hello = make_active_booking([whole], owner=alice, command="sh -c 'echo hello; exit 0'")
-    _cycle_until(agent, lambda: Booking.objects.get(pk=hello.pk).state != "active")
+    cycle_until(agent, lambda: Booking.objects.get(pk=hello.pk).state != "active")
     hello.refresh_from_db()
     assert hello.state == "finished"
     assert (hello.exit_code, hello.log_tail) == (0, "hello\n")
@@ -90,18 +80,18 @@ def test_it_registers_reports_runs_a_booking_and_reconciles_after_a_restart(
     marker = tmp_path / "launches"
     second = Gpu.objects.get(node=node, index=1)
     long = make_active_booking([second], owner=alice, command=f"echo x >> {marker}; sleep 60")
-    _cycle_until(agent, lambda: long.pk in agent.dispatcher.jobs)
+    cycle_until(agent, lambda: long.pk in agent.dispatcher.jobs)
     pid = agent.dispatcher.jobs[long.pk].pid
     agent.close()
 
     quick = make_active_booking([whole], owner=alice, command="echo again")
     again = make_agent()
     assert again.dispatcher.jobs[long.pk].pid == pid  # re-adopted from the state file
-    _cycle_until(again, lambda: Booking.objects.get(pk=quick.pk).state == "finished")
+    cycle_until(again, lambda: Booking.objects.get(pk=quick.pk).state == "finished")
     assert Path(marker).read_text() == "x\n"  # launched once, not twice
     assert Booking.objects.get(pk=long.pk).state == "active"
 
     # Cancelling it in the portal stops it on the node.
     booking_cancel(user=alice, booking_id=long.pk, now=timezone.now())
-    _cycle_until(again, lambda: long.pk not in again.dispatcher.jobs)
+    cycle_until(again, lambda: long.pk not in again.dispatcher.jobs)
     assert Booking.objects.get(pk=long.pk).state == "cancelled"
