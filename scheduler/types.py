@@ -128,7 +128,8 @@ class Policy:
     weight_size: float = 1000.0
     weight_qos: float = 2000.0
     age_max_s: float = 7 * 86400.0
-    size_scale_gpu_s: float = 8 * 3600.0
+    # Large enough that whole-node jobs of hours still rank above whole-node jobs of days.
+    size_scale_gpu_s: float = 640 * 3600.0
     size_fades_with_age: bool = True
     size_by: str = "gpu_seconds"
     starve_after_s: float | None = None

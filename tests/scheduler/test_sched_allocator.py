@@ -266,12 +266,30 @@ def test_it_refuses_at_submission_what_could_never_run(request_, quota, word):
 
 @pytest.mark.parametrize(("fades", "old_first"), [(True, True), (False, False)])
 def test_it_fades_the_small_job_bonus_as_a_booking_ages(fades, old_first):
-    policy = Policy(age_max_s=1000.0, size_fades_with_age=fades)  # weight_age == weight_size
+    # weight_age == weight_size; a scale at which the 80 GPU-hour job gets almost no size bonus
+    policy = Policy(age_max_s=1000.0, size_fades_with_age=fades, size_scale_gpu_s=8 * 3600.0)
     old_big = req("old", 8, duration=36_000, submit=0)
     young_small = req("young", 1, duration=60, submit=3800)  # a fifth of the way to saturation
     lines = by_id(plan(state(NODE, [old_big, young_small], SIX_BUSY, now=4000.0), policy))
     assert (lines["old"].position == 1) is old_first
     assert (lines["old"].priority.size == 0.0) is fades
+
+
+def test_it_runs_a_short_whole_node_job_before_an_older_one_many_times_longer():
+    # Both nodes busy for two days; a 16-GPU job of 6 days, then one of 5 hours a day later.
+    devices = gpus("a") + gpus("b")
+    busy = [alloc("run", [d.id for d in devices], 172_800.0)]
+    pending = [
+        req("long", 16, duration=525_000, submit=0),
+        req("short", 16, duration=18_000, submit=86_000),
+    ]
+    lines = by_id(plan(state(devices, pending, busy, now=86_400.0), Policy()))
+    assert lines["short"].position == 1
+    assert lines["short"].start == 172_800.0
+    assert lines["long"].start == 172_800.0 + 18_000
+    # On an 8 GPU-hour scale both look equally huge (bonus near 0) and the older one goes first.
+    old_scale = Policy(size_scale_gpu_s=8 * 3600.0)
+    assert by_id(plan(state(devices, pending, busy, now=86_400.0), old_scale))["long"].position == 1
 
 
 def test_it_puts_starving_bookings_first_in_arrival_order():
