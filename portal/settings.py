@@ -160,16 +160,19 @@ REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
 # Telemetry history: raw samples for hours, per-minute rollups for days.
 TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
 TELEMETRY_ROLLUP_RETENTION_D = envfloat("TELEMETRY_ROLLUP_RETENTION_D", 30.0)
-# Multifactor priority weights and allocator policy (scheduler.Policy fields).
-SCHEDULER_POLICY = {
-    "weight_age": envfloat("SCHEDULER_WEIGHT_AGE", 1000.0),
-    "weight_fairshare": envfloat("SCHEDULER_WEIGHT_FAIRSHARE", 1000.0),
-    "weight_size": envfloat("SCHEDULER_WEIGHT_SIZE", 500.0),
-    "weight_qos": envfloat("SCHEDULER_WEIGHT_QOS", 2000.0),
-    "age_max_s": envfloat("SCHEDULER_AGE_MAX_S", 7 * 86400),
-    "fairshare_half_life_s": envfloat("SCHEDULER_FAIRSHARE_HALF_LIFE_S", 7 * 86400),
-    "preempt_grace_s": envfloat("SCHEDULER_PREEMPT_GRACE_S", 300),
+# Allocator policy: scheduler.Policy's defaults (the ones the trace replay measures, see
+# docs/scheduling.md), each overridable by an environment variable.
+_POLICY_ENV = {
+    "weight_age": "SCHEDULER_WEIGHT_AGE",
+    "weight_fairshare": "SCHEDULER_WEIGHT_FAIRSHARE",
+    "weight_size": "SCHEDULER_WEIGHT_SIZE",
+    "weight_qos": "SCHEDULER_WEIGHT_QOS",
+    "age_max_s": "SCHEDULER_AGE_MAX_S",
+    "size_scale_gpu_s": "SCHEDULER_SIZE_SCALE_GPU_S",
+    "fairshare_half_life_s": "SCHEDULER_FAIRSHARE_HALF_LIFE_S",
+    "preempt_grace_s": "SCHEDULER_PREEMPT_GRACE_S",
 }
+SCHEDULER_POLICY = {field: envfloat(name, 0.0) for field, name in _POLICY_ENV.items() if env(name)}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -139,7 +139,7 @@ def _allocations(now: datetime) -> tuple:
 
 
 def _decayed_usage(now: datetime) -> dict[str, float]:
-    half_life = settings.SCHEDULER_POLICY.get("fairshare_half_life_s", 7 * 86400)
+    half_life = scheduler_policy().fairshare_half_life_s
     since = now - timedelta(seconds=4 * half_life)
     records = [
         (str(project_id), _ts(start), _ts(min(end, now)), fraction)

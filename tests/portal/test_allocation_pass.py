@@ -241,3 +241,13 @@ def test_it_runs_the_pass_in_a_real_celery_worker_against_postgresql(settings):
         app.conf.task_always_eager = True
         worker.terminate()
         worker.wait(timeout=30)
+
+
+def test_it_runs_the_workers_with_the_policy_the_replay_measures(settings):
+    from portal.services.snapshot import scheduler_policy
+    from scheduler.replay import PORTAL_POLICY
+
+    settings.SCHEDULER_POLICY = {}
+    assert scheduler_policy() == PORTAL_POLICY
+    settings.SCHEDULER_POLICY = {"preempt_grace_s": 60.0}
+    assert scheduler_policy().preempt_grace_s == 60.0
