@@ -156,7 +156,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return Response(s.EstimateOutput(result).data)
 
     def retrieve(self, request, *args, **kwargs):
-        booking = self.get_queryset().filter(pk=kwargs["pk"]).first()
+        booking = self.get_queryset().filter(pk=_pk(kwargs["pk"])).first()
         if booking is None:
             raise NotFound(f"No booking {kwargs['pk']} among yours.")
         return Response(s.BookingOutput(booking).data)
