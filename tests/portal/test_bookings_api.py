@@ -255,7 +255,9 @@ def test_it_rejects_a_bad_extension_amount(api, project, cluster):
 
 def test_it_returns_404_for_an_unknown_booking(api, project):
     assert api.get("/api/v1/bookings/999999/").status_code == 404
-    assert api.get("/api/v1/bookings/null,null/").status_code == 404  # found by schemathesis: was 500
+    assert (
+        api.get("/api/v1/bookings/null,null/").status_code == 404
+    )  # found by schemathesis: was 500
     assert api.get("/api/v1/bookings/99999999999999999999/").status_code == 404
     assert error_of(api.post("/api/v1/bookings/abc/cancel/"))["code"] == "not_found"
 
