@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from portal.errors import ValidationFailed
-from portal.models import Membership, MigInstance, Project, Qos, mig_fraction
+from portal.models import Membership, Project, Qos, mig_fraction
 from portal.services import inventory
 from portal.services.quotas import EffectiveQuota, quota_effective
 
@@ -116,24 +116,22 @@ def _check_window(*, now, start, end, duration_s) -> tuple[datetime | None, date
 
 
 def _check_model(gpu_model: str, quota: EffectiveQuota, *, mig: bool) -> str:
-    known = (
-        inventory.gpu_models()
-        if not mig
-        else sorted({m for p in inventory.mig_profiles() for m in _models_with_profile(p)})
-    )
+    """The model to book: as asked, or the only one the quota allows (the allocator needs one)."""
+    known = inventory.mig_gpu_models() if mig else inventory.gpu_models()
     if gpu_model and gpu_model not in known:
         raise ValidationFailed.field(
             "gpu_model", f"unknown GPU model '{gpu_model}'; known: {', '.join(known) or 'none'}."
         )
-    if gpu_model and quota.allowed_models and gpu_model not in quota.allowed_models:
-        allowed = ", ".join(quota.allowed_models)
-        raise ValidationFailed.field("gpu_model", f"your quota allows only {allowed}.")
-    return gpu_model
-
-
-def _models_with_profile(profile: str) -> list[str]:
-    return list(
-        MigInstance.objects.filter(profile=profile).values_list("gpu__model", flat=True).distinct()
+    allowed = quota.allowed_models
+    if not allowed or gpu_model in allowed:
+        return gpu_model
+    if gpu_model:
+        raise ValidationFailed.field("gpu_model", f"your quota allows only {', '.join(allowed)}.")
+    usable = [model for model in allowed if model in known]
+    if len(usable) == 1:
+        return usable[0]
+    raise ValidationFailed.field(
+        "gpu_model", f"required: your quota allows only {', '.join(allowed)}; pick one."
     )
 
 

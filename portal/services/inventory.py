@@ -21,6 +21,11 @@ def gpu_models() -> list[str]:
     return sorted(set(Gpu.objects.filter(mig_mode=False).values_list("model", flat=True)))
 
 
+def mig_gpu_models() -> list[str]:
+    """Models of the GPUs that hold MIG instances."""
+    return sorted(set(MigInstance.objects.values_list("gpu__model", flat=True)))
+
+
 def mig_profiles(*, gpu_model: str = "") -> list[str]:
     qs = MigInstance.objects.all()
     if gpu_model:

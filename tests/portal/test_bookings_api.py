@@ -293,3 +293,23 @@ def test_it_forgets_an_idempotency_key_whose_request_failed(api, project, cluste
         api.post("/api/v1/bookings/", good, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code
         == 201
     )
+
+
+def test_it_books_the_only_model_the_quota_allows_when_none_is_asked(api, project, db):
+    make_node("h100s", model="H100-80GB")
+    make_node("a100s", model="A100-80GB")
+    project.quotas.update(allowed_models=["A100-80GB"])
+    queued = api.post("/api/v1/bookings/", {"gpus": 1, "duration_s": 3600}, format="json").json()
+    assert queued["gpu_model"] == "A100-80GB"  # so the allocator places it on an allowed model
+    reserved = _reserve(api, gpus=8).json()
+    assert [d["node"] for d in reserved["devices"]] == ["a100s"] * 8
+
+
+def test_it_asks_for_a_model_when_the_quota_allows_several(api, project, db):
+    make_node("h100s", model="H100-80GB")
+    make_node("a100s", model="A100-80GB")
+    project.quotas.update(allowed_models=["A100-80GB", "H100-80GB"])
+    response = api.post("/api/v1/bookings/", {"gpus": 1, "duration_s": 3600}, format="json")
+    assert response.status_code == 400
+    assert "pick one" in error_of(response)["fields"]["gpu_model"]
+    assert Booking.objects.count() == 0
