@@ -92,8 +92,14 @@ class Ledger:
         """A sentence saying how much of the concurrency limit is in use now."""
         used = self.peak(now, now + _EPS)
         return (
-            f"{self.label} quota: {used:g} of {self.quota.max_gpus:g} GPUs in use, needs {amount:g}"
+            f"{self.label} quota: {_gpus(used)} of {_gpus(self.quota.max_gpus)} GPUs in use, "
+            f"needs {_gpus(amount)}"
         )
+
+
+def _gpus(value: float) -> str:
+    # MIG slices make sevenths: 8.43, not 8.42857.
+    return f"{round(value, 2):g}"
 
 
 class Quotas:
@@ -133,7 +139,7 @@ class Quotas:
         for ledger in ledgers:
             limit = ledger.quota.max_gpus
             if limit is not None and amount > limit + _EPS:
-                return f"{ledger.label} quota: limit {limit:g} GPUs, asks {amount:g}"
+                return f"{ledger.label} quota: limit {_gpus(limit)} GPUs, asks {_gpus(amount)}"
         return None
 
     def over_budget(self, ledgers: list[Ledger], gpu_hours: float) -> str | None:

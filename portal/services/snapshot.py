@@ -27,7 +27,7 @@ def _ts(value: datetime) -> float:
 
 def _user_key(booking: Booking) -> str:
     # Quotas are per user within a project, so the allocator's "user" is the pair.
-    return f"{booking.owner_id}:{booking.project_id}"
+    return f"{booking.owner.username}@{booking.project.slug}"
 
 
 def snapshot_state(now: datetime, pending: list[Booking]):
@@ -41,7 +41,7 @@ def snapshot_state(now: datetime, pending: list[Booking]):
         if key not in quotas_user:
             effective = quota_effective(project=booking.project, user=booking.owner)
             quotas_user[key] = _quota(effective, booking.project, booking.owner, now)
-        project_key = str(booking.project_id)
+        project_key = booking.project.slug
         if project_key not in quotas_project:
             project_quota = quota_project(project=booking.project)
             quotas_project[project_key] = _quota(project_quota, booking.project, None, now)
@@ -116,7 +116,9 @@ def _device_id(allocation: Allocation) -> str:
 
 def _allocations(now: datetime) -> tuple:
     grouped: dict[int, list[Allocation]] = defaultdict(list)
-    live_rows = Allocation.objects.filter(live=True, end__gt=now).select_related("booking")
+    live_rows = Allocation.objects.filter(live=True, end__gt=now).select_related(
+        "booking__owner", "booking__project"
+    )
     for allocation in live_rows:
         grouped[allocation.booking_id].append(allocation)
     out = []
@@ -129,7 +131,7 @@ def _allocations(now: datetime) -> tuple:
                 start=_ts(min(a.start for a in rows)),
                 end=_ts(max(a.end for a in rows)),
                 user=_user_key(booking),
-                project=str(booking.project_id),
+                project=booking.project.slug,
                 qos=booking.qos,
                 preemptible=booking.preemptible,
                 running=booking.state == State.ACTIVE,
@@ -142,10 +144,10 @@ def _decayed_usage(now: datetime) -> dict[str, float]:
     half_life = scheduler_policy().fairshare_half_life_s
     since = now - timedelta(seconds=4 * half_life)
     records = [
-        (str(project_id), _ts(start), _ts(min(end, now)), fraction)
-        for project_id, start, end, fraction in Allocation.objects.filter(
+        (project, _ts(start), _ts(min(end, now)), fraction)
+        for project, start, end, fraction in Allocation.objects.filter(
             start__lt=now, end__gt=since
-        ).values_list("booking__project_id", "start", "end", "fraction")
+        ).values_list("booking__project__slug", "start", "end", "fraction")
     ]
     return scheduler.decay_usage(records, _ts(now), half_life)
 
@@ -154,7 +156,7 @@ def _request(booking: Booking):
     return scheduler.Request(
         booking_id=str(booking.pk),
         user=_user_key(booking),
-        project=str(booking.project_id),
+        project=booking.project.slug,
         submit_time=_ts(booking.submitted_at),
         duration_s=float(booking.duration_s),
         gpus=booking.gpus or 1,
