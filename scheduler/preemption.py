@@ -1,5 +1,6 @@
 """Preemption: a booking of a higher QOS, pending past the grace period, may stop preemptible
-running bookings of lower QOS (as few and as low as possible) on one node to start there."""
+running bookings of lower QOS (as few and as low as possible) to start now: on one node for a
+request that fits on one, on whole nodes cleared entirely for a larger one."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
     """Pick victims for eligible bookings in priority order; hold their devices from now.
 
     Runs before the planning walk, so a preempting booking takes precedence over the queue.
-    Only single-node requests preempt (a whole-node request waits for its nodes). Free devices
-    only shrink during the phase, so a shape that fits now, or finds no victims, is remembered.
+    Free devices only shrink during the phase, so a shape that fits now, or finds no victims, is
+    remembered.
     """
     policy = run.policy
     by_node = _preemptible_by_node(run)
@@ -28,15 +29,18 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
         shape = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s, level)
         if level <= lowest or shape in hopeless or not _eligible(run, request, shape, fits_now):
             continue
-        choice = _best_victims(run, request, level, by_node)
+        if is_multi_node(request, run.nodes):
+            choice = _best_whole_nodes(run, request, level, by_node)
+        else:
+            choice = _best_victims(run, request, level, by_node)
         if choice is None:
             hopeless.add(shape)
             continue
-        node_index, mask, victims = choice
+        parts, victims = choice
         for victim in victims:
             _release(run, victim, by_node)
             preemptions.append(Preemption(victim.booking_id, request.booking_id))
-        preempting[request.booking_id] = Fit(run.now, ((node_index, mask),))
+        preempting[request.booking_id] = Fit(run.now, parts)
         run.reserve(request, preempting[request.booking_id])
         fits_now.clear()
     return preemptions, preempting
@@ -55,23 +59,52 @@ def _preemptible_by_node(run) -> dict[int, list[Allocation]]:
 
 
 def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
-    """Pending past the grace period, single-node, within quota now, and not fitting already."""
+    """Pending past the grace period, within quota now, and not fitting already."""
     now, duration = run.now, request.duration_s
     if now - request.submit_time < run.policy.preempt_grace_s:
-        return False
-    if is_multi_node(request, run.nodes):
         return False
     ledgers = run.quotas.of(request.user, request.project)
     if ledgers and run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
         return False
     if shape not in fits_now:
         timelines = [node.timeline for node in run.nodes]
-        fits_now[shape] = fits_window(run.nodes, timelines, request, False, now, now + duration)
+        multi = is_multi_node(request, run.nodes)
+        fits_now[shape] = fits_window(run.nodes, timelines, request, multi, now, now + duration)
     return not fits_now[shape]
 
 
+def _best_whole_nodes(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):
+    """(parts, victims) for a multi-node request: the cheapest whole nodes to clear, or None.
+
+    A node qualifies when it is free or every booking on it that is in the way is preemptible
+    and of lower QOS; nodes are taken cheapest first (highest victim QOS, then victim count).
+    """
+    now, end = run.now, run.now + request.duration_s
+    candidates = []
+    for node in run.nodes:
+        if not (node.up and node.whole and node.need(None, request.gpu_model) == node.full):
+            continue
+        free = node.timeline.free_mask(now, end)
+        lower = [a for a in by_node.get(node.index, ()) if run.policy.qos_level(a.qos) < level]
+        for alloc in lower:
+            free |= _freed_bits(run, node, alloc, node.full, end)
+        if free != node.full:
+            continue
+        levels = [run.policy.qos_level(a.qos) for a in lower]
+        candidates.append(((max(levels, default=-1), len(lower)), node.cool, node.index, lower))
+    chosen, total = [], 0
+    for candidate in sorted(candidates, key=lambda c: c[:3]):
+        chosen.append(candidate)
+        total += run.nodes[candidate[2]].full.bit_count()
+        if total >= request.gpus:
+            victims = {a.booking_id: a for c in chosen for a in c[3]}
+            parts = tuple((c[2], run.nodes[c[2]].full) for c in chosen)
+            return parts, [victims[k] for k in sorted(victims)]
+    return None
+
+
 def _best_victims(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):
-    """(node index, device mask, victims) with the lowest-QOS, then fewest, victims, or None."""
+    """(parts, victims) with the lowest-QOS, then fewest, victims on one node, or None."""
     now, end = run.now, run.now + request.duration_s
     best = None
     for index in sorted(by_node):
@@ -98,7 +131,10 @@ def _best_victims(run, request: Request, level: int, by_node: dict[int, list[All
             ids = {victim[2] for victim in combo}
             chosen = [a for a in by_node[index] if a.booking_id in ids]
             best = (key, node.index, node.choose(freed, request.gpus), chosen)
-    return None if best is None else best[1:]
+    if best is None:
+        return None
+    _, index, mask, chosen = best
+    return ((index, mask),), chosen
 
 
 def _freed_bits(run, node, alloc: Allocation, need: int, end: float) -> int:

@@ -217,6 +217,39 @@ def test_it_preempts_only_after_the_grace_period_and_only_what_it_may(victim, su
     assert by_id(result)["vip"].reason == ("preempting" if preempted else "resources")
 
 
+def _whole_node_case(victims, gpus_asked=8):
+    devices = gpus("a", 4) + gpus("b", 4) + gpus("c", 4)
+    pending = [req("vip", gpus_asked, qos="high", submit=0)]
+    return plan(state(devices, pending, victims, now=1000.0), Policy(preempt_grace_s=300))
+
+
+def test_it_clears_whole_nodes_for_a_larger_request_taking_the_cheapest_nodes():
+    victims = [
+        alloc("low-a", ["a-g0"], 9000, qos="low", preemptible=True),
+        alloc("norm-b", ["b-g0", "b-g1"], 9000, qos="normal", preemptible=True),
+        alloc("low-c1", ["c-g0"], 9000, qos="low", preemptible=True),
+        alloc("low-c2", ["c-g1"], 9000, qos="low", preemptible=True),
+    ]
+    result = _whole_node_case(victims)
+    # Nodes a (one low victim) and c (two low victims) beat b (a normal-QOS victim).
+    assert {p.booking_id for p in result.preemptions} == {"low-a", "low-c1", "low-c2"}
+    line = by_id(result)["vip"]
+    assert line.reason == "preempting" and line.start == 1000
+    assert {d.split("-")[0] for d in line.device_ids} == {"a", "c"} and len(line.device_ids) == 8
+
+
+def test_it_never_clears_a_node_holding_work_it_may_not_preempt():
+    victims = [
+        alloc("low-a", ["a-g0"], 9000, qos="low", preemptible=True),
+        alloc("keep-a", ["a-g1"], 9000, qos="low", preemptible=False),
+        alloc("keep-b", ["b-g0"], 9000, qos="high", preemptible=True),
+        alloc("low-c", ["c-g0"], 9000, qos="low", preemptible=True),
+    ]
+    result = _whole_node_case(victims)
+    assert result.preemptions == ()  # only node c could be cleared; 8 GPUs need two nodes
+    assert by_id(result)["vip"].reason != "preempting"
+
+
 def test_it_explains_why_each_booking_waits():
     devices = gpus("a") + gpus("b", 8, state="down")
     allocations = [
