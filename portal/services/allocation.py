@@ -15,6 +15,7 @@ from portal.models import Allocation, Booking, Node
 from portal.services import events, live
 from portal.services.bookings import booking_transition
 from portal.services.locking import is_allocation_clash, lock_nodes, try_advisory_lock
+from portal.services.reservations import reservations_start_due
 from portal.services.snapshot import scheduler_policy, snapshot_state
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def allocation_pass(*, now: datetime) -> PassResult:
             return PassResult(ran=False)
         result = PassResult()
         result.finished = _finish_ended(now)
-        result.started = _start_due_reservations(now)
+        result.started = reservations_start_due(now=now)
         _plan_queue(now, result)
     return result
 
@@ -61,20 +62,6 @@ def _finish_ended(now: datetime) -> int:
             detail="reached its end time",
         ):
             events.booking_changed(Booking(pk=booking_id), "finished")
-            count += 1
-    return count
-
-
-def _start_due_reservations(now: datetime) -> int:
-    due = list(
-        Booking.objects.filter(state=State.PLANNED, start__lte=now).values_list("pk", flat=True)
-    )
-    count = 0
-    for booking_id in due:
-        if Booking.objects.filter(pk=booking_id, state=State.PLANNED).update(
-            state=State.ACTIVE, started_at=now
-        ):
-            events.booking_changed(Booking(pk=booking_id), "started")
             count += 1
     return count
 

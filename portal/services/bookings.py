@@ -23,7 +23,7 @@ from portal.models import Allocation, Booking, Membership
 from portal.services import events, inventory
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes
-from portal.services.placement import FreeDevice, place_gpus, place_mig
+from portal.services.placement import FreeDevice
 from portal.services.quotas import peak_use_in_window, usage_current
 
 State = Booking.State
@@ -161,25 +161,20 @@ def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
 
 
 def _place(request: BookingRequest) -> list[FreeDevice]:
-    free = inventory.free_devices(
+    devices, free = inventory.devices_for_window(
         start=request.start,
         end=request.end,
+        gpus=request.gpus,
+        mig_profile=request.mig_profile,
         gpu_model=request.gpu_model,
         allowed_models=request.quota.allowed_models,
-        mig_profile=request.mig_profile,
     )
-    if request.mig_profile:
-        busy = inventory.busy_slices_by_gpu(start=request.start, end=request.end)
-        chosen = place_mig(free, busy)
-        devices = [chosen] if chosen else None
-    else:
-        devices = place_gpus(free, request.gpus)
     if not devices:
         what = f"{request.gpus} GPU(s)" if request.gpus else f"a {request.mig_profile} MIG slice"
         model = f" of model {request.gpu_model}" if request.gpu_model else ""
         raise NoCapacity(
             f"No {what}{model} free for the whole window {request.start:%Y-%m-%d %H:%M} to "
-            f"{request.end:%Y-%m-%d %H:%M} UTC ({len(free)} matching device(s) free); "
+            f"{request.end:%Y-%m-%d %H:%M} UTC ({free} matching device(s) free); "
             "pick another window or submit without a window to queue."
         )
     return devices

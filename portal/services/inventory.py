@@ -6,7 +6,7 @@ from datetime import datetime
 from django.db.models import Count, Q
 
 from portal.models import Allocation, Gpu, MigInstance, Node
-from portal.services.placement import FreeDevice
+from portal.services.placement import FreeDevice, place_gpus, place_mig
 
 
 @dataclass(frozen=True)
@@ -123,3 +123,26 @@ def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[in
     if gpu_model:
         qs = qs.filter(gpus__model=gpu_model)
     return sorted(set(qs.values_list("id", flat=True)))
+
+
+def devices_for_window(
+    *,
+    start: datetime,
+    end: datetime,
+    gpus: int,
+    mig_profile: str = "",
+    gpu_model: str = "",
+    allowed_models: tuple[str, ...] = (),
+) -> tuple[list[FreeDevice] | None, int]:
+    """Devices for a fixed window by the placement rules, or None; and how many matched free."""
+    free = free_devices(
+        start=start,
+        end=end,
+        gpu_model=gpu_model,
+        allowed_models=allowed_models,
+        mig_profile=mig_profile,
+    )
+    if mig_profile:
+        chosen = place_mig(free, busy_slices_by_gpu(start=start, end=end))
+        return ([chosen] if chosen else None), len(free)
+    return place_gpus(free, gpus), len(free)

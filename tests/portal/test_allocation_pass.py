@@ -251,3 +251,41 @@ def test_it_runs_the_workers_with_the_policy_the_replay_measures(settings):
     assert scheduler_policy() == PORTAL_POLICY
     settings.SCHEDULER_POLICY = {"preempt_grace_s": 60.0}
     assert scheduler_policy().preempt_grace_s == 60.0
+
+
+def _reservation_on(api, node_name: str, hours_from_now: float = 1.0):
+    start = timezone.now() + timedelta(hours=hours_from_now)
+    body = _submit(
+        api, gpus=8, start=start.isoformat(), end=(start + timedelta(hours=2)).isoformat()
+    )
+    assert {d["node"] for d in body["devices"]} == {node_name}
+    return body, start
+
+
+def test_it_moves_a_reservation_off_a_node_that_went_down_when_its_window_opens(
+    api, project, cluster
+):
+    booking, start = _reservation_on(api, "node-a")
+    Node.objects.filter(hostname="node-a").update(state=Node.State.DOWN)
+    allocation_pass(now=start + timedelta(seconds=1))
+    moved = _get(api, booking["id"])
+    assert moved["state"] == "active"
+    assert {d["node"] for d in moved["devices"]} == {"node-b"} and len(moved["devices"]) == 8
+    assert "moved off node-a" in moved["state_detail"]
+
+
+def test_it_fails_a_reservation_whose_node_is_down_when_nothing_else_is_free(api, project, cluster):
+    from django.core import mail
+
+    project.quotas.update(max_gpus=None)
+    booking, start = _reservation_on(api, "node-a")
+    _reservation_on(api, "node-b")
+    Node.objects.filter(hostname="node-a").update(state=Node.State.DOWN)
+    with _commits(execute=True):
+        allocation_pass(now=start + timedelta(seconds=1))
+    failed = _get(api, booking["id"])
+    assert failed["state"] == "failed"
+    assert (
+        failed["state_detail"] == "node node-a is down and no other devices are free for the window"
+    )
+    assert any(f"Booking {booking['id']} failed" in m.subject for m in mail.outbox)

@@ -1,0 +1,83 @@
+"""Starting advance reservations when their window opens, and moving them off nodes that died.
+
+A reservation is a fixed block placed at submission. If a node it was placed on is down or
+draining when the window opens, the pass moves it to other free devices of the same kind for
+the rest of the window, or fails it with the reason (and the owner is told).
+"""
+
+from datetime import datetime
+
+from django.db import IntegrityError, OperationalError, transaction
+
+from portal.models import Allocation, Booking, Node
+from portal.services import events, inventory
+from portal.services.bookings import booking_transition
+from portal.services.locking import is_allocation_clash
+
+State = Booking.State
+
+
+def reservations_start_due(*, now: datetime) -> int:
+    """Activate every planned reservation whose window has opened; returns how many started."""
+    due = (
+        Booking.objects.filter(state=State.PLANNED, start__lte=now)
+        .prefetch_related("allocations__gpu__node")
+        .order_by("start", "id")
+    )
+    started = 0
+    for booking in due:
+        down = sorted(
+            {
+                a.gpu.node.hostname
+                for a in booking.allocations.all()
+                if a.live and a.gpu.node.state != Node.State.UP
+            }
+        )
+        if down and not _move(booking, now, down):
+            detail = f"node {', '.join(down)} is down and no other devices are free for the window"
+            if booking_transition(
+                booking.pk, from_states=(State.PLANNED,), to=State.FAILED, now=now, detail=detail
+            ):
+                events.booking_changed(booking, "failed")
+            continue
+        if Booking.objects.filter(pk=booking.pk, state=State.PLANNED).update(
+            state=State.ACTIVE, started_at=now
+        ):
+            events.booking_changed(booking, "started")
+            started += 1
+    return started
+
+
+def _move(booking: Booking, now: datetime, down: list[str]) -> bool:
+    """Re-place the rest of the window on up devices of the same kind; False if none are free."""
+    devices, _ = inventory.devices_for_window(
+        start=now,
+        end=booking.end,
+        gpus=booking.gpus,
+        mig_profile=booking.mig_profile,
+        gpu_model=booking.gpu_model,
+    )
+    if not devices:
+        return False
+    try:
+        with transaction.atomic():
+            Allocation.objects.filter(booking=booking, live=True).update(live=False)
+            Allocation.objects.bulk_create(
+                Allocation(
+                    booking=booking,
+                    gpu_id=d.gpu_id,
+                    mig_instance_id=d.mig_id,
+                    start=now,
+                    end=booking.end,
+                    fraction=d.fraction,
+                )
+                for d in devices
+            )
+    except (IntegrityError, OperationalError) as exc:
+        if not is_allocation_clash(exc):
+            raise
+        return False
+    Booking.objects.filter(pk=booking.pk).update(
+        state_detail=f"moved off {', '.join(down)} (node down)"
+    )
+    return True
