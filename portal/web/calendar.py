@@ -7,6 +7,9 @@ from portal.models import Allocation, Booking
 from portal.services.bookings import visible_bookings
 
 WEEK = timedelta(days=7)
+# The page links the weeks either side of the one shown: keep all three inside what dates can hold.
+_FIRST_DAY = date.min + 2 * WEEK
+_LAST_DAY = date.max - 2 * WEEK
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ def week_start(value: str, today: date) -> date:
     try:
         day = date.fromisoformat(value)
     except (TypeError, ValueError):
+        day = today
+    if not _FIRST_DAY <= day <= _LAST_DAY:
         day = today
     return day - timedelta(days=day.weekday())
 

@@ -233,6 +233,14 @@ def test_it_draws_bookings_on_the_calendar(client_in, user, project, cluster):
     assert "/book/?start=" in body
 
 
+@pytest.mark.parametrize("week", ["garbage", "9999-12-31", "0001-01-01", "0001-01-03"])
+def test_it_shows_this_week_for_a_week_it_cannot_show(client_in, cluster, week):
+    response = client_in.get(f"/calendar/?week={week}")
+    assert response.status_code == 200
+    monday = timezone.now().date() - timedelta(days=timezone.now().weekday())
+    assert f"?week={monday + timedelta(days=7):%Y-%m-%d}" in response.content.decode()
+
+
 def test_it_shows_a_gpu_with_not_measured_mig_utilization(client_in, cluster):
     gpu = make_mig_gpu(cluster[0], 8)
     mig = gpu.mig_instances.first()
