@@ -8,6 +8,7 @@ allocations is the backstop: if two writers still collide, the loser's Integrity
 
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Least
@@ -285,6 +286,13 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
 
     quota = quota_effective(project=booking.project, user=booking.owner)
     new_duration = booking.duration_s + by_s
+    site_max = settings.BOOKING_MAX_DURATION_S
+    if new_duration > site_max:
+        raise ValidationFailed.field(
+            "by_s",
+            f"would make the booking {new_duration} s long; bookings last at most {site_max} s "
+            "on this site.",
+        )
     if quota.max_duration_s and new_duration > quota.max_duration_s:
         raise ValidationFailed.field(
             "by_s",

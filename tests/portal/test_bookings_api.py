@@ -253,6 +253,16 @@ def test_it_rejects_a_bad_extension_amount(api, project, cluster):
     assert "by_s" in error_of(response)["fields"]
 
 
+def test_it_refuses_an_extension_past_the_site_maximum(api, project, cluster, settings):
+    booking = _reserve(api).json()
+    by_s = settings.BOOKING_MAX_DURATION_S  # the booking already lasts 2 h
+    response = api.post(f"/api/v1/bookings/{booking['id']}/extend/", {"by_s": by_s}, format="json")
+    assert response.status_code == 400
+    assert "by_s" in error_of(response)["fields"]
+    assert Booking.objects.get().duration_s == booking["duration_s"]
+    assert Allocation.objects.get().end - Allocation.objects.get().start == timedelta(hours=2)
+
+
 def test_it_returns_404_for_an_unknown_booking(api, project):
     assert api.get("/api/v1/bookings/999999/").status_code == 404
     assert (
