@@ -266,7 +266,9 @@ def booking_extend(*, user, booking_id: int, now: datetime, by_s: int) -> Bookin
                 "gpu__node_id", flat=True
             )
         )
-        booking = Booking.objects.get(pk=booking.pk)
+        # Held to commit: a cancel or release racing in waits, instead of freeing the devices
+        # between this state check and the writes below.
+        booking = Booking.objects.select_for_update().get(pk=booking.pk)
         if booking.state not in Booking.LIVE_STATES:
             raise InvalidState(
                 f"Booking {booking.pk} is {booking.state}; only live bookings can be extended."

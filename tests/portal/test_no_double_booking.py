@@ -120,3 +120,37 @@ def test_it_backstops_a_writer_that_skips_the_lock():
         t.join()
     assert sorted(outcomes) == ["ok", "refused"]
     assert Allocation.objects.filter(gpu=gpu, live=True).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_a_cancel_racing_an_extension_wait_for_it(monkeypatch):
+    from portal.services import bookings as services
+    from tests.factories import ProjectFactory, UserFactory, make_active_booking, member
+
+    user, project = UserFactory(), ProjectFactory()
+    member(user, project)
+    booking = make_active_booking(make_node("n1", gpus=1).gpus.all(), owner=user, project=project)
+    check_quota = services._check_extend_quota
+    cancels: list[threading.Thread] = []
+
+    def cancel_meanwhile(booking, by_s):
+        def cancel():
+            try:
+                services.booking_cancel(user=user, booking_id=booking.pk, now=timezone.now())
+            finally:
+                connection.close()
+
+        cancels.append(threading.Thread(target=cancel))
+        cancels[0].start()
+        cancels[0].join(timeout=1)  # without the booking row locked, the cancel commits here
+        check_quota(booking, by_s)
+
+    monkeypatch.setattr(services, "_check_extend_quota", cancel_meanwhile)
+    extended = services.booking_extend(
+        user=user, booking_id=booking.pk, now=timezone.now(), by_s=3600
+    )
+    cancels[0].join(timeout=10)
+    assert extended.duration_s == booking.duration_s + 3600
+    booking.refresh_from_db()
+    assert booking.state == Booking.State.CANCELLED
+    assert not Allocation.objects.filter(booking=booking, live=True).exists()
