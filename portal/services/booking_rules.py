@@ -1,7 +1,7 @@
 """Checks a booking request must pass before anything is written. Each names the field at fault."""
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
@@ -111,6 +111,9 @@ def _check_window(*, now, start, end, duration_s) -> tuple[datetime | None, date
         raise ValidationFailed.field("end", "must be after start.")
     if start < now - PAST_SLACK:
         raise ValidationFailed.field("start", "is in the past.")
+    # Room left to extend it to the site maximum: past this, end + extension overflows datetime.
+    if end > datetime.max.replace(tzinfo=UTC) - timedelta(seconds=settings.BOOKING_MAX_DURATION_S):
+        raise ValidationFailed.field("end", "is too far in the future.")
     start = max(start, now)
     return start, end, int((end - start).total_seconds())
 

@@ -263,6 +263,13 @@ def test_it_refuses_an_extension_past_the_site_maximum(api, project, cluster, se
     assert Allocation.objects.get().end - Allocation.objects.get().start == timedelta(hours=2)
 
 
+def test_it_refuses_a_window_too_far_ahead_to_extend(api, project, cluster):
+    response = _reserve(api, start="9999-12-31T22:00:00Z", end="9999-12-31T23:00:00Z")
+    assert response.status_code == 400  # was 201, then extending it was a 500 (OverflowError)
+    assert "end" in error_of(response)["fields"]
+    assert not Booking.objects.exists()
+
+
 def test_it_returns_404_for_an_unknown_booking(api, project):
     assert api.get("/api/v1/bookings/999999/").status_code == 404
     assert (
