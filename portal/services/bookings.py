@@ -301,6 +301,13 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
             f"would make the booking {new_duration} s long; "
             f"your quota allows {quota.max_duration_s} s.",
         )
+    hours = booking.gpu_equivalents * new_duration / 3600
+    if quota.gpu_hours_budget is not None and hours > quota.gpu_hours_budget + 1e-9:
+        raise ValidationFailed.field(
+            "by_s",
+            f"would make the booking need {hours:.1f} GPU-hours; "
+            f"your budget is {quota.gpu_hours_budget:g} per period.",
+        )
 
 
 def _extend_allocations(booking: Booking, by: timedelta) -> None:

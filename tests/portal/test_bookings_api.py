@@ -263,6 +263,15 @@ def test_it_refuses_an_extension_past_the_site_maximum(api, project, cluster, se
     assert Allocation.objects.get().end - Allocation.objects.get().start == timedelta(hours=2)
 
 
+def test_it_refuses_an_extension_past_the_gpu_hour_budget(api, project, cluster):
+    project.quotas.update(gpu_hours_budget=3)
+    booking = _reserve(api).json()  # 2 GPU-hours
+    response = api.post(f"/api/v1/bookings/{booking['id']}/extend/", {"by_s": 7200}, format="json")
+    assert response.status_code == 400
+    assert "by_s" in error_of(response)["fields"]
+    assert Booking.objects.get().duration_s == booking["duration_s"]
+
+
 def test_it_refuses_a_window_too_far_ahead_to_extend(api, project, cluster):
     response = _reserve(api, start="9999-12-31T22:00:00Z", end="9999-12-31T23:00:00Z")
     assert response.status_code == 400  # was 201, then extending it was a 500 (OverflowError)
