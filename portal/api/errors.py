@@ -2,7 +2,7 @@
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -53,11 +53,3 @@ def exception_handler(exc, context):
         code = getattr(exc, "default_code", "error")
         response.data = error_body(code, str(getattr(exc, "detail", exc)))
     return response
-
-
-def not_found_view(request, exception=None):
-    from django.http import JsonResponse
-
-    return JsonResponse(
-        error_body("not_found", "No such endpoint."), status=status.HTTP_404_NOT_FOUND
-    )

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 
 from portal.errors import ValidationFailed
-from portal.models import Membership, Project, Qos, mig_fraction
+from portal.models import Project, Qos, mig_fraction
 from portal.services import inventory
 from portal.services.quotas import EffectiveQuota, quota_effective
 
@@ -48,12 +48,6 @@ def resolve_project(*, user, slug: str | None) -> Project:
         )
     names = ", ".join(p.slug for p in projects)
     raise ValidationFailed.field("project", f"required: you are in several projects ({names}).")
-
-
-def is_manager(*, user, project: Project) -> bool:
-    return Membership.objects.filter(
-        user=user, project=project, role=Membership.Role.MANAGER
-    ).exists()
 
 
 def check_request(
