@@ -124,11 +124,12 @@ def gpu_detail(request, gpu_id: int):
     uuid, label = (chosen.uuid, str(chosen)) if chosen else (gpu.uuid, str(gpu))
     range_name, since, until = history.range_window(request.GET.get("range", ""), now)
     samples = history.device_history(uuid=uuid, since=since, until=until)
-    upcoming = (
+    upcoming = list(
         Allocation.objects.filter(gpu=gpu, live=True, end__gt=now)
         .select_related("booking__owner", "mig_instance")
         .order_by("start")[:20]
     )
+    shown = {a.booking_id for a in upcoming}
     context = {
         "gpu": gpu,
         "slices": slices,
@@ -141,7 +142,11 @@ def gpu_detail(request, gpu_id: int):
         "history_kept": samples is not None,
         "charts": charts.device_charts({label: samples or []}, is_mig=chosen is not None),
         "upcoming": upcoming,
-        "visible_ids": set(selectors.visible_bookings(request.user).values_list("pk", flat=True)),
+        "visible_ids": set(
+            selectors.visible_bookings(request.user)
+            .filter(pk__in=shown)
+            .values_list("pk", flat=True)
+        ),
     }
     return render(request, "portal/gpu_detail.html", context)
 

@@ -249,6 +249,21 @@ def test_it_shows_a_gpu_with_not_measured_mig_utilization(client_in, cluster):
     assert "not measured" in body.lower()
 
 
+def test_it_links_only_the_gpus_bookings_i_may_see(client_in, user, project, cluster):
+    gpu, other_gpu = cluster[0].gpus.all()[:2]
+    mine = _active(user, project, gpu)
+    theirs = BookingFactory(owner=UserFactory(), project=project, state=Booking.State.PLANNED)
+    later = timezone.now() + timedelta(hours=2)
+    AllocationFactory(booking=theirs, gpu=gpu, start=later, end=later + timedelta(hours=1))
+    _active(user, project, other_gpu)
+    response = client_in.get(f"/gpus/{gpu.pk}/")
+    # Only the bookings listed are looked up, not every booking the user may see.
+    assert response.context["visible_ids"] == {mine.pk}
+    body = response.content.decode()
+    assert f'href="/bookings/{mine.pk}/"' in body
+    assert f'href="/bookings/{theirs.pk}/"' not in body and f"#{theirs.pk}" in body
+
+
 def test_it_hides_projects_i_am_not_in(client_in, db):
     ProjectFactory(slug="secret")
     assert client_in.get("/projects/secret/").status_code == 404
