@@ -295,3 +295,28 @@ def test_it_shows_a_bookings_efficiency_and_charts(client_in, user, project, clu
     body = client_in.get(f"/bookings/{booking.pk}/").content.decode()
     assert "<strong>50.0 %</strong> mean utilization" in body
     assert 'id="chart-utilization_gpu"' in body
+
+
+def _queries(client, path) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(path).status_code == 200
+    return len(queries)
+
+
+@pytest.mark.parametrize("path", ["/", "/bookings/"])
+def test_it_renders_a_list_page_in_queries_that_do_not_grow_with_the_site(
+    client_in, user, project, path
+):
+    from tests.factories import make_node
+
+    gpus = list(make_node("q-a").gpus.all())
+    for gpu in gpus[:2]:
+        _active(user, project, gpu)
+    small = _queries(client_in, path)
+    gpus += [g for name in ("q-b", "q-c") for g in make_node(name).gpus.all()]
+    for gpu in gpus[2:20]:  # 3 nodes x 8 GPUs, 20 bookings, some by others in the project
+        _active(user if gpu.index % 2 else UserFactory(), project, gpu)
+    assert _queries(client_in, path) <= small
