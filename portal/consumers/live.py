@@ -30,9 +30,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        # A frame that is not JSON text (JSONDecodeError is a ValueError) is ignored: raising
+        # would close the socket, and the page would miss updates until it reconnects.
+        try:
+            await super().receive(text_data, bytes_data, **kwargs)
+        except ValueError:
+            return
+
     async def receive_json(self, content, **kwargs):
         """Browsers only listen; a ping gets a pong so clients can check the line."""
-        if content.get("type") == "ping":
+        if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})
 
     async def telemetry_readings(self, event):

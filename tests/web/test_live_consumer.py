@@ -67,3 +67,19 @@ def test_it_delivers_booking_changes_on_the_queue_and_owner_groups(user):
     assert pong == {"type": "pong"}
     expected = {"type": "booking.changed", "booking_id": 7, "state": "active", "event": "started"}
     assert messages == [expected, expected]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "junk", [{"text_data": "[1]"}, {"text_data": "not json"}, {"bytes_data": b"x"}]
+)
+def test_it_ignores_junk_from_the_browser_and_keeps_the_socket(user, junk):
+    async def run():
+        communicator, _, _ = await _connect(user)
+        await communicator.send_to(**junk)
+        await communicator.send_json_to({"type": "ping"})
+        pong = await communicator.receive_json_from(timeout=5)
+        await communicator.disconnect()
+        return pong
+
+    assert async_to_sync(run)() == {"type": "pong"}
