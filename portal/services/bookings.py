@@ -23,7 +23,7 @@ from portal.errors import (
 from portal.models import Allocation, Booking, Membership
 from portal.services import events, inventory
 from portal.services.booking_rules import BookingRequest, check_request
-from portal.services.locking import is_allocation_clash, lock_nodes
+from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
 from portal.services.placement import FreeDevice
 from portal.services.quotas import peak_use_in_window, usage_current
 
@@ -98,6 +98,7 @@ def booking_from_request(
 
 
 def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
+    lock_project(request.project.pk)
     lock_nodes(
         inventory.candidate_node_ids(gpu_model=request.gpu_model, mig_profile=request.mig_profile)
     )

@@ -13,15 +13,32 @@ from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection
 
 from portal.errors import Busy
-from portal.models import Node
+from portal.models import Node, Project
+
+
+def lock_project(project_id: int) -> None:
+    """Lock a project's row, so the quota checks of its reservations run one at a time.
+
+    Reservations of different GPU models lock disjoint nodes; only this lock makes the second
+    one see the first's allocations. Taken before any node (the order: project, then nodes).
+    """
+    _set_lock_timeout()
+    try:
+        list(Project.objects.select_for_update().filter(id=project_id).values_list("id"))
+    except OperationalError as exc:
+        raise Busy("The booking system is busy; try again in a few seconds.") from exc
+
+
+def _set_lock_timeout() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = %s", [f"{settings.BOOKING_LOCK_TIMEOUT_MS}ms"])
 
 
 def lock_nodes(node_ids: Iterable[int]) -> list[int]:
     """Lock the given nodes' rows (sorted); returns the ids locked. Raises Busy on timeout."""
     ids = sorted(set(node_ids))
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL lock_timeout = %s", [f"{settings.BOOKING_LOCK_TIMEOUT_MS}ms"])
+    _set_lock_timeout()
     try:
         return list(
             Node.objects.select_for_update()

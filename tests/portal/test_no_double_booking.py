@@ -154,3 +154,45 @@ def test_it_makes_a_cancel_racing_an_extension_wait_for_it(monkeypatch):
     booking.refresh_from_db()
     assert booking.state == Booking.State.CANCELLED
     assert not Allocation.objects.filter(booking=booking, live=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkeypatch):
+    from portal.errors import QuotaExceeded
+    from portal.services import bookings as services
+    from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
+
+    # Different models lock different nodes; only the project's quota (2 GPUs) is shared.
+    make_node("a", gpus=2, model="A100-80GB")
+    make_node("h", gpus=2, model="H100")
+    user, project = UserFactory(), ProjectFactory(slug="race")
+    member(user, project)
+    QuotaFactory(project=project, max_gpus=2)
+    start = timezone.now() + timedelta(hours=1)
+    window = {"project": "race", "gpus": 2, "start": start, "end": start + timedelta(hours=1)}
+    check_reservation = services.check_reservation
+    others: list[threading.Thread] = []
+    outcomes: list[str] = []
+
+    def submit_h100():
+        try:
+            services.booking_submit(user=user, now=timezone.now(), gpu_model="H100", **window)
+            outcomes.append("placed")
+        except QuotaExceeded:
+            outcomes.append("over quota")
+        finally:
+            connection.close()
+
+    def second_submit_meanwhile(user, request, now):
+        devices = check_reservation(user, request, now)
+        if not others:
+            others.append(threading.Thread(target=submit_h100))
+            others[0].start()
+            others[0].join(timeout=2)  # without a shared lock, it is placed here
+        return devices
+
+    monkeypatch.setattr(services, "check_reservation", second_submit_meanwhile)
+    services.booking_submit(user=user, now=timezone.now(), gpu_model="A100-80GB", **window)
+    others[0].join(timeout=10)
+    assert outcomes == ["over quota"]
+    assert Allocation.objects.filter(live=True).count() == 2
