@@ -50,6 +50,10 @@ def reservations_start_due(*, now: datetime) -> int:
 
 def _move(booking: Booking, now: datetime, down: list[str]) -> bool:
     """Re-place the rest of the window on up devices of the same kind; False if none are free."""
+    # Held to commit: a cancel racing in waits, instead of ending the booking just before
+    # new live allocations are written for it (a cancelled booking would hold devices).
+    if not Booking.objects.select_for_update().filter(pk=booking.pk, state=State.PLANNED).exists():
+        return False
     devices, _ = inventory.devices_for_window(
         start=now,
         end=booking.end,

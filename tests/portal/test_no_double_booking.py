@@ -196,3 +196,44 @@ def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkey
     others[0].join(timeout=10)
     assert outcomes == ["over quota"]
     assert Allocation.objects.filter(live=True).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_a_reservation_cancelled_while_the_pass_moves_it_holding_nothing(monkeypatch):
+    from portal.models import Node
+    from portal.services import bookings as services
+    from portal.services import inventory
+    from portal.services.allocation import allocation_pass
+    from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
+
+    make_node("a", gpus=1)
+    make_node("b", gpus=1)
+    user, project = UserFactory(), ProjectFactory()
+    member(user, project)
+    QuotaFactory(project=project)
+    start = timezone.now() + timedelta(seconds=5)
+    booking = services.booking_submit(
+        user=user, now=timezone.now(), gpus=1, start=start, end=start + timedelta(hours=1)
+    )
+    Node.objects.filter(gpus__allocations__booking=booking).update(state=Node.State.DOWN)
+    devices_for_window = inventory.devices_for_window
+    cancels: list[threading.Thread] = []
+
+    def cancel_meanwhile(**kwargs):
+        def cancel():
+            try:
+                services.booking_cancel(user=user, booking_id=booking.pk, now=timezone.now())
+            finally:
+                connection.close()
+
+        cancels.append(threading.Thread(target=cancel))
+        cancels[0].start()
+        cancels[0].join(timeout=2)  # without the booking row locked, the cancel commits here
+        return devices_for_window(**kwargs)
+
+    monkeypatch.setattr(inventory, "devices_for_window", cancel_meanwhile)
+    allocation_pass(now=start + timedelta(seconds=1))
+    cancels[0].join(timeout=10)
+    booking.refresh_from_db()
+    assert booking.state == Booking.State.CANCELLED
+    assert not Allocation.objects.filter(booking=booking, live=True).exists()
