@@ -337,7 +337,7 @@ def _alert(node: Node, event: Event) -> None:
     )
     from portal import tasks
 
-    transaction.on_commit(lambda: tasks.node_alert_notify.delay(alert.pk))
+    transaction.on_commit(lambda: tasks.node_alert_notify.delay(alert.pk), robust=True)
 
 
 def node_alert_notify(*, alert_id: int) -> None:

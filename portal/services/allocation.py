@@ -170,4 +170,6 @@ def _store_plans(plan, by_id: dict[int, Booking], now: datetime) -> None:
         batch_size=500,
     )
     if changed:
-        transaction.on_commit(lambda: live.group_send(live.QUEUE_GROUP, {"type": "queue.changed"}))
+        transaction.on_commit(
+            lambda: live.group_send(live.QUEUE_GROUP, {"type": "queue.changed"}), robust=True
+        )

@@ -87,7 +87,7 @@ def samples_ingest(*, node: Node, request: ReadingsRequest) -> int:
     rows = [(node.pk, r.uuid, request.time, *_values(r)) for r in request.readings]
     with transaction.atomic():
         _write(rows)
-        transaction.on_commit(lambda: _publish(node.hostname, request))
+        transaction.on_commit(lambda: _publish(node.hostname, request), robust=True)
     return len(rows)
 
 

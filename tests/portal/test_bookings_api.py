@@ -279,6 +279,22 @@ def test_it_refuses_a_window_too_far_ahead_to_extend(api, project, cluster):
     assert not Booking.objects.exists()
 
 
+def test_it_answers_201_when_an_after_commit_effect_fails(
+    api, project, cluster, monkeypatch, django_capture_on_commit_callbacks
+):
+    from portal import tasks
+
+    def broker_down(*args, **kwargs):
+        raise OSError("broker unreachable")
+
+    monkeypatch.setattr(tasks.allocation_pass, "delay", broker_down)
+    monkeypatch.setattr(tasks.booking_event, "delay", broker_down)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = _reserve(api)
+    assert response.status_code == 201  # committed: a 500 would make the client book again
+    assert Booking.objects.count() == 1
+
+
 def test_it_returns_404_for_an_unknown_booking(api, project):
     assert api.get("/api/v1/bookings/999999/").status_code == 404
     assert (
