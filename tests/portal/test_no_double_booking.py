@@ -122,6 +122,22 @@ def test_it_backstops_a_writer_that_skips_the_lock():
     assert Allocation.objects.filter(gpu=gpu, live=True).count() == 1
 
 
+def _cancel_in_a_thread(user, booking_id: int, *, wait_s: float) -> threading.Thread:
+    """Cancel the booking from another connection; wait up to wait_s for it (it may block)."""
+    from portal.services.bookings import booking_cancel
+
+    def cancel():
+        try:
+            booking_cancel(user=user, booking_id=booking_id, now=timezone.now())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    thread.join(timeout=wait_s)
+    return thread
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_makes_a_cancel_racing_an_extension_wait_for_it(monkeypatch):
     from portal.services import bookings as services
@@ -134,15 +150,8 @@ def test_it_makes_a_cancel_racing_an_extension_wait_for_it(monkeypatch):
     cancels: list[threading.Thread] = []
 
     def cancel_meanwhile(booking, by_s):
-        def cancel():
-            try:
-                services.booking_cancel(user=user, booking_id=booking.pk, now=timezone.now())
-            finally:
-                connection.close()
-
-        cancels.append(threading.Thread(target=cancel))
-        cancels[0].start()
-        cancels[0].join(timeout=1)  # without the booking row locked, the cancel commits here
+        # Without the booking row locked, the cancel commits while this waits.
+        cancels.append(_cancel_in_a_thread(user, booking.pk, wait_s=1))
         check_quota(booking, by_s)
 
     monkeypatch.setattr(services, "_check_extend_quota", cancel_meanwhile)
@@ -220,15 +229,8 @@ def test_it_leaves_a_reservation_cancelled_while_the_pass_moves_it_holding_nothi
     cancels: list[threading.Thread] = []
 
     def cancel_meanwhile(**kwargs):
-        def cancel():
-            try:
-                services.booking_cancel(user=user, booking_id=booking.pk, now=timezone.now())
-            finally:
-                connection.close()
-
-        cancels.append(threading.Thread(target=cancel))
-        cancels[0].start()
-        cancels[0].join(timeout=2)  # without the booking row locked, the cancel commits here
+        # Without the booking row locked, the cancel commits while this waits.
+        cancels.append(_cancel_in_a_thread(user, booking.pk, wait_s=2))
         return devices_for_window(**kwargs)
 
     monkeypatch.setattr(inventory, "devices_for_window", cancel_meanwhile)
