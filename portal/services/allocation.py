@@ -39,6 +39,9 @@ def allocation_pass(*, now: datetime) -> PassResult:
     with transaction.atomic(durable=True):
         if not try_advisory_lock(PASS_LOCK_KEY):
             return PassResult(ran=False)
+        # Lock order everywhere: nodes (sorted), then bookings. Taking the nodes first also keeps
+        # reservations from landing between the snapshot and the writes.
+        lock_nodes(Node.objects.values_list("id", flat=True))
         result = PassResult()
         result.finished = _finish_ended(now)
         result.started = reservations_start_due(now=now)
@@ -77,7 +80,6 @@ def _plan_queue(now: datetime, result: PassResult) -> None:
         return
     state, devices = snapshot_state(now, pending)
     plan = scheduler.plan(state, scheduler_policy())
-    lock_nodes(Node.objects.values_list("id", flat=True))
     _apply_preemptions(plan, now, result)
     by_id = {b.pk: b for b in pending}
     started = _apply_starts(plan, by_id, devices, now)

@@ -1,8 +1,8 @@
 """The one locking helper for the booking path.
 
 Rules (pretix): lock late and once per transaction, inside transaction.atomic(durable=True), node
-rows in ascending id order so two writers never wait on each other in a cycle, with a short
-lock_timeout so a stuck writer turns into a clear "busy" (503) instead of a hung request. Always
+rows in ascending id order (after the project row, before booking rows) so two writers never
+wait on each other in a cycle, with a short lock_timeout so a stuck writer turns into a clear "busy" (503) instead of a hung request. Always
 re-read availability after taking the lock. The exclusion constraint on allocations is the
 backstop if a path forgets.
 """
@@ -72,4 +72,14 @@ def is_allocation_clash(exc: Exception) -> bool:
         return True
     return isinstance(exc, OperationalError) and isinstance(
         exc.__cause__, psycopg.errors.DeadlockDetected
+    )
+
+
+def is_contention(exc: Exception) -> bool:
+    """True for a lock timeout or a deadlock: the write did not happen and a retry may succeed."""
+    import psycopg
+
+    cause = exc.__cause__
+    return isinstance(exc, OperationalError) and isinstance(
+        cause, psycopg.errors.LockNotAvailable | psycopg.errors.DeadlockDetected
     )

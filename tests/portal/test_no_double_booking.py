@@ -239,3 +239,48 @@ def test_it_leaves_a_reservation_cancelled_while_the_pass_moves_it_holding_nothi
     booking.refresh_from_db()
     assert booking.state == Booking.State.CANCELLED
     assert not Allocation.objects.filter(booking=booking, live=True).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_busy_with_retry_after_when_the_nodes_stay_locked(settings):
+    """A writer that cannot get the node locks in time gets 503 + Retry-After, and writes nothing."""
+    from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
+
+    settings.BOOKING_LOCK_TIMEOUT_MS = 200
+    node = make_node("held", gpus=1)
+    project = ProjectFactory(slug="busy")
+    QuotaFactory(project=project)
+    user = UserFactory(username="waiter")
+    member(user, project)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with transaction.atomic():
+            list(type(node).objects.select_for_update().filter(pk=node.pk))
+            held.set()
+            release.wait(10)
+        connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    try:
+        client = APIClient()
+        client.force_authenticate(user)
+        start = timezone.now() + timedelta(hours=1)
+        response = client.post(
+            "/api/v1/bookings/",
+            {
+                "gpus": 1,
+                "start": start.isoformat(),
+                "end": (start + timedelta(hours=1)).isoformat(),
+            },
+            format="json",
+        )
+    finally:
+        release.set()
+        thread.join()
+    assert response.status_code == 503
+    assert response["Retry-After"] == "2"
+    assert response.json()["error"]["code"] == "busy"
+    assert not Booking.objects.exists()
