@@ -50,6 +50,7 @@ class _Pass:
             node.index = index
         self.where = {dev.id: (node, bit) for node in nodes for bit, dev in enumerate(node.devices)}
         self.fractions = profile_fractions(state.devices)
+        self.capacity = sum(dev.fraction for node in self.nodes for dev in node.devices)
         self.quotas = Quotas(state.user_quotas, state.project_quotas)
         self._load_allocations()
         self.fixed = [_copy(node.timeline) for node in self.nodes]
@@ -102,10 +103,16 @@ class _Pass:
     def _rank(self, pair: tuple[Request, Priority]) -> tuple:
         """Sort key: starving bookings first in arrival order, then by priority, age, id."""
         request, prio = pair
-        starve = self.policy.starve_after_s
-        if starve is not None and self.now - request.submit_time >= starve:
+        if self._starving(request):
             return (0, request.submit_time, 0.0, request.booking_id)
         return (1, -prio.total, request.submit_time, request.booking_id)
+
+    def _starving(self, request: Request) -> bool:
+        """Pending ``starve_after_s`` or longer and no wider than ``starve_max_share``."""
+        policy = self.policy
+        if policy.starve_after_s is None or self.now - request.submit_time < policy.starve_after_s:
+            return False
+        return self.size(request) <= policy.starve_max_share * self.capacity
 
     def run(self) -> Plan:
         """The whole pass."""

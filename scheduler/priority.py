@@ -76,7 +76,13 @@ def priority_of(
     aged = min(1.0, max(0.0, now - request.submit_time) / policy.age_max_s)
     age = policy.weight_age * aged
     fair = policy.weight_fairshare * fairshare
-    amount = request.duration_s if policy.size_by == "seconds" else size * request.duration_s
+    if policy.size_by == "seconds":
+        amount = request.duration_s
+    else:
+        amount = size * request.duration_s
+        if policy.size_width_gpus:
+            # Wide bookings drain many nodes and hold them; narrow ones take a GPU as it frees.
+            amount *= size / policy.size_width_gpus
     small = policy.weight_size / (1.0 + amount / policy.size_scale_gpu_s)
     if policy.size_fades_with_age:
         small *= 1.0 - aged

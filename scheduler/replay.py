@@ -26,7 +26,10 @@ from scheduler.priority import carry_usage, decay_usage
 from scheduler.types import Allocation, Device, Policy, Request, State
 
 PORTAL_POLICY = Policy()
-_ARRIVAL = dict(weight_age=0.0, weight_fairshare=0.0, weight_size=0.0, weight_qos=0.0)
+# Arrival order: every weight 0 and no starvation guard (it would reorder old bookings by width).
+_ARRIVAL = dict(
+    weight_age=0.0, weight_fairshare=0.0, weight_size=0.0, weight_qos=0.0, starve_after_s=None
+)
 POLICIES = {
     "fifo": Policy(backfill="none", reservation_depth=1, estimate_all=False, **_ARRIVAL),
     "easy": Policy(backfill="easy", estimate_all=False, **_ARRIVAL),

@@ -113,12 +113,17 @@ class Policy:
     later ones may not delay), "easy" (only the first booking gets one) or "none" (strict order).
     ``size_scale_gpu_s``: the size factor is 1 / (1 + gpu-equivalents * duration / scale), so small,
     short bookings rank higher (``size_by="seconds"``: by duration alone, in seconds against the
-    same scale); ``age_max_s`` is where the age factor saturates at 1. With
+    same scale). ``size_width_gpus``: GPU-seconds count ``gpus / size_width_gpus`` of their value,
+    so a booking as wide as that is measured on the plain scale and a narrower one ranks
+    higher the narrower it is (None: plain GPU-seconds). ``age_max_s`` is where the age factor
+    saturates at 1. With
     ``size_fades_with_age`` the size bonus shrinks as (1 - age factor): with weight_age >=
     weight_size, a booking older than age_max_s outranks every younger one and old bookings go in
     arrival order, so small jobs jump the queue only while young and nobody starves.
     ``starve_after_s``: bookings pending at least this long rank ahead of all others, in arrival
-    order (an anti-starvation guard on top of the factors).
+    order (an anti-starvation guard on top of the factors), if they ask at most
+    ``starve_max_share`` of the GPU-equivalents on up nodes: a wider booking put first holds that
+    much of the cluster idle while it drains, and everyone behind it waits its whole run.
     ``estimate_all=False`` skips the planned start of bookings past the reservation depth that
     cannot start now (start None): the same decisions, a cheaper pass (used by replay baselines).
     """
@@ -132,7 +137,11 @@ class Policy:
     size_scale_gpu_s: float = 640 * 3600.0
     size_fades_with_age: bool = True
     size_by: str = "gpu_seconds"
-    starve_after_s: float | None = None
+    # A 64-GPU booking is measured on the plain scale; 8 GPUs x 10 days ranks like 1,920 GPU-hours
+    # of 64-GPU work would not: it needs one node, not eight.
+    size_width_gpus: float | None = 64.0
+    starve_after_s: float | None = 1.25 * 86400.0
+    starve_max_share: float = 0.1
     fairshare_half_life_s: float = 7 * 86400.0
     qos_levels: tuple[tuple[str, int], ...] = DEFAULT_QOS_LEVELS
     preempt_grace_s: float = 300.0

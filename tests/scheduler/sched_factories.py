@@ -56,7 +56,9 @@ def state(devices, pending=(), allocations=(), now: float = 0.0, **kw) -> State:
     )
 
 
-FIFO_ORDER = Policy(weight_age=0.0, weight_fairshare=0.0, weight_size=0.0, weight_qos=0.0)
+FIFO_ORDER = Policy(
+    weight_age=0.0, weight_fairshare=0.0, weight_size=0.0, weight_qos=0.0, starve_after_s=None
+)
 
 
 def by_id(plan) -> dict:

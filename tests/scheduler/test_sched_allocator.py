@@ -6,6 +6,7 @@ import pytest
 from sched_factories import FIFO_ORDER, MIG_3G, alloc, by_id, gpus, mig, req, state
 
 from scheduler import Policy, Quota, decay_usage, never_fits, plan
+from scheduler.priority import priority_of
 from scheduler.replay import Job, Replay
 
 NODE = gpus("a")
@@ -300,7 +301,12 @@ def test_it_refuses_at_submission_what_could_never_run(request_, quota, word):
 @pytest.mark.parametrize(("fades", "old_first"), [(True, True), (False, False)])
 def test_it_fades_the_small_job_bonus_as_a_booking_ages(fades, old_first):
     # weight_age == weight_size; a scale at which the 80 GPU-hour job gets almost no size bonus
-    policy = Policy(age_max_s=1000.0, size_fades_with_age=fades, size_scale_gpu_s=8 * 3600.0)
+    policy = Policy(
+        age_max_s=1000.0,
+        size_fades_with_age=fades,
+        size_scale_gpu_s=8 * 3600.0,
+        size_width_gpus=None,
+    )
     old_big = req("old", 8, duration=36_000, submit=0)
     young_small = req("young", 1, duration=60, submit=3800)  # a fifth of the way to saturation
     lines = by_id(plan(state(NODE, [old_big, young_small], SIX_BUSY, now=4000.0), policy))
@@ -321,12 +327,12 @@ def test_it_runs_a_short_whole_node_job_before_an_older_one_many_times_longer():
     assert lines["short"].start == 172_800.0
     assert lines["long"].start == 172_800.0 + 18_000
     # On an 8 GPU-hour scale both look equally huge (bonus near 0) and the older one goes first.
-    old_scale = Policy(size_scale_gpu_s=8 * 3600.0)
+    old_scale = Policy(size_scale_gpu_s=8 * 3600.0, size_width_gpus=None)
     assert by_id(plan(state(devices, pending, busy, now=86_400.0), old_scale))["long"].position == 1
 
 
 def test_it_puts_starving_bookings_first_in_arrival_order():
-    policy = Policy(starve_after_s=500.0)
+    policy = Policy(starve_after_s=500.0, starve_max_share=1.0)
     pending = [
         req("big-old", 8, duration=9000, submit=0),
         req("mid-old", 4, duration=9000, submit=100),
@@ -334,8 +340,49 @@ def test_it_puts_starving_bookings_first_in_arrival_order():
     ]
     lines = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), policy))
     assert [lines[b].position for b in ("big-old", "mid-old", "small-new")] == [1, 2, 3]
-    unguarded = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), Policy()))
+    unguarded = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), Policy(starve_after_s=None)))
     assert unguarded["small-new"].position == 1
+
+
+@pytest.mark.parametrize(
+    ("gpus_", "max_share", "guarded"),
+    [
+        (8, 0.1, True),  # one node of ten: 10 % of the cluster
+        (16, 0.1, False),  # two nodes: it would hold a fifth of the cluster idle while it drains
+        (64, 0.1, False),
+        (64, 0.8, True),
+    ],
+)
+def test_it_guards_only_starving_bookings_narrow_enough(gpus_, max_share, guarded):
+    devices = tuple(d for node in "abcdefghij" for d in gpus(node))  # 80 GPUs
+    busy = [alloc("run", [d.id for d in devices], 400_000.0)]
+    pending = [
+        req("old", gpus_, duration=86_400, submit=0),
+        req("new", 1, duration=60, submit=199_000, qos="high"),
+    ]
+    policy = Policy(starve_after_s=100_000.0, starve_max_share=max_share)
+    lines = by_id(plan(state(devices, pending, busy, now=200_000.0), policy))
+    assert (lines["old"].position == 1) is guarded
+
+
+@pytest.mark.parametrize(
+    ("gpus_", "duration", "width_gpus", "factor"),
+    [
+        (1, 3600, 64.0, 1.0),  # a 1-GPU hour
+        (1, 1_443_363, 64.0, 0.990),  # 1 GPU for 16.7 days: 401 GPU-hours, one GPU wide
+        (8, 10 * 86_400, 64.0, 0.727),  # one node for 10 days
+        (64, 5 * 3600, 64.0, 0.667),  # the plain scale at 64 GPUs
+        (64, 6 * 86_400, 64.0, 0.065),
+        (1, 1_443_363, None, 0.615),  # plain GPU-seconds: long narrow jobs rank low
+        (8, 10 * 86_400, None, 0.25),
+    ],
+)
+def test_it_weighs_the_size_of_a_booking_by_its_width(gpus_, duration, width_gpus, factor):
+    policy = Policy(size_width_gpus=width_gpus, weight_size=1.0)
+    booking = req("x", gpus_, duration=duration, submit=0)
+    assert priority_of(booking, 0.0, float(gpus_), 1.0, policy).size == pytest.approx(
+        factor, abs=1e-3
+    )
 
 
 def test_it_plans_the_same_whatever_the_input_order():
