@@ -320,3 +320,11 @@ def test_it_renders_a_list_page_in_queries_that_do_not_grow_with_the_site(
     for gpu in gpus[2:20]:  # 3 nodes x 8 GPUs, 20 bookings, some by others in the project
         _active(user if gpu.index % 2 else UserFactory(), project, gpu)
     assert _queries(client_in, path) <= small
+
+
+def test_it_keeps_calendar_filters_with_odd_characters_in_the_week_links(client_in, cluster):
+    from tests.factories import make_node
+
+    make_node("lab&co", gpus=1, model="A100+NVL")
+    body = client_in.get("/calendar/", {"model": "A100+NVL", "node": "lab&co"}).content.decode()
+    assert "?week=" in body and "&model=A100%2BNVL&node=lab%26co" in body
