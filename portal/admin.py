@@ -58,14 +58,13 @@ class QuotaAdmin(admin.ModelAdmin):
     search_fields = ["project__slug", "user__username"]
 
     def _usage(self, obj):
-        period = obj.budget_period_days or DEFAULT_BUDGET_PERIOD_DAYS
-        cache = self.__dict__.setdefault("_usage_cache", {})
-        key = (obj.project_id, obj.user_id, period)
-        if key not in cache:
-            cache[key] = usage_current(
+        # Kept on the row (one request's object), not on this admin, which all requests share.
+        if not hasattr(obj, "_usage"):
+            period = obj.budget_period_days or DEFAULT_BUDGET_PERIOD_DAYS
+            obj._usage = usage_current(
                 project=obj.project, user=obj.user, now=timezone.now(), period_days=period
             )
-        return cache[key]
+        return obj._usage
 
     @admin.display(description="GPUs in use / limit")
     def gpus_limit_and_use(self, obj) -> str:
@@ -76,10 +75,6 @@ class QuotaAdmin(admin.ModelAdmin):
     def hours_limit_and_use(self, obj) -> str:
         limit = "∞" if obj.gpu_hours_budget is None else f"{obj.gpu_hours_budget:g}"
         return f"{self._usage(obj).gpu_hours_used:.1f} / {limit}"
-
-    def changelist_view(self, request, extra_context=None):
-        self.__dict__.pop("_usage_cache", None)
-        return super().changelist_view(request, extra_context)
 
 
 class GpuInline(admin.TabularInline):

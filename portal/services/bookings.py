@@ -106,6 +106,18 @@ def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
     booking = _create(user, request, now, State.PLANNED)
     booking.planned_start = request.start
     booking.save(update_fields=["planned_start"])
+    if not allocations_write(
+        booking=booking, devices=devices, start=request.start, end=request.end
+    ):
+        raise NoCapacity("Another booking took these devices a moment ago; try again.")
+    return booking
+
+
+def allocations_write(
+    *, booking: Booking, devices: list[FreeDevice], start: datetime, end: datetime
+) -> bool:
+    """Give `booking` these devices over [start, end) in a savepoint; False if the database
+    refused because another booking holds one of them (the constraint or a deadlock)."""
     try:
         with transaction.atomic():
             Allocation.objects.bulk_create(
@@ -113,8 +125,8 @@ def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
                     booking=booking,
                     gpu_id=d.gpu_id,
                     mig_instance_id=d.mig_id,
-                    start=request.start,
-                    end=request.end,
+                    start=start,
+                    end=end,
                     fraction=d.fraction,
                 )
                 for d in devices
@@ -122,8 +134,8 @@ def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
     except (IntegrityError, OperationalError) as exc:
         if not is_allocation_clash(exc):
             raise
-        raise NoCapacity("Another booking took these devices a moment ago; try again.") from exc
-    return booking
+        return False
+    return True
 
 
 def check_reservation(user, request: BookingRequest, now: datetime) -> list[FreeDevice]:

@@ -7,12 +7,11 @@ the rest of the window, or fails it with the reason (and the owner is told).
 
 from datetime import datetime
 
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import transaction
 
 from portal.models import Allocation, Booking, Node
 from portal.services import events, inventory
-from portal.services.bookings import booking_transition
-from portal.services.locking import is_allocation_clash
+from portal.services.bookings import allocations_write, booking_transition
 
 State = Booking.State
 
@@ -63,24 +62,11 @@ def _move(booking: Booking, now: datetime, down: list[str]) -> bool:
     )
     if not devices:
         return False
-    try:
-        with transaction.atomic():
-            Allocation.objects.filter(booking=booking, live=True).update(live=False)
-            Allocation.objects.bulk_create(
-                Allocation(
-                    booking=booking,
-                    gpu_id=d.gpu_id,
-                    mig_instance_id=d.mig_id,
-                    start=now,
-                    end=booking.end,
-                    fraction=d.fraction,
-                )
-                for d in devices
-            )
-    except (IntegrityError, OperationalError) as exc:
-        if not is_allocation_clash(exc):
-            raise
-        return False
+    with transaction.atomic():
+        Allocation.objects.filter(booking=booking, live=True).update(live=False)
+        if not allocations_write(booking=booking, devices=devices, start=now, end=booking.end):
+            transaction.set_rollback(True)
+            return False
     Booking.objects.filter(pk=booking.pk).update(
         state_detail=f"moved off {', '.join(down)} (node down)"
     )

@@ -74,9 +74,11 @@ def _quota(effective: EffectiveQuota, project, user, now: datetime):
 
 def _devices() -> dict[str, tuple]:
     """Scheduler devices keyed by id, with the (gpu_id, mig_id, fraction) to write allocations."""
-    readings = latest_by_uuid()
+    gpus = list(Gpu.objects.select_related("node").filter(mig_mode=False))
+    migs = list(MigInstance.objects.select_related("gpu__node").filter(gpu__mig_mode=True))
+    readings = latest_by_uuid([g.uuid for g in gpus])
     devices: dict[str, tuple] = {}
-    for gpu in Gpu.objects.select_related("node").filter(mig_mode=False):
+    for gpu in gpus:
         reading = readings.get(gpu.uuid, {})
         devices[f"gpu:{gpu.pk}"] = (
             scheduler.Device(
@@ -90,7 +92,7 @@ def _devices() -> dict[str, tuple]:
             ),
             (gpu.pk, None, 1.0),
         )
-    for mig in MigInstance.objects.select_related("gpu__node").filter(gpu__mig_mode=True):
+    for mig in migs:
         devices[f"mig:{mig.pk}"] = (
             scheduler.Device(
                 id=f"mig:{mig.pk}",
