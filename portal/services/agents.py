@@ -31,6 +31,7 @@ from agents.protocol import (
 )
 from portal.errors import NotAllowed, ValidationFailed
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert
+from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.services import events as booking_events
 from portal.services import live
 from portal.services.bookings import booking_transition
@@ -43,7 +44,15 @@ log = logging.getLogger(__name__)
 _INT_RANGE = (-(2**31), 2**31 - 1)  # what an IntegerField holds
 _BIG_INTS = {"booking_id"}  # primary keys are 64-bit
 _FLOAT_LIMIT = 1e9
-_STRING_LIMITS = {"uuid": 96, "device_uuid": 96, "hostname": 253, "user": 64, "model": 64}
+_STRING_LIMITS = {
+    "uuid": 96,
+    "device_uuid": 96,
+    "hostname": 253,
+    "user": 64,
+    "model": 64,
+    "profile": 32,
+    "agent_version": 64,
+}
 _STRING_LIMIT = 65536
 _PERCENT = {"utilization_gpu", "utilization_memory"}
 _NON_NEGATIVE = {
@@ -56,6 +65,7 @@ _NON_NEGATIVE = {
     "booking_id",
     "power_w",
 }
+_RANGES = {"slices": (1, MIG_SLICES_PER_GPU)}  # a MIG instance holds 1..7 compute slices
 ALERT_KINDS = {"foreign_process", "unbooked_process"}
 
 
@@ -128,9 +138,16 @@ def _check_limits(value, path: str, name: str = "") -> None:
         return
     elif isinstance(value, int | float):
         _check_number(value, path, name)
-    elif isinstance(value, str) and len(value) > _STRING_LIMITS.get(name, _STRING_LIMIT):
-        limit = _STRING_LIMITS.get(name, _STRING_LIMIT)
+    elif isinstance(value, str):
+        _check_string(value, path, name)
+
+
+def _check_string(value: str, path: str, name: str) -> None:
+    limit = _STRING_LIMITS.get(name, _STRING_LIMIT)
+    if len(value) > limit:
         raise ValidationFailed.field(path, f"longer than {limit} characters")
+    if "\x00" in value:  # PostgreSQL text cannot hold NUL
+        raise ValidationFailed.field(path, "must not contain NUL characters")
 
 
 def _check_number(value: float, path: str, name: str) -> None:
@@ -143,6 +160,9 @@ def _check_number(value: float, path: str, name: str) -> None:
         raise ValidationFailed.field(path, "must be a percentage between 0 and 100")
     if name in _NON_NEGATIVE and value < 0:
         raise ValidationFailed.field(path, "must not be negative")
+    if name in _RANGES and not _RANGES[name][0] <= value <= _RANGES[name][1]:
+        low, high = _RANGES[name]
+        raise ValidationFailed.field(path, f"must be between {low} and {high}")
 
 
 # -- register ------------------------------------------------------------------------------
@@ -155,6 +175,7 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
         raise ValidationFailed.field(
             "protocol", f"this portal speaks protocol {protocol.PROTOCOL_VERSION}"
         )
+    _check_devices_unique(request)
     _check_devices_not_elsewhere(node, request)
     with transaction.atomic():
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
@@ -169,13 +190,27 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
     )
 
 
+def _device_uuid_fields(request: RegisterRequest) -> list[tuple[str, str]]:
+    """(uuid, field path) of every GPU and MIG instance in a register, in message order."""
+    found = []
+    for i, gpu in enumerate(request.gpus):
+        found.append((gpu.uuid, f"gpus[{i}].uuid"))
+        for j, mig in enumerate(gpu.mig_instances):
+            found.append((mig.uuid, f"gpus[{i}].mig_instances[{j}].uuid"))
+    return found
+
+
+def _check_devices_unique(request: RegisterRequest) -> None:
+    seen: dict[str, str] = {}
+    for uuid, where in _device_uuid_fields(request):
+        if uuid in seen:
+            raise ValidationFailed.field(where, f"the same UUID as {seen[uuid]}")
+        seen[uuid] = where
+
+
 def _check_devices_not_elsewhere(node: Node, request: RegisterRequest) -> None:
     # A token must not let one node take over another node's devices by naming their UUIDs.
-    where = {}
-    for i, gpu in enumerate(request.gpus):
-        where[gpu.uuid] = f"gpus[{i}].uuid"
-        for j, mig in enumerate(gpu.mig_instances):
-            where[mig.uuid] = f"gpus[{i}].mig_instances[{j}].uuid"
+    where = dict(_device_uuid_fields(request))
     gpus = Gpu.objects.filter(uuid__in=where).exclude(node=node).order_by()
     migs = MigInstance.objects.filter(uuid__in=where).exclude(gpu__node=node).order_by()
     taken = gpus.values_list("uuid", flat=True).union(migs.values_list("uuid", flat=True))

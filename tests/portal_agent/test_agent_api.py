@@ -154,6 +154,44 @@ def test_it_updates_inventory_on_a_second_register(node_a, agent_a):
     assert Gpu.objects.get(uuid="GPU-new-1").memory_mib == 40960
 
 
+def _register_with(path: list, value) -> dict:
+    body = json.loads(json.dumps(REGISTER))
+    target = body
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return body
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (
+            ["gpus", 0, "mig_instances", 0, "profile"],
+            "3g." + "x" * 30,
+            "gpus[0].mig_instances[0].profile",
+        ),
+        (["agent_version"], "1" * 65, "agent_version"),
+        (["gpus", 0, "model"], "NVIDIA\x00H100", "gpus[0].model"),
+        (["hostname"], "node-a\x00", "hostname"),
+        (["gpus", 0, "mig_instances", 0, "slices"], 0, "gpus[0].mig_instances[0].slices"),
+        (["gpus", 0, "mig_instances", 0, "slices"], 100, "gpus[0].mig_instances[0].slices"),
+        (["gpus", 1, "uuid"], "GPU-new-0", "gpus[1].uuid"),
+        (["gpus", 0, "mig_instances", 1, "uuid"], "MIG-new-0a", "gpus[0].mig_instances[1].uuid"),
+        (["gpus", 1, "uuid"], "MIG-new-0b", "gpus[1].uuid"),
+    ],
+)
+def test_it_refuses_a_bad_inventory_naming_the_field_and_stores_nothing(
+    node_a, agent_a, path, value, field
+):
+    before = _uuids(node_a[0])
+    response = agent_a.post(protocol.REGISTER_PATH, _register_with(path, value))
+    assert response.status_code == 400, response.content
+    assert field in error_of(response)["fields"], error_of(response)
+    assert _uuids(node_a[0]) == before
+    assert Node.objects.get(pk=node_a[0].pk).agent_version != value
+
+
 # -- readings ------------------------------------------------------------------------------
 
 
@@ -323,6 +361,23 @@ def test_it_refuses_a_whole_event_batch_when_one_event_is_bad(node_a, agent_a):
     assert "events[1].kind" in error_of(response)["fields"]
     booking.refresh_from_db()
     assert booking.state == "active"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"detail": "bad\x00byte"}, "events[0].detail"),
+        ({"log_tail": "out\x00put"}, "events[0].log_tail"),
+        ({"user": "x" * 65}, "events[0].user"),
+    ],
+)
+def test_it_refuses_an_event_with_a_nul_byte_or_an_overlong_field(node_a, agent_a, change, field):
+    booking = make_active_booking([node_a[0].gpus.first()], command="x")
+    response = agent_a.events({**_exited(booking, 0), **change})
+    assert response.status_code == 400, response.content
+    assert field in error_of(response)["fields"], error_of(response)
+    booking.refresh_from_db()
+    assert booking.state == "active" and booking.exit_code is None
 
 
 def test_it_stores_a_foreign_process_and_notifies_owner(
