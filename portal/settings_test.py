@@ -12,7 +12,10 @@ from portal.settings import *  # noqa: E402,F403
 # Checkouts side by side on one machine (worktrees, CI beside a developer) must not share a test
 # database, cache keys or channel-layer groups.
 TEST_RUN_ID = hashlib.sha1(str(BASE_DIR).encode()).hexdigest()[:8]  # noqa: F405
-DATABASES["default"]["TEST"] = {"NAME": f"test_gpuportal_{TEST_RUN_ID}"}  # noqa: F405
+# TEST_DATABASE_NAME names the test database outright (CI beside a developer, a second run).
+DATABASES["default"]["TEST"] = {  # noqa: F405
+    "NAME": os.environ.get("TEST_DATABASE_NAME") or f"test_gpuportal_{TEST_RUN_ID}"
+}
 CACHES["default"]["KEY_PREFIX"] = TEST_RUN_ID  # noqa: F405
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"asgi{TEST_RUN_ID}"  # noqa: F405
 
