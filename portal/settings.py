@@ -240,7 +240,10 @@ BOOKING_MAX_GPUS_PER_REQUEST = envint("BOOKING_MAX_GPUS_PER_REQUEST", 1024)
 BOOKING_MAX_DURATION_S = envint("BOOKING_MAX_DURATION_S", 30 * 86400)
 BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 3000)
 
-if not DEBUG and not EMBEDDED:
+# The HTTPS-only settings are for a site behind a TLS-terminating proxy (docker-compose sets it).
+# Without it, server mode serves plain http, e.g. the README's trial on http://127.0.0.1:8000.
+BEHIND_TLS_PROXY = envbool("BEHIND_TLS_PROXY", "False")
+if BEHIND_TLS_PROXY and not DEBUG:
     SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", "True")
     CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", "True")
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "True")

@@ -18,6 +18,7 @@ PROD_ENV = {
     "SECRET_KEY": "k" * 10 + "Zx9!q" * 10,
     "ALLOWED_HOSTS": "gpus.example.org",
     "DEBUG": "0",
+    "BEHIND_TLS_PROXY": "1",
 }
 
 
@@ -82,3 +83,24 @@ def test_it_refuses_to_start_in_server_mode_without_a_secret_key():
 @pytest.mark.django_db
 def test_it_has_no_model_changes_without_a_migration():
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+def _server_setting(name: str, **extra: str) -> str:
+    """One setting as server mode (PostgreSQL + Redis, DEBUG off) computes it, with `extra` env."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(PROD_ENV, DJANGO_SETTINGS_MODULE="portal.settings")
+    del env["BEHIND_TLS_PROXY"]
+    env.update(extra)
+    code = (
+        f"import django; django.setup(); from django.conf import settings; print(settings.{name})"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_it_serves_plain_http_in_server_mode_unless_behind_a_tls_proxy():
+    assert _server_setting("SECURE_SSL_REDIRECT") == "False"
+    assert _server_setting("SESSION_COOKIE_SECURE") == "False"
+    assert _server_setting("SECURE_SSL_REDIRECT", BEHIND_TLS_PROXY="1") == "True"
+    assert _server_setting("SESSION_COOKIE_SECURE", BEHIND_TLS_PROXY="1") == "True"
