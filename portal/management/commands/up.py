@@ -3,7 +3,8 @@
 Embedded default (no DATABASE_URL/REDIS_URL): SQLite, in-process channel layer, and the periodic
 jobs (the allocation pass and the rest of CELERY_BEAT_SCHEDULE) run in a thread of this process.
 With REDIS_URL: a Celery worker and beat run as child processes instead. Either way it migrates,
-seeds the demo, starts one simulated agent per demo node, and serves the ASGI app with daphne.
+seeds the demo and starts one simulated agent per demo node (server mode: only with --demo), and
+serves the ASGI app with daphne.
 """
 
 import atexit
@@ -33,9 +34,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--demo",
+            action="store_true",
+            help="Seed the demo users and simulated nodes (the default only in embedded mode).",
+        )
         parser.add_argument("--no-demo", action="store_true", help="Skip the demo data and agents.")
 
-    def handle(self, *args, host, port, no_demo, **options):
+    def handle(self, *args, host, port, demo, no_demo, **options):
+        # A real database never gets the published demo password unless the operator asks.
+        no_demo = no_demo or not (demo or settings.EMBEDDED)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         url = f"http://{host}:{port}"
