@@ -19,8 +19,8 @@ import time
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
-from django.db import close_old_connections
+from django.core.management.base import BaseCommand, CommandError
+from django.db import OperationalError, close_old_connections, connection
 
 from portal.services.demo import DEMO_NODES, DEMO_PASSWORD, DEMO_USERS
 from portal.services.nodes import node_token_issue
@@ -44,6 +44,7 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, demo, no_demo, **options):
         # A real database never gets the published demo password unless the operator asks.
         no_demo = no_demo or not (demo or settings.EMBEDDED)
+        database_ensure()
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         url = f"http://{host}:{port}"
@@ -75,6 +76,48 @@ class Command(BaseCommand):
             users = ", ".join(name for name, _, _ in DEMO_USERS)
             lines.append(f"  demo logins: {users}  password: {DEMO_PASSWORD}")
         self.stdout.write(self.style.SUCCESS("\n".join(lines)))
+
+
+def database_ensure() -> None:
+    """Connect to the database, creating it on its PostgreSQL server if it does not exist yet.
+
+    Anything else that stops the connection is one line that says what to fix (CommandError),
+    not a traceback.
+    """
+    try:
+        connection.ensure_connection()
+        return
+    except OperationalError as exc:
+        reason = str(exc).strip().partition("\n")[0] or type(exc).__name__
+        if connection.vendor != "postgresql" or "does not exist" not in str(exc):
+            raise CommandError(f"Cannot reach the database ({_where()}): {reason}") from None
+    _create_postgresql_database()
+
+
+def _where() -> str:
+    db = settings.DATABASES["default"]
+    return f"{db.get('NAME')} on {db.get('HOST') or 'localhost'}:{db.get('PORT') or 5432}"
+
+
+def _create_postgresql_database() -> None:
+    import psycopg
+    from psycopg import sql
+
+    db = settings.DATABASES["default"]
+    params = {k: db[K] for k, K in _CONNECT_KEYS.items() if db.get(K)}
+    try:
+        with psycopg.connect(dbname="postgres", autocommit=True, **params) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db["NAME"])))
+    except psycopg.Error as exc:
+        raise CommandError(
+            f"Database {_where()} does not exist and could not be created ({exc}); "
+            f"create it with: createdb {db['NAME']}"
+        ) from None
+    connection.close()
+    log.warning("created database %s", _where())
+
+
+_CONNECT_KEYS = {"host": "HOST", "port": "PORT", "user": "USER", "password": "PASSWORD"}
 
 
 def _start_agents(url: str) -> list[subprocess.Popen]:

@@ -1,0 +1,81 @@
+"""`manage.py up` in server mode: demo logins only when asked (--demo), the database ensured."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings as settings_module
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from portal.management.commands import up
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def no_servers(monkeypatch):
+    """Stop `up` before it serves: record the child processes it would start instead."""
+    started = []
+    monkeypatch.setattr(up, "_start_agents", lambda url: started.append("agents") or [])
+    monkeypatch.setattr(up, "_start_celery", lambda: started.append("celery") or [])
+    monkeypatch.setattr("daphne.cli.CommandLineInterface.run", lambda self, argv: None)
+    return started
+
+
+def test_it_creates_no_demo_admin_on_a_real_database_unless_asked(settings, no_servers):
+    settings.EMBEDDED = False
+    settings.REDIS_URL = settings.REDIS_URL or "redis://127.0.0.1:6379/15"
+    call_command("up", "--port", "0")
+    assert not get_user_model().objects.filter(username="admin").exists()
+    assert "agents" not in no_servers
+
+    call_command("up", "--port", "0", "--demo")
+    assert get_user_model().objects.get(username="admin").is_superuser
+    assert "agents" in no_servers
+
+
+def _ensure_in_subprocess(database_url: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(DATABASE_URL=database_url, DJANGO_SETTINGS_MODULE="portal.settings", DEBUG="1")
+    code = (
+        "import django; django.setup(); "
+        "from portal.management.commands.up import database_ensure; database_ensure()"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_it_creates_a_missing_postgresql_database(settings):
+    import psycopg
+
+    name = f"gpuportal_up_{settings.TEST_RUN_ID}"
+    admin = psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True)
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    try:
+        done = _ensure_in_subprocess(f"postgres://postgres@127.0.0.1:5432/{name}")
+        assert done.returncode == 0, done.stderr
+        found = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        assert found is not None
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+def test_it_says_in_one_line_when_the_database_cannot_be_reached():
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(DATABASE_URL="postgres://postgres@127.0.0.1:1/gpuportal", DEBUG="1")
+    done = subprocess.run(
+        [sys.executable, "manage.py", "up", "--port", "0"],
+        cwd=settings_module.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "Cannot reach the database (gpuportal on 127.0.0.1:1)" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
