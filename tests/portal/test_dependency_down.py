@@ -43,3 +43,19 @@ def test_it_answers_a_busy_page_while_redis_is_down_and_recovers(user, project, 
     assert b"retry in a few seconds" in down.content.lower()
     settings.CACHES = {"default": cache}
     assert client.get("/").status_code == 200
+
+
+def test_it_answers_503_to_an_idempotent_submission_while_redis_is_down_and_writes_nothing(
+    api, project, cluster, redis_down
+):
+    from portal.models import Booking
+
+    response = api.post(
+        "/api/v1/bookings/",
+        {"gpus": 1, "duration_s": 3600},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="sweep-17",
+    )
+    assert response.status_code == 503
+    assert error_of(response)["code"] == "busy"
+    assert Booking.objects.count() == 0
