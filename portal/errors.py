@@ -58,3 +58,14 @@ class Busy(ApplicationError):
     status = 503
     code = "busy"
     retry_after_s = 2
+
+
+class TooManyAttempts(ApplicationError):
+    """Too many failed logins from this address or for this username; retry after a wait."""
+
+    status = 429
+    code = "throttled"
+
+    def __init__(self, message: str, *, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -205,6 +205,13 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = DEBUG
 
+# How many reverse proxies in front of the site append to X-Forwarded-For. 0 (no proxy): the client
+# address is REMOTE_ADDR and X-Forwarded-For is ignored; N: the Nth address from its right.
+TRUSTED_PROXY_COUNT = envint("TRUSTED_PROXY_COUNT", 0)
+# Failed logins (API token, login page, admin) allowed per client address and per username.
+LOGIN_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 10)
+LOGIN_FAILURE_WINDOW_S = envint("LOGIN_FAILURE_WINDOW_S", 300)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "portal.api.auth.TokenAuthentication",
@@ -217,6 +224,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"token": "10/minute"},
+    # Rate limits key on the address the trusted proxies report, never on a client's own header.
+    "NUM_PROXIES": TRUSTED_PROXY_COUNT,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPU Portal API",

@@ -2,9 +2,36 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from portal.web.forms import ThrottledAdminAuthenticationForm, ThrottledAuthenticationForm
+
+
+def status_429_when_throttled(view):
+    """A login view whose form refused a throttled attempt answers 429 Too Many Requests."""
+
+    def wrapped(request, *args, **kwargs):
+        response = view(request, *args, **kwargs)
+        form = (getattr(response, "context_data", None) or {}).get("form")
+        wait = getattr(form, "throttled_s", 0)
+        if wait:
+            response.status_code = 429
+            response["Retry-After"] = str(wait)
+        return response
+
+    return wrapped
+
+
+admin.site.login_form = ThrottledAdminAuthenticationForm
+
 urlpatterns = [
+    path("admin/login/", status_429_when_throttled(admin.site.login)),
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path(
+        "accounts/login/",
+        status_429_when_throttled(
+            auth_views.LoginView.as_view(authentication_form=ThrottledAuthenticationForm)
+        ),
+        name="login",
+    ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("portal.api.urls")),
     path("", include("portal.web.urls")),

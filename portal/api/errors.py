@@ -36,7 +36,7 @@ def exception_handler(exc, context):
         response = Response(
             error_body(exc.code, exc.message, exc.fields, **exc.extra), status=exc.status
         )
-        if isinstance(exc, Busy):
+        if getattr(exc, "retry_after_s", None):
             response["Retry-After"] = str(exc.retry_after_s)
         return response
     if is_contention(exc):

@@ -13,17 +13,21 @@ from rest_framework.views import APIView
 
 from portal.api import idempotency
 from portal.api import serializers as s
-from portal.errors import NotFound, ValidationFailed
+from portal.errors import NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
 from portal.models.tokens import hash_token, new_token
 from portal.services import bookings as booking_services
+from portal.services import login_throttle
 from portal.services.estimate import booking_estimate
 from portal.services.quotas import quota_effective, usage_current
 
 
 class TokenThrottle(AnonRateThrottle):
     scope = "token"
+
+    def get_ident(self, request):
+        return login_throttle.client_address(request)
 
 
 class TokenCreateView(APIView):
@@ -36,8 +40,12 @@ class TokenCreateView(APIView):
     @extend_schema(request=s.TokenCreateInput, responses={201: s.TokenCreatedOutput})
     def post(self, request):
         data = _valid(s.TokenCreateInput, request.data)
+        wait = login_throttle.wait_s(request, data["username"])
+        if wait:
+            raise TooManyAttempts(login_throttle.message(wait), retry_after_s=wait)
         user = authenticate(request, username=data["username"], password=data["password"])
         if user is None:
+            login_throttle.record_failure(request, data["username"])
             raise ValidationFailed(
                 "Wrong username or password.", fields={"password": "wrong username or password"}
             )

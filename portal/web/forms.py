@@ -1,14 +1,43 @@
 """Forms of the pages. They parse input; the booking rules live in the services."""
 
 from django import forms
+from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm
 
 from portal.errors import ApplicationError
 from portal.models import Qos
-from portal.services import inventory
+from portal.services import inventory, login_throttle
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 # Service field names that the form shows under another name.
 SERVICE_TO_FORM_FIELD = {"duration_s": "duration_hours", "by_s": "by_hours"}
+
+
+class ThrottledLoginMixin:
+    """Refuses a login, without checking the password, after too many failures from the client's
+    address or for the username; counts each failure. `throttled_s` says the view should 429."""
+
+    throttled_s = 0
+
+    def clean(self):
+        username = self.cleaned_data.get("username") or ""
+        wait = login_throttle.wait_s(self.request, username)
+        if wait:
+            self.throttled_s = wait
+            raise forms.ValidationError(login_throttle.message(wait), code="throttled")
+        try:
+            return super().clean()
+        except forms.ValidationError:
+            login_throttle.record_failure(self.request, username)
+            raise
+
+
+class ThrottledAuthenticationForm(ThrottledLoginMixin, AuthenticationForm):
+    pass
+
+
+class ThrottledAdminAuthenticationForm(ThrottledLoginMixin, AdminAuthenticationForm):
+    pass
 
 
 class DateTimeLocalInput(forms.DateTimeInput):

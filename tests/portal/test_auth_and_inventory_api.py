@@ -133,3 +133,67 @@ def test_it_serves_the_openapi_schema_and_local_docs(api):
     assert docs.status_code == 200
     html = docs.content.decode()
     assert "/static/drf_spectacular_sidecar/" in html and "cdn." not in html
+
+
+def _token(client, username, password, **headers):
+    return client.post(
+        "/api/v1/auth/token/",
+        {"username": username, "password": password},
+        format="json",
+        **headers,
+    )
+
+
+def test_it_throttles_wrong_passwords_however_x_forwarded_for_changes(anon, settings):
+    settings.LOGIN_FAILURE_LIMIT = 5
+    UserFactory(username="alice")
+    responses = [
+        _token(anon, "alice", "nope", HTTP_X_FORWARDED_FOR=f"10.0.0.{i}") for i in range(30)
+    ]
+    assert [r.status_code for r in responses] == [400] * 5 + [429] * 25
+    assert "Too many login attempts; try again in" in error_of(responses[5])["message"]
+    assert int(responses[5]["Retry-After"]) > 0
+    response = _token(anon, "alice", "pw-secret-123", HTTP_X_FORWARDED_FOR="10.9.9.9")
+    assert response.status_code == 429
+    assert error_of(response)["code"] == "throttled"
+    assert not ApiToken.objects.exists()
+
+
+def test_it_keys_on_the_trusted_proxys_address_and_on_the_username(anon, settings):
+    settings.TRUSTED_PROXY_COUNT = 1
+    settings.LOGIN_FAILURE_LIMIT = 3
+    UserFactory(username="alice")
+    UserFactory(username="bob")
+    first = {"HTTP_X_FORWARDED_FOR": "6.6.6.6, 10.0.0.1"}
+    second = {"HTTP_X_FORWARDED_FOR": "6.6.6.6, 10.0.0.2"}
+    assert [_token(anon, "alice", "nope", **first).status_code for _ in range(3)] == [400] * 3
+    assert _token(anon, "bob", "nope", **first).status_code == 429  # the address bucket is full
+    assert _token(anon, "bob", "nope", **second).status_code == 400  # another address's is not
+    response = _token(anon, "ALICE", "pw-secret-123", **second)  # the username's bucket is full
+    assert response.status_code == 429
+    assert "Too many login attempts" in error_of(response)["message"]
+    assert _token(anon, "bob", "pw-secret-123", **second).status_code == 201
+
+
+def test_it_throttles_the_login_page(client, settings):
+    settings.LOGIN_FAILURE_LIMIT = 3
+    UserFactory(username="alice")
+    for _ in range(3):
+        response = client.post("/accounts/login/", {"username": "alice", "password": "nope"})
+        assert response.status_code == 200
+    response = client.post("/accounts/login/", {"username": "alice", "password": "pw-secret-123"})
+    assert response.status_code == 429
+    assert b"Too many login attempts; try again in" in response.content
+    assert "_auth_user_id" not in client.session
+
+
+def test_it_throttles_the_admin_login(client, settings):
+    settings.LOGIN_FAILURE_LIMIT = 3
+    UserFactory(username="root", is_staff=True, is_superuser=True)
+    for _ in range(3):
+        response = client.post("/admin/login/", {"username": "root", "password": "nope"})
+        assert response.status_code == 200
+    response = client.post("/admin/login/", {"username": "root", "password": "pw-secret-123"})
+    assert response.status_code == 429
+    assert b"Too many login attempts; try again in" in response.content
+    assert "_auth_user_id" not in client.session
