@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-interval", type=float, help="seconds between desired-state pulls")
     p.add_argument("--simulate", metavar="SPEC", help="simulated GPUs, e.g. 8xH100-80GB")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated readings")
+    p.add_argument(
+        "--site-id", default="", help="simulated UUIDs unique to one portal install (up sets it)"
+    )
     p.add_argument("--user-map", metavar="FILE", help='JSON {"portal_user": "unix_user"}')
     p.add_argument("--state-dir", default="/var/lib/gpu-portal-agent")
     p.add_argument("--policy", choices=["report", "warn", "kill"], help="override the portal's")
@@ -48,7 +51,7 @@ def _backend(args: argparse.Namespace):
     if args.simulate:
         from agents.simulate import SimulatedBackend
 
-        return SimulatedBackend(args.simulate, args.hostname, seed=args.seed)
+        return SimulatedBackend(args.simulate, args.hostname, seed=args.seed, site=args.site_id)
     from agents.nvml import NvmlBackend
 
     return NvmlBackend()

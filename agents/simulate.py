@@ -111,9 +111,19 @@ class _Walk:
 class SimulatedBackend:
     """The Backend interface over GPUs described by a SPEC; deterministic for a given seed."""
 
-    def __init__(self, spec: str, hostname: str, seed: int = 0, procs: ProcTable | None = None):
+    def __init__(
+        self,
+        spec: str,
+        hostname: str,
+        seed: int = 0,
+        procs: ProcTable | None = None,
+        site: str = "",
+    ):
         self._gpus = parse_spec(spec)
         self._hostname = hostname
+        # UUIDs depend on the site (one portal install) too: two demos on one machine must not
+        # report the same devices, or each would see the other's jobs as its own or foreign.
+        self._site = site
         self._procs = procs or ProcTable()
         rng = random.Random(f"{seed}:{hostname}")
         self._walks = [_Walk(rng) for _ in self._gpus]
@@ -122,14 +132,18 @@ class SimulatedBackend:
     def _inventory_of(self, index: int, gpu: GpuSpec) -> GpuInventory:
         instances = [
             MigInventory(
-                stable_uuid("MIG", self._hostname, index, j), p.name, p.slices, p.memory_mib
+                stable_uuid("MIG", *self._site_parts(), index, j), p.name, p.slices, p.memory_mib
             )
             for j, p in enumerate(gpu.mig)
         ]
-        uuid = stable_uuid("GPU", self._hostname, index)
+        uuid = stable_uuid("GPU", *self._site_parts(), index)
         return GpuInventory(
             index, uuid, f"NVIDIA {gpu.model}", gpu.memory_mib, bool(gpu.mig), instances
         )
+
+    def _site_parts(self) -> tuple[str, ...]:
+        # Without a site, the ids of earlier versions (hostname only), so existing nodes keep theirs.
+        return (self._site, self._hostname) if self._site else (self._hostname,)
 
     def discover(self) -> list[GpuInventory]:
         """The simulated inventory; the same on every call and every restart."""

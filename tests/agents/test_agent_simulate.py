@@ -59,6 +59,20 @@ def test_it_discovers_stable_uuids_per_hostname():
     assert first[1].mig_instances[0].uuid.startswith("MIG-")
 
 
+def test_it_gives_each_portal_install_its_own_simulated_devices(spawn):
+    spec = "1xA100-80GB:mig=3g.40gb"
+    ours = SimulatedBackend(spec, "node-a", site="install-1")
+    theirs = SimulatedBackend(spec, "node-a", site="install-2")
+    (our_gpu,), (their_gpu,) = ours.discover(), theirs.discover()
+    assert our_gpu.uuid != their_gpu.uuid
+    assert our_gpu.mig_instances[0].uuid != their_gpu.mig_instances[0].uuid
+    assert SimulatedBackend(spec, "node-a", site="install-1").discover() == [our_gpu]
+    # A job of the other demo on this machine is neither ours nor a foreign process on ours.
+    sleeper = spawn(["sleep", "30"], cuda_devices=their_gpu.mig_instances[0].uuid)
+    assert all(r.processes == [] for r in ours.sample())
+    assert [p.pid for p in theirs.sample()[1].processes] == [sleeper.pid]
+
+
 def test_it_reports_mig_utilization_as_null_not_zero():
     backend = SimulatedBackend("1xA100-80GB:mig=3g.40gb+2g.20gb", "node-a")
     readings = backend.sample()

@@ -12,6 +12,7 @@ import getpass
 import json
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -129,6 +130,7 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
     user_map = settings.VAR_DIR / "agents" / "demo-user-map.json"
     user_map.parent.mkdir(parents=True, exist_ok=True)
     user_map.write_text(json.dumps({name: getpass.getuser() for name, _, _ in DEMO_USERS}))
+    site_id = _site_id()
     for hostname, spec in DEMO_NODES.items():
         token = node_token_issue(hostname=hostname)
         state_dir = settings.VAR_DIR / "agents" / hostname
@@ -148,11 +150,21 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             str(state_dir),
             "--user-map",
             str(user_map),
+            "--site-id",
+            site_id,
             "--log-level",
             "WARNING",
         ]
         children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR))
     return children
+
+
+def _site_id() -> str:
+    """This install's id, made once and kept in VAR_DIR: its simulated devices' UUIDs derive from it."""
+    path = settings.VAR_DIR / "agents" / "site-id"
+    if not path.exists():
+        path.write_text(secrets.token_hex(8))
+    return path.read_text().strip()
 
 
 def _start_celery() -> list[subprocess.Popen]:
