@@ -12,21 +12,21 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 
 from portal.api.errors import error_body
-from portal.services.locking import is_contention
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5
-_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, InterfaceError)
+# OperationalError covers a refused or lost PostgreSQL connection and lock timeouts alike.
+_DOWN = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    OperationalError,
+    InterfaceError,
+)
 _PAGE = (
     "<!doctype html><title>Busy</title><h1>The portal is busy</h1>"
     "<p>A service it depends on is not answering. Retry in a few seconds.</p>"
 )
-
-
-def is_dependency_down(exc: BaseException) -> bool:
-    """True for a lost or refused connection to PostgreSQL or Redis (lock contention included)."""
-    return isinstance(exc, _DOWN) or isinstance(exc, OperationalError) or is_contention(exc)
 
 
 class DependencyDownMiddleware:
@@ -39,7 +39,7 @@ class DependencyDownMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exc):
-        if not is_dependency_down(exc):
+        if not isinstance(exc, _DOWN):
             return None
         log.warning("dependency down during %s %s: %s", request.method, request.path, exc)
         if request.path.startswith("/api/"):

@@ -44,14 +44,15 @@ log = logging.getLogger(__name__)
 _INT_RANGE = (-(2**31), 2**31 - 1)  # what an IntegerField holds
 _BIG_INTS = {"booking_id"}  # primary keys are 64-bit
 _FLOAT_LIMIT = 1e9
+# Strings the portal stores are held to their columns' lengths, read from the models.
 _STRING_LIMITS = {
-    "uuid": 96,
-    "device_uuid": 96,
-    "hostname": 253,
+    "uuid": Gpu._meta.get_field("uuid").max_length,
+    "device_uuid": Gpu._meta.get_field("uuid").max_length,
+    "hostname": Node._meta.get_field("hostname").max_length,
     "user": 64,
-    "model": 64,
-    "profile": 32,
-    "agent_version": 64,
+    "model": Gpu._meta.get_field("model").max_length,
+    "profile": MigInstance._meta.get_field("profile").max_length,
+    "agent_version": Node._meta.get_field("agent_version").max_length,
 }
 _STRING_LIMIT = 65536
 _PERCENT = {"utilization_gpu", "utilization_memory"}
