@@ -94,8 +94,27 @@ TEMPLATES = [
     },
 ]
 
+# PostgreSQL connections come from a pool in each process (psycopg_pool), so the connections a
+# site opens are bounded: web workers x DB_POOL_MAX_SIZE, plus the Celery worker's and beat's, must
+# stay under PostgreSQL's max_connections (100 by default). A request that waits DB_POOL_TIMEOUT_S
+# for a connection answers 503 with Retry-After (portal.middleware), never 500. Under ASGI a
+# persistent connection (CONN_MAX_AGE) would be opened per request and kept, so the pool replaces it.
+DB_POOL_MIN_SIZE = envint("DB_POOL_MIN_SIZE", 1)
+DB_POOL_MAX_SIZE = envint("DB_POOL_MAX_SIZE", 4)
+DB_POOL_TIMEOUT_S = envfloat("DB_POOL_TIMEOUT_S", 2.0)
+if not 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE or DB_POOL_MAX_SIZE < 1:
+    raise RuntimeError("DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1.")
+if not 0 < DB_POOL_TIMEOUT_S <= 60:
+    raise RuntimeError("DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds.")
+
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": DB_POOL_MIN_SIZE,
+            "max_size": DB_POOL_MAX_SIZE,
+            "timeout": DB_POOL_TIMEOUT_S,
+        }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
