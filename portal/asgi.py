@@ -10,7 +10,9 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
+from portal.middleware import AdmissionLimit  # noqa: E402
 from portal.routing import agent_websocket_urlpatterns, websocket_urlpatterns  # noqa: E402
 
 _browser_websockets = AllowedHostsOriginValidator(
@@ -26,4 +28,7 @@ async def _websockets(scope, receive, send):
     return await app(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": _websockets})
+_http = AdmissionLimit(
+    django_asgi_app, limit=settings.WEB_MAX_INFLIGHT, retry_after_s=settings.WEB_RETRY_AFTER_S
+)
+application = ProtocolTypeRouter({"http": _http, "websocket": _websockets})

@@ -64,6 +64,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "portal.middleware.QueueWaitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -93,6 +94,31 @@ TEMPLATES = [
         },
     },
 ]
+
+
+# Serving (server mode): HTTP and websockets on one port, on WEB_WORKERS uvicorn processes. Django
+# runs a process's sync views one at a time, so two per core keep the cores busy while others wait
+# on PostgreSQL. Embedded mode serves from one process (its channel layer is in-process).
+def _default_web_workers() -> int:
+    import os
+
+    return min(max(2 * (os.cpu_count() or 1), 2), 16)
+
+
+WEB_WORKERS = envint("WEB_WORKERS", _default_web_workers())
+# Backpressure, per worker process: at most WEB_MAX_INFLIGHT requests admitted at once (the rest
+# get 503 + Retry-After at once), and an admitted request that waited WEB_QUEUE_WAIT_S before its
+# view could start gets 503 too, so the latency of those served stays bounded under overload.
+WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 16)
+WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.5)
+WEB_RETRY_AFTER_S = envint("WEB_RETRY_AFTER_S", 1)
+if not 1 <= WEB_WORKERS <= 256:
+    raise RuntimeError("WEB_WORKERS must be between 1 and 256.")
+if WEB_MAX_INFLIGHT < 1 or not 0 < WEB_QUEUE_WAIT_S <= 60 or not 1 <= WEB_RETRY_AFTER_S <= 3600:
+    raise RuntimeError(
+        "WEB_MAX_INFLIGHT must be at least 1, WEB_QUEUE_WAIT_S in (0, 60] and "
+        "WEB_RETRY_AFTER_S in [1, 3600]."
+    )
 
 # PostgreSQL connections come from a pool in each process (psycopg_pool), so the connections a
 # site opens are bounded: web workers x DB_POOL_MAX_SIZE, plus the Celery worker's and beat's, must

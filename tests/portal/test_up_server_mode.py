@@ -20,7 +20,7 @@ def no_servers(monkeypatch):
     started = []
     monkeypatch.setattr(up, "_start_agents", lambda url: started.append("agents") or [])
     monkeypatch.setattr(up, "_start_celery", lambda: started.append("celery") or [])
-    monkeypatch.setattr("daphne.cli.CommandLineInterface.run", lambda self, argv: None)
+    monkeypatch.setattr(up, "serve", lambda **kwargs: started.append("web"))
     return started
 
 

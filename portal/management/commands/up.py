@@ -4,7 +4,7 @@ Embedded default (no DATABASE_URL/REDIS_URL): SQLite, in-process channel layer, 
 jobs (the allocation pass and the rest of CELERY_BEAT_SCHEDULE) run in a thread of this process.
 With REDIS_URL: a Celery worker and beat run as child processes instead. Either way it migrates,
 seeds the demo and starts one simulated agent per demo node (server mode: only with --demo), and
-serves the ASGI app with daphne.
+serves the ASGI app (`manage.py serve`: uvicorn, WEB_WORKERS processes in server mode).
 """
 
 import atexit
@@ -21,8 +21,9 @@ import time
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import OperationalError, close_old_connections, connection
+from django.db import DatabaseError, OperationalError, close_old_connections, connection
 
+from portal.management.commands.serve import serve, web_workers
 from portal.services.demo import DEMO_NODES, DEMO_PASSWORD, DEMO_USERS
 from portal.services.nodes import node_token_issue
 
@@ -59,18 +60,14 @@ class Command(BaseCommand):
         else:
             threading.Thread(target=_embedded_beat, name="embedded-beat", daemon=True).start()
         self._banner(url, no_demo)
-        from daphne.cli import CommandLineInterface
-
-        CommandLineInterface().run(
-            ["-b", host, "-p", str(port), "--proxy-headers", "portal.asgi:application"]
-        )
+        serve(host=host, port=port, workers=web_workers())
 
     def _banner(self, url: str, no_demo: bool) -> None:
         mode = (
             "PostgreSQL + Redis + Celery" if settings.REDIS_URL else "embedded (SQLite, in-process)"
         )
         lines = [
-            f"GPU Portal running at {url}/  ({mode})",
+            f"GPU Portal running at {url}/  ({mode}, {web_workers()} web worker(s))",
             f"  API docs: {url}/api/docs/  admin: {url}/admin/",
         ]
         if not no_demo:
@@ -86,13 +83,28 @@ def database_ensure() -> None:
     not a traceback.
     """
     try:
-        connection.ensure_connection()
+        _connect_once()
         return
-    except OperationalError as exc:
+    except (OperationalError, DatabaseError) as exc:
         reason = str(exc).strip().partition("\n")[0] or type(exc).__name__
         if connection.vendor != "postgresql" or "does not exist" not in str(exc):
             raise CommandError(f"Cannot reach the database ({_where()}): {reason}") from None
     _create_postgresql_database()
+
+
+def _connect_once() -> None:
+    """Open one connection outside the pool, whose timeout would hide PostgreSQL's own reason."""
+    if connection.vendor != "postgresql":
+        connection.ensure_connection()
+        return
+    import psycopg
+
+    db = settings.DATABASES["default"]
+    params = {k: db[K] for k, K in _CONNECT_KEYS.items() if db.get(K)}
+    try:
+        psycopg.connect(dbname=db["NAME"], connect_timeout=10, **params).close()
+    except psycopg.Error as exc:
+        raise DatabaseError(str(exc)) from exc
 
 
 def _where() -> str:
