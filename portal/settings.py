@@ -256,6 +256,11 @@ TRUSTED_PROXY_COUNT = envint("TRUSTED_PROXY_COUNT", 0)
 # Failed logins (API token, login page, admin) allowed per client address and per username.
 LOGIN_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 10)
 LOGIN_FAILURE_WINDOW_S = envint("LOGIN_FAILURE_WINDOW_S", 300)
+# API token -> user lookups are cached this long; revoking a token or deactivating its user drops
+# the cached entry at once (portal.api.auth), so this bounds only staleness of the user's fields.
+TOKEN_CACHE_S = envint("TOKEN_CACHE_S", 30)
+if not 0 <= TOKEN_CACHE_S <= 3600:
+    raise RuntimeError("TOKEN_CACHE_S must be between 0 and 3600 seconds.")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

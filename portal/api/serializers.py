@@ -1,5 +1,11 @@
-"""Input and output serializers. Inputs reject unknown fields; outputs are plain views of models."""
+"""Input and output serializers. Inputs reject unknown fields; outputs are plain views of models.
 
+List endpoints render dozens of rows a request, and DRF's generic field-by-field rendering was most
+of their cost; so the output serializers declare their fields (for validation of the shape and the
+OpenAPI schema) and render with a plain function, checked to match the generic rendering.
+"""
+
+from django.utils import timezone
 from rest_framework import serializers
 
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
@@ -56,6 +62,27 @@ class BookingExtendInput(StrictSerializer):
     by_s = serializers.IntegerField(min_value=60, max_value=MAX_SECONDS)
 
 
+def iso(value, tz=None) -> str | None:
+    """A datetime as DRF's DateTimeField renders it: ISO 8601 in the current zone, UTC as Z.
+
+    Pass `tz` (timezone.get_current_timezone()) when rendering many: looking it up is not free.
+    """
+    if not value:
+        return None
+    text = value.astimezone(tz or timezone.get_current_timezone()).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def allocation_row(allocation, tz) -> dict:
+    return {
+        "device": allocation.device_label,
+        "uuid": allocation.device_uuid,
+        "node": allocation.gpu.node.hostname,
+        "start": iso(allocation.start, tz),
+        "end": iso(allocation.end, tz),
+    }
+
+
 class AllocationOutput(serializers.Serializer):
     device = serializers.CharField(source="device_label")
     uuid = serializers.CharField(source="device_uuid")
@@ -109,6 +136,37 @@ class BookingOutput(serializers.ModelSerializer):
     def get_cuda_visible_devices(self, obj) -> str:
         return ",".join(a.device_uuid for a in self._live(obj))
 
+    def to_representation(self, obj):
+        live = self._live(obj)
+        tz = timezone.get_current_timezone()
+        return {
+            "id": obj.id,
+            "owner": obj.owner.username,
+            "project": obj.project.slug,
+            "state": obj.state,
+            "state_detail": obj.state_detail,
+            "gpus": obj.gpus,
+            "mig_profile": obj.mig_profile,
+            "gpu_model": obj.gpu_model,
+            "start": iso(obj.start, tz),
+            "end": iso(obj.end, tz),
+            "duration_s": obj.duration_s,
+            "qos": obj.qos,
+            "preemptible": obj.preemptible,
+            "command": obj.command,
+            "submitted_at": iso(obj.submitted_at, tz),
+            "started_at": iso(obj.started_at, tz),
+            "ended_at": iso(obj.ended_at, tz),
+            "planned_start": iso(obj.planned_start, tz),
+            "queue_position": obj.queue_position,
+            "pending_reason": obj.pending_reason,
+            "priority": obj.priority,
+            "exit_code": obj.exit_code,
+            "log_tail": obj.log_tail,
+            "devices": [allocation_row(a, tz) for a in live],
+            "cuda_visible_devices": ",".join(a.device_uuid for a in live),
+        }
+
 
 class NodeOutput(serializers.ModelSerializer):
     gpu_count = serializers.IntegerField(read_only=True)
@@ -146,6 +204,18 @@ class GpuOutput(serializers.ModelSerializer):
 
     def get_mig_instances(self, obj) -> list[dict]:
         return [{"id": m.id, "uuid": m.uuid, "profile": m.profile} for m in obj.mig_instances.all()]
+
+    def to_representation(self, obj):
+        return {
+            "id": obj.id,
+            "uuid": obj.uuid,
+            "node": obj.node.hostname,
+            "index": obj.index,
+            "model": obj.model,
+            "memory_mib": obj.memory_mib,
+            "mig_mode": obj.mig_mode,
+            "mig_instances": self.get_mig_instances(obj),
+        }
 
 
 class QuotaLimitOutput(serializers.Serializer):

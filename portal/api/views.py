@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
-from portal.api import idempotency
+from portal.api import idempotency, lists
 from portal.api import serializers as s
 from portal.errors import NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
@@ -90,6 +90,12 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         .order_by("node__hostname", "index", "id")
     )
 
+    def list(self, request, *args, **kwargs):
+        page = self.paginate_queryset(
+            self.filter_queryset(self.get_queryset()).values(*lists.GPU_FIELDS)
+        )
+        return self.get_paginated_response(lists.gpu_rows(page))
+
 
 class MigInstanceViewSet(viewsets.ReadOnlyModelViewSet):
     """MIG instances, each a bookable device."""
@@ -126,6 +132,12 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             .prefetch_related(allocations)
             .order_by("-submitted_at", "-id")
         )
+
+    def list(self, request, *args, **kwargs):
+        page = self.paginate_queryset(
+            self.filter_queryset(self.get_queryset()).values(*lists.BOOKING_FIELDS)
+        )
+        return self.get_paginated_response(lists.booking_rows(page))
 
     def _render(self, booking, code=status.HTTP_200_OK):
         return Response(s.BookingOutput(self.get_queryset().get(pk=booking.pk)).data, status=code)

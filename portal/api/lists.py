@@ -1,0 +1,123 @@
+"""The busiest list endpoints' rows, read as plain values rather than model instances.
+
+GET bookings/ and gpus/ are what scripts poll; building 50 bookings with their allocations, GPUs
+and nodes as model instances and rendering them field by field cost several times the rest of the
+request. These read the same columns with `.values()` and build the same JSON as BookingOutput and
+GpuOutput (a test holds the two renderings equal).
+"""
+
+from collections import defaultdict
+
+from django.utils import timezone
+
+from portal.api.serializers import iso
+from portal.models import Allocation, Booking, MigInstance
+
+BOOKING_FIELDS = (
+    "id",
+    "owner__username",
+    "project__slug",
+    "state",
+    "state_detail",
+    "gpus",
+    "mig_profile",
+    "gpu_model",
+    "start",
+    "end",
+    "duration_s",
+    "qos",
+    "preemptible",
+    "command",
+    "submitted_at",
+    "started_at",
+    "ended_at",
+    "planned_start",
+    "queue_position",
+    "pending_reason",
+    "priority",
+    "exit_code",
+    "log_tail",
+)
+_BOOKING_TIMES = ("start", "end", "submitted_at", "started_at", "ended_at", "planned_start")
+_ALLOCATION_FIELDS = (
+    "booking_id",
+    "live",
+    "start",
+    "end",
+    "gpu__uuid",
+    "gpu__index",
+    "gpu__node__hostname",
+    "mig_instance_id",
+    "mig_instance__uuid",
+    "mig_instance__profile",
+)
+GPU_FIELDS = ("id", "uuid", "node__hostname", "index", "model", "memory_mib", "mig_mode")
+
+
+def booking_rows(page: list[dict]) -> list[dict]:
+    """BookingOutput's JSON for a page of `.values(*BOOKING_FIELDS)` rows, in one more query."""
+    tz = timezone.get_current_timezone()
+    devices = _devices_by_booking([row["id"] for row in page], tz)
+    live_states = set(Booking.LIVE_STATES)
+    out = []
+    for row in page:
+        live = row["state"] in live_states
+        held = [d for d in devices.get(row["id"], ()) if d["live"] or not live]
+        booking = {key: row[key] for key in BOOKING_FIELDS[3:]}
+        booking.update({key: iso(row[key], tz) for key in _BOOKING_TIMES})
+        booking["id"] = row["id"]
+        booking["owner"] = row["owner__username"]
+        booking["project"] = row["project__slug"]
+        booking["devices"] = [d["row"] for d in held]
+        booking["cuda_visible_devices"] = ",".join(d["row"]["uuid"] for d in held)
+        out.append(booking)
+    return out
+
+
+def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:
+    found = defaultdict(list)
+    allocations = (
+        Allocation.objects.filter(booking_id__in=ids)
+        .order_by("start", "id")
+        .values(*_ALLOCATION_FIELDS)
+    )
+    for a in allocations:
+        label = f"{a['gpu__node__hostname']}/gpu{a['gpu__index']}"
+        if a["mig_instance_id"]:
+            label, uuid = f"{label}/{a['mig_instance__profile']}", a["mig_instance__uuid"]
+        else:
+            uuid = a["gpu__uuid"]
+        row = {
+            "device": label,
+            "uuid": uuid,
+            "node": a["gpu__node__hostname"],
+            "start": iso(a["start"], tz),
+            "end": iso(a["end"], tz),
+        }
+        found[a["booking_id"]].append({"live": a["live"], "row": row})
+    return found
+
+
+def gpu_rows(page: list[dict]) -> list[dict]:
+    """GpuOutput's JSON for a page of `.values(*GPU_FIELDS)` rows, in one more query."""
+    migs = defaultdict(list)
+    instances = (
+        MigInstance.objects.filter(gpu_id__in=[row["id"] for row in page])
+        .order_by("gpu_id", "uuid")
+        .values("gpu_id", "id", "uuid", "profile")
+    )
+    for m in instances:
+        migs[m.pop("gpu_id")].append(m)
+    return [
+        {
+            "id": row["id"],
+            "uuid": row["uuid"],
+            "node": row["node__hostname"],
+            "index": row["index"],
+            "model": row["model"],
+            "memory_mib": row["memory_mib"],
+            "mig_mode": row["mig_mode"],
+            "mig_instances": migs.get(row["id"], []),
+        }
+        for row in page
+    ]
