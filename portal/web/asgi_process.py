@@ -1,4 +1,4 @@
-"""Start the portal under daphne in a subprocess: for browser tests and the live benchmark."""
+"""Start the portal's ASGI server in a subprocess: for browser and serving tests and benchmarks."""
 
 import socket
 import subprocess
@@ -17,28 +17,40 @@ def free_port() -> int:
 
 def daphne_start(*, port: int, env: dict, log=subprocess.DEVNULL, timeout: float = 30.0):
     """A daphne process serving portal.asgi on 127.0.0.1:port, once it accepts connections."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-        + ["portal.asgi:application"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+    command.append("portal.asgi:application")
+    return _start(command, port=port, env=env, log=log, timeout=timeout)
+
+
+def serve_start(
+    *, port: int, env: dict, workers: int = 1, log=subprocess.DEVNULL, timeout: float = 30.0
+):
+    """`manage.py serve` (uvicorn, as `up` and docker-compose run it) on 127.0.0.1:port."""
+    command = [sys.executable, "manage.py", "serve", "--port", str(port)]
+    command += ["--workers", str(workers)]
+    return _start(command, port=port, env=env, log=log, timeout=timeout)
+
+
+def _start(command: list[str], *, port: int, env: dict, log, timeout: float) -> subprocess.Popen:
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"daphne exited early with {process.returncode}")
+            raise RuntimeError(f"{command[2]} exited early with {process.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return process
         except OSError:
             time.sleep(0.1)
     process.kill()
-    raise RuntimeError("daphne did not start listening in time")
+    raise RuntimeError(f"{command[2]} did not start listening in time")
 
 
 def daphne_stop(process) -> None:
+    server_stop(process)
+
+
+def server_stop(process) -> None:
     process.terminate()
     try:
         process.wait(timeout=10)
