@@ -17,11 +17,14 @@ def envbool(name: str, default: str = "False") -> bool:
 
 
 def envint(name: str, default: int) -> int:
-    return int(env(name, str(default)))
+    """$NAME as an int; unset or empty (a compose file's `${NAME:-}`) means the default."""
+    value = env(name).strip()
+    return int(value) if value else default
 
 
 def envfloat(name: str, default: float) -> float:
-    return float(env(name, str(default)))
+    value = env(name).strip()
+    return float(value) if value else default
 
 
 def envlist(name: str, default: str = "") -> list[str]:

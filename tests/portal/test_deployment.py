@@ -32,7 +32,9 @@ def test_it_defines_every_production_service():
 
 def test_it_points_compose_commands_at_code_that_exists():
     services = _compose()["services"]
-    assert "portal.asgi:application" in services["web"]["command"]
+    assert "python manage.py serve " in services["web"]["command"]
+    serve = (ROOT / "portal" / "management" / "commands" / "serve.py").read_text()
+    assert '"portal.asgi:application"' in serve
     module, _, attr = "portal.asgi:application".partition(":")
     assert hasattr(import_module(module), attr)
     for name in ("worker", "beat"):
