@@ -1,11 +1,14 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels consumers."""
+"""ASGI entry point: HTTP through Django (its WSGI handler on threads), websockets through Channels.
+
+Beyond capacity, HTTP requests are refused with 503 here, before they reach a thread.
+"""
 
 import os
 
-from django.core.asgi import get_asgi_application
+from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-django_asgi_app = get_asgi_application()
+django_wsgi_app = get_wsgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
@@ -14,6 +17,7 @@ from django.conf import settings  # noqa: E402
 
 from portal.middleware import AdmissionLimit  # noqa: E402
 from portal.routing import agent_websocket_urlpatterns, websocket_urlpatterns  # noqa: E402
+from portal.wsgi_threads import WsgiOnThreads  # noqa: E402
 
 _browser_websockets = AllowedHostsOriginValidator(
     AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
@@ -29,6 +33,8 @@ async def _websockets(scope, receive, send):
 
 
 _http = AdmissionLimit(
-    django_asgi_app, limit=settings.WEB_MAX_INFLIGHT, retry_after_s=settings.WEB_RETRY_AFTER_S
+    WsgiOnThreads(django_wsgi_app, threads=settings.WEB_THREADS),
+    limit=settings.WEB_MAX_INFLIGHT,
+    retry_after_s=settings.WEB_RETRY_AFTER_S,
 )
 application = ProtocolTypeRouter({"http": _http, "websocket": _websockets})

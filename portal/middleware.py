@@ -18,6 +18,7 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 
 from portal.api.errors import error_body
+from portal.wsgi_threads import ADMITTED_AT
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,6 @@ _FULL_PAGE = (
     "<!doctype html><title>Busy</title><h1>The portal is busy</h1>"
     "<p>It is serving as many requests as it can. Retry in a few seconds.</p>"
 )
-# Where the ASGI admission limit notes when it let a request in (an ASGI scope extension key).
-ADMITTED_AT = "portal.admitted_at"
 
 
 def _busy(path: str, message: str, page: str, retry_after_s: int) -> HttpResponse:
@@ -71,8 +70,8 @@ class DependencyDownMiddleware:
 class QueueWaitMiddleware:
     """Refuse a request that waited longer than WEB_QUEUE_WAIT_S for its turn in this worker.
 
-    A worker runs its requests' Django code one at a time, so under a burst the admitted ones
-    queue; answering the stale ones 503 at once keeps the wait of those served bounded, and the
+    A worker runs its requests' Django code on WEB_THREADS threads, so under a burst the admitted
+    ones queue; answering the stale ones 503 at once keeps the wait of those served bounded, and the
     client's retry lands when there is room. First in MIDDLEWARE: it runs when the turn comes.
     """
 
@@ -80,7 +79,7 @@ class QueueWaitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        admitted_at = getattr(request, "scope", {}).get(ADMITTED_AT)
+        admitted_at = request.META.get(ADMITTED_AT)
         if admitted_at is not None and time.monotonic() - admitted_at > settings.WEB_QUEUE_WAIT_S:
             return _busy(request.path, _FULL_MESSAGE, _FULL_PAGE, settings.WEB_RETRY_AFTER_S)
         return self.get_response(request)

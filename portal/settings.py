@@ -96,9 +96,10 @@ TEMPLATES = [
 ]
 
 
-# Serving (server mode): HTTP and websockets on one port, on WEB_WORKERS uvicorn processes. Django
-# runs a process's sync views one at a time, so two per core keep the cores busy while others wait
-# on PostgreSQL. Embedded mode serves from one process (its channel layer is in-process).
+# Serving (server mode): HTTP and websockets on one port, on WEB_WORKERS uvicorn processes, each
+# running Django's HTTP views on WEB_THREADS threads (portal.wsgi_threads). The Python interpreter
+# runs one thread's Python at a time, so processes use the cores and threads overlap the waits on
+# PostgreSQL. Embedded mode serves from one process (its channel layer is in-process).
 def _default_web_workers() -> int:
     import os
 
@@ -106,14 +107,15 @@ def _default_web_workers() -> int:
 
 
 WEB_WORKERS = envint("WEB_WORKERS", _default_web_workers())
+WEB_THREADS = envint("WEB_THREADS", 4)
 # Backpressure, per worker process: at most WEB_MAX_INFLIGHT requests admitted at once (the rest
 # get 503 + Retry-After at once), and an admitted request that waited WEB_QUEUE_WAIT_S before its
 # view could start gets 503 too, so the latency of those served stays bounded under overload.
 WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 16)
 WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.5)
 WEB_RETRY_AFTER_S = envint("WEB_RETRY_AFTER_S", 1)
-if not 1 <= WEB_WORKERS <= 256:
-    raise RuntimeError("WEB_WORKERS must be between 1 and 256.")
+if not 1 <= WEB_WORKERS <= 256 or not 1 <= WEB_THREADS <= 64:
+    raise RuntimeError("WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64.")
 if WEB_MAX_INFLIGHT < 1 or not 0 < WEB_QUEUE_WAIT_S <= 60 or not 1 <= WEB_RETRY_AFTER_S <= 3600:
     raise RuntimeError(
         "WEB_MAX_INFLIGHT must be at least 1, WEB_QUEUE_WAIT_S in (0, 60] and "
@@ -121,12 +123,13 @@ if WEB_MAX_INFLIGHT < 1 or not 0 < WEB_QUEUE_WAIT_S <= 60 or not 1 <= WEB_RETRY_
     )
 
 # PostgreSQL connections come from a pool in each process (psycopg_pool), so the connections a
-# site opens are bounded: web workers x DB_POOL_MAX_SIZE, plus the Celery worker's and beat's, must
+# site opens are bounded (a web worker uses one per busy HTTP thread, plus its websockets' brief
+# lookups): web workers x DB_POOL_MAX_SIZE, plus the Celery worker's and beat's, must
 # stay under PostgreSQL's max_connections (100 by default). A request that waits DB_POOL_TIMEOUT_S
 # for a connection answers 503 with Retry-After (portal.middleware), never 500. Under ASGI a
 # persistent connection (CONN_MAX_AGE) would be opened per request and kept, so the pool replaces it.
 DB_POOL_MIN_SIZE = envint("DB_POOL_MIN_SIZE", 1)
-DB_POOL_MAX_SIZE = envint("DB_POOL_MAX_SIZE", 4)
+DB_POOL_MAX_SIZE = envint("DB_POOL_MAX_SIZE", 8)
 DB_POOL_TIMEOUT_S = envfloat("DB_POOL_TIMEOUT_S", 2.0)
 if not 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE or DB_POOL_MAX_SIZE < 1:
     raise RuntimeError("DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1.")

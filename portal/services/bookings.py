@@ -199,8 +199,12 @@ def visible_bookings(user):
     qs = Booking.objects.all()
     if user.is_staff:
         return qs
-    managed = Membership.objects.filter(user=user, role=Membership.Role.MANAGER).values(
-        "project_id"
+    # Read as a list first: for a user who manages nothing the filter is then `owner = id`, which
+    # the owner index answers, where an OR with a subquery scans every booking.
+    managed = list(
+        Membership.objects.filter(user=user, role=Membership.Role.MANAGER).values_list(
+            "project_id", flat=True
+        )
     )
     return qs.filter(Q(owner=user) | Q(project_id__in=managed))
 
