@@ -91,15 +91,16 @@ def free_devices(
         qs = qs.filter(node_id__in=node_ids)
     node_sizes = dict(qs.values("node").annotate(n=Count("id")).values_list("node", "n"))
     qs = qs.exclude(id__in=busy.filter(mig_instance__isnull=True).values("gpu_id"))
+    # Plain values: a site has thousands of GPUs and this runs inside the booking transaction.
     return [
         FreeDevice(
-            node_id=g.node_id,
-            gpu_id=g.id,
+            node_id=node_id,
+            gpu_id=gpu_id,
             mig_id=None,
             fraction=1.0,
-            node_gpus=node_sizes[g.node_id],
+            node_gpus=node_sizes[node_id],
         )
-        for g in qs
+        for gpu_id, node_id in qs.values_list("id", "node_id")
     ]
 
 
