@@ -255,8 +255,9 @@ async def _drive(kind, rate: float, seconds: float, results: list) -> None:
     """Send `kind` at `rate`/s for `seconds`; append (latency from when due, status)."""
 
     async def one(due: float):
+        late = time.monotonic() - due  # this generator's own lag, shown apart
         status = await kind()
-        results.append((time.monotonic() - due, status))
+        results.append((time.monotonic() - due, status, late))
 
     start = time.monotonic()
     tasks = []
@@ -268,12 +269,13 @@ async def _drive(kind, rate: float, seconds: float, results: list) -> None:
 
 
 def _summary(name: str, rate: float, seconds: float, results: list, cpu_s: float) -> dict:
-    ok = sorted(latency for latency, status in results if 200 <= status < 300)
+    ok = sorted(latency for latency, status, _ in results if 200 <= status < 300)
+    late = sorted(lag for *_, lag in results)
 
     def pct(p: float):
         return round(1000 * ok[min(len(ok) - 1, int(p * len(ok)))], 1) if ok else None
 
-    statuses = Counter(status for _, status in results)
+    statuses = Counter(status for _, status, _ in results)
     return {
         "load": name,
         "rate": rate,
@@ -283,6 +285,9 @@ def _summary(name: str, rate: float, seconds: float, results: list, cpu_s: float
         "p99_ms": pct(0.99),
         "errors": {str(k): v for k, v in sorted(statuses.items()) if not 200 <= k < 300},
         "server_cpu_pct": round(100 * cpu_s / seconds),
+        "generator_lag_p95_ms": round(1000 * late[int(0.95 * (len(late) - 1))], 1)
+        if late
+        else None,
     }
 
 
@@ -429,14 +434,14 @@ async def _run(args, seeded: dict, port: int, server_pid: int) -> tuple[list[dic
 
 def _table(rows: list[dict]) -> str:
     lines = [
-        "| load | served/s | p50 / p95 / p99 ms | errors | server CPU |",
-        "|---|---|---|---|---|",
+        "| load | served/s | p50 / p95 / p99 ms | errors | server CPU | generator lag p95 ms |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         errors = ", ".join(f"{n} x {k}" for k, n in r["errors"].items()) or "0"
         lines.append(
             f"| {r['load']} | {r['served_rps']} | {r['p50_ms']} / {r['p95_ms']} / {r['p99_ms']} "
-            f"| {errors} | {r['server_cpu_pct']}% |"
+            f"| {errors} | {r['server_cpu_pct']}% | {r['generator_lag_p95_ms']} |"
         )
     return "\n".join(lines)
 

@@ -111,8 +111,8 @@ WEB_THREADS = envint("WEB_THREADS", 4)
 # Backpressure, per worker process: at most WEB_MAX_INFLIGHT requests admitted at once (the rest
 # get 503 + Retry-After at once), and an admitted request that waited WEB_QUEUE_WAIT_S before its
 # view could start gets 503 too, so the latency of those served stays bounded under overload.
-WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 16)
-WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.5)
+WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 8)
+WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.25)
 WEB_RETRY_AFTER_S = envint("WEB_RETRY_AFTER_S", 1)
 if not 1 <= WEB_WORKERS <= 256 or not 1 <= WEB_THREADS <= 64:
     raise RuntimeError("WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64.")

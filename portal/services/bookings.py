@@ -60,19 +60,18 @@ def booking_submit(
         preemptible=preemptible,
         command=command,
     )
+    state = State.PENDING if request.start is None else State.PLANNED
+    booking = booking_from_request(user, request, now, state)
+    booking.planned_start = request.start
+    # Validated before the transaction: the model's checks read nothing the booking locks protect,
+    # and each is a round trip that would otherwise be made while the candidate nodes are locked.
+    booking.full_clean()
     with transaction.atomic(durable=True):
         if request.start is None:
-            booking = _create(user, request, now, State.PENDING)
+            booking.save()
         else:
-            booking = _reserve(user, request, now)
+            _reserve(booking, request, now)
         events.booking_changed(booking, "submitted")
-    return booking
-
-
-def _create(user, request: BookingRequest, now: datetime, state: str) -> Booking:
-    booking = booking_from_request(user, request, now, state)
-    booking.full_clean()
-    booking.save()
     return booking
 
 
@@ -97,20 +96,18 @@ def booking_from_request(
     )
 
 
-def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
+def _reserve(booking: Booking, request: BookingRequest, now: datetime) -> None:
+    """Place a validated, unsaved reservation on devices and save both (inside the transaction)."""
     lock_project(request.project.pk)
     lock_nodes(
         inventory.candidate_node_ids(gpu_model=request.gpu_model, mig_profile=request.mig_profile)
     )
-    devices = check_reservation(user, request, now)
-    booking = _create(user, request, now, State.PLANNED)
-    booking.planned_start = request.start
-    booking.save(update_fields=["planned_start"])
+    devices = check_reservation(booking.owner, request, now)
+    booking.save()
     if not allocations_write(
         booking=booking, devices=devices, start=request.start, end=request.end
     ):
         raise NoCapacity("Another booking took these devices a moment ago; try again.")
-    return booking
 
 
 def allocations_write(

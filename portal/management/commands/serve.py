@@ -41,6 +41,9 @@ def serve(*, host: str, port: int, workers: int) -> None:
         access_log=False,
         log_level="warning",
         backlog=4096,
+        # Live messages are small JSON sent to hundreds of sockets a second: compressing each one
+        # for each socket cost more CPU than it saved bytes.
+        ws_per_message_deflate=False,
         # Open websockets would otherwise hold a stop for as long as the browsers stay.
         timeout_graceful_shutdown=5,
     )
