@@ -77,3 +77,32 @@ def test_it_serves_on_several_workers_in_server_mode_and_one_embedded(settings):
     assert web_workers() == 5
     settings.REDIS_URL = ""
     assert web_workers() == 1
+
+
+@pytest.mark.parametrize(
+    "name, value, said",
+    [
+        ("DB_POOL_MAX_SIZE", "0", "DB_POOL_MAX_SIZE"),
+        ("DB_POOL_TIMEOUT_S", "0", "DB_POOL_TIMEOUT_S"),
+        ("WEB_WORKERS", "0", "WEB_WORKERS"),
+        ("WEB_QUEUE_WAIT_S", "-1", "WEB_QUEUE_WAIT_S"),
+        ("TOKEN_CACHE_S", "-5", "TOKEN_CACHE_S"),
+    ],
+)
+def test_it_refuses_serving_settings_out_of_range(name, value, said):
+    import subprocess
+    import sys
+
+    env = os.environ | {"DJANGO_SETTINGS_MODULE": "portal.settings_test", name: value}
+    code = "import django; django.setup()"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert said in done.stderr.strip().splitlines()[-1]
+
+
+def test_it_takes_an_empty_setting_as_its_default(monkeypatch):
+    from portal.env import envfloat, envint
+
+    monkeypatch.setenv("WEB_WORKERS", "")
+    assert envint("WEB_WORKERS", 3) == 3
+    assert envfloat("WEB_WORKERS", 0.5) == 0.5
