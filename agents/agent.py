@@ -151,7 +151,7 @@ class Agent:
         """
         now = self._now()
         events_before = self._events_seen
-        self._talk(self._sync)
+        self._talk(self._sync, registered=False)
         self._queue(self.dispatcher.reconcile(self._bookings(), now))
         readings = self._sample_if_due()
         if readings is not None:
@@ -162,9 +162,11 @@ class Agent:
         # Queued-but-unsent events are not new work: counting them would spin while offline.
         return escalated or self._events_seen > events_before
 
-    def _talk(self, call: Callable[[], object]) -> None:
+    def _talk(self, call: Callable[[], object], *, registered: bool = True) -> None:
         # While the portal is down (in backoff) no request is tried; work goes on locally.
-        if not self._online():
+        # Only a registered agent posts: when a backoff runs out mid-cycle, after this cycle's
+        # sync was skipped, readings and events wait for the next cycle's registration.
+        if not self._online() or (registered and not self._registered):
             return
         try:
             call()

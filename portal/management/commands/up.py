@@ -64,6 +64,7 @@ class Command(BaseCommand):
         CommandLineInterface().run(
             ["-b", host, "-p", str(port), "--proxy-headers", "portal.asgi:application"]
         )
+        _exit_now(children)
 
     def _banner(self, url: str, no_demo: bool) -> None:
         mode = (
@@ -203,6 +204,21 @@ def _run_task(app, task_name: str) -> None:
         log.exception("periodic task %s failed", task_name)
     finally:
         close_old_connections()
+
+
+def _exit_now(children: list[subprocess.Popen]) -> None:
+    """Leave once the server has stopped (SIGTERM/SIGINT), without joining request threads.
+
+    On shutdown daphne cancels the open requests but stops its event loop as soon as the first
+    of them is gone; a request thread still inside the view then waits forever in asgiref's
+    async_to_sync for that loop, and a normal interpreter exit would join it forever. Its
+    transaction never committed, so there is nothing to finish.
+    """
+    _stop(children)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _stop(children: list[subprocess.Popen]) -> None:
