@@ -280,6 +280,9 @@ if BEHIND_TLS_PROXY and not DEBUG:
     SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", "True")
     CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", "True")
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "True")
+    # Paths (regexes, no leading slash) served over plain http too, e.g. ^api/v1/agent/ for
+    # agents inside the compose network.
+    SECURE_REDIRECT_EXEMPT = envlist("SECURE_REDIRECT_EXEMPT")
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
