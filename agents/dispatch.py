@@ -1,7 +1,9 @@
 """Launching, watching and stopping the commands of bookings, and surviving agent restarts.
 
 What was launched is written to a JSON state file after every change, so a restarted
-agent re-adopts running work instead of killing or relaunching it.
+agent re-adopts running work instead of killing or relaunching it. Work is matched to bookings by
+booking and devices: a job whose booking moved to other devices (requeued while the agent was
+away) is stopped and launched again on the booking's devices.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ class Job:
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
     stop_reason: str | None = None
     kill_at: float | None = None
+    relaunch: bool = False  # stopped because its booking moved: launch it again once gone
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
-        transient = ("popen", "stop_reason", "kill_at")
+        transient = ("popen", "stop_reason", "kill_at", "relaunch")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in transient}
 
     def exit_code(self) -> tuple[bool, int | None]:
@@ -124,6 +127,12 @@ class Dispatcher:
                 continue
             if wanted and job.booking_id in wanted:
                 self._follow_end(job, wanted[job.booking_id].end)
+                if set(job.device_uuids) != set(wanted[job.booking_id].device_uuids):
+                    # The portal moved the booking (e.g. requeued while this node was away):
+                    # the work must not stay on devices the booking no longer holds.
+                    job.relaunch = True
+                    self._begin_stop(job, "the booking moved to other devices; relaunching there")
+                    continue
             if datetime.fromisoformat(job.end) <= now:
                 self._begin_stop(job, "the booking's end time passed")
             elif wanted is not None and job.booking_id not in wanted:
@@ -160,7 +169,8 @@ class Dispatcher:
 
     def _finished(self, job: Job, code: int | None, now: datetime) -> Event:
         del self.jobs[job.booking_id]
-        self._done.add(job.booking_id)
+        if not job.relaunch:
+            self._done.add(job.booking_id)
         if job.stop_reason is not None:
             # Stragglers in the group must not keep the GPU after the booking ended.
             _signal_group(job, signal.SIGKILL)

@@ -1,5 +1,6 @@
 """Dispatch: launching booking commands, stopping them, and re-adopting them after a restart."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -171,6 +172,42 @@ def test_it_readopts_work_across_a_real_agent_process_restart(portal, agent_argv
             if proc is not None and proc.poll() is None:
                 proc.kill()
     assert read_stat(pid) is None or read_stat(pid).state == "Z"
+
+
+def test_it_relaunches_work_on_the_new_devices_when_its_booking_moved_while_the_agent_was_dead(
+    portal, agent_argv, me
+):
+    hostname = "moved-node"
+    old, new = (gpu.uuid for gpu in SimulatedBackend("2xH100-80GB", hostname).discover())
+    portal.book(11, me, [old], command="sleep 30")
+    args = agent_argv(
+        "--hostname", hostname, "--simulate", "2xH100-80GB", "--interval", "0.2",
+        "--sync-interval", "0.2",
+    )  # fmt: skip
+    first = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    second = None
+    try:
+        _wait(lambda: ("started", 11) in _kinds(portal))
+        stale = _event(portal, "started", 11).pid
+        first.kill()  # the node's agent dies mid-job; the portal moves the booking meanwhile
+        first.wait(timeout=10)
+        portal.desired["bookings"][0]["device_uuids"] = [new]
+        portal.desired["generation"] += 1
+        second = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+        _wait(lambda: _kinds(portal).count(("started", 11)) == 2)
+        assert _kinds(portal) == [("started", 11), ("stopped", 11), ("started", 11)]
+        assert "moved" in _event(portal, "stopped", 11).detail
+        relaunched = [e for e in portal.events() if e.kind == "started"][-1].pid
+        assert read_cuda_devices(relaunched) == {new}
+        assert read_stat(stale) is None or read_stat(stale).state == "Z"
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        for event in portal.events():
+            if event.kind == "started":
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(event.pid, signal.SIGKILL)
 
 
 def _wait(condition, timeout_s=15.0):
