@@ -54,6 +54,4 @@ def node_heartbeat_check() -> None:
 @shared_task(ignore_result=True)
 def node_alert_notify(alert_id: int) -> None:
     """Email and Slack about a process an agent objected to."""
-    from portal.services.agents import node_alert_notify as notify
-
-    notify(alert_id=alert_id)
+    notifications.alert_notify(alert_id=alert_id)
