@@ -21,6 +21,9 @@ def no_servers(monkeypatch):
     monkeypatch.setattr(up, "_start_agents", lambda url: started.append("agents") or [])
     monkeypatch.setattr(up, "_start_celery", lambda: started.append("celery") or [])
     monkeypatch.setattr("daphne.cli.CommandLineInterface.run", lambda self, argv: None)
+    monkeypatch.setattr(
+        up, "_exit_now", lambda children: None
+    )  # up leaves the process after serving
     return started
 
 
