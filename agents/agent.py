@@ -18,7 +18,7 @@ from pathlib import Path
 from agents import __version__
 from agents.backend import Backend
 from agents.backoff import Backoff
-from agents.dispatch import Dispatcher, active_bookings
+from agents.dispatch import DEFAULT_MIN_UID, Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
 from agents.protocol import (
@@ -59,13 +59,14 @@ class Agent:
         push: bool = True,
         push_url: str | None = None,
         max_queued_events: int = 10_000,
+        min_uid: int = DEFAULT_MIN_UID,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self.hostname = hostname or socket.gethostname()
         self.backend = backend
         self.portal = PortalClient(portal_url, token)
-        self.dispatcher = Dispatcher(state_dir, user_map, grace_s, clock)
+        self.dispatcher = Dispatcher(state_dir, user_map, grace_s, clock, min_uid)
         self.enforcer = Enforcer(grace_s, clock)
         self.events: deque[Event] = deque(maxlen=max_queued_events)
         self.desired: DesiredState | None = None

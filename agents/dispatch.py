@@ -26,6 +26,8 @@ from agents.protocol import DesiredBooking, Event
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 4096
+# Jobs never run as root or a system account, whatever the user map says (--min-uid).
+DEFAULT_MIN_UID = 1000
 _STATE_FILE = "state.json"
 
 
@@ -68,8 +70,10 @@ class Dispatcher:
         user_map: dict[str, str] | None = None,
         grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        min_uid: int = DEFAULT_MIN_UID,
     ) -> None:
         self._state_dir = Path(state_dir)
+        self._min_uid = min_uid
         self._log_dir = self._state_dir / "logs"
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._user_map = user_map or {}
@@ -199,6 +203,14 @@ class Dispatcher:
                 f"not launched: Unix user {unix_user!r} (portal user {booking.owner!r}) "
                 "does not exist on this node"
             )
+            return Event("exited", now, detail, booking.booking_id, user=unix_user)
+        if account.pw_uid < self._min_uid:
+            self._done.add(booking.booking_id)
+            detail = (
+                f"not launched: Unix user {unix_user!r} has uid {account.pw_uid}, below the "
+                f"minimum uid {self._min_uid} for jobs (root and system accounts never run jobs)"
+            )
+            log.warning("booking %s %s", booking.booking_id, detail)
             return Event("exited", now, detail, booking.booking_id, user=unix_user)
         try:
             job = self._spawn(booking, account)

@@ -57,6 +57,19 @@ def test_it_runs_the_command_as_the_mapped_unix_user(portal, make_agent, cycle_u
     cycle_until(agent, lambda: ("stopped", 2) in _kinds(portal))
 
 
+def test_it_refuses_to_run_a_job_as_root_or_a_system_account(portal, make_agent, cycle_until):
+    agent = make_agent(min_uid=1000, user_map={"mallory": "root", "svc": "daemon"})
+    gpu = _gpu_uuids(agent)[0]
+    portal.book(21, "mallory", [gpu], command="touch /tmp/owned-by-root")
+    portal.book(22, "svc", [gpu], command="true")
+    cycle_until(agent, lambda: {("exited", 21), ("exited", 22)} <= set(_kinds(portal)))
+    for booking_id, user in ((21, "root"), (22, "daemon")):
+        event = _event(portal, "exited", booking_id)
+        assert f"Unix user {user!r} has uid" in event.detail
+        assert "below the minimum uid 1000" in event.detail
+    assert ("started", 21) not in _kinds(portal) and not agent.dispatcher.jobs
+
+
 def test_it_reports_an_unknown_unix_user_instead_of_crashing(portal, make_agent, cycle_until):
     agent = make_agent()
     portal.book(3, "no-such-user-xyz", _gpu_uuids(agent)[:1], command="true")

@@ -153,6 +153,8 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             str(user_map),
             "--site-id",
             site_id,
+            "--min-uid",  # demo jobs run as whoever runs up (see the user map above)
+            str(os.geteuid()),
             "--log-level",
             "WARNING",
         ]
