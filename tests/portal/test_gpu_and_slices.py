@@ -12,7 +12,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from portal.models import Allocation
+from portal.models import Allocation, MigInstance
 from portal.services.locking import is_allocation_clash
 from portal.services.nodes import node_inventory_update
 from tests.factories import AllocationFactory, BookingFactory, MigInstanceFactory, make_node
@@ -153,3 +153,29 @@ def test_it_places_existing_slices_and_fills_existing_allocations_when_migrating
         Allocation.objects.create(
             booking_id=booking.pk, gpu_id=gpu.pk, mig_instance=None, fraction=1.0, **_window()
         )
+
+
+@pytest.mark.django_db
+def test_it_offers_no_device_that_shares_compute_slices_with_a_held_one():
+    from portal.models import Gpu
+    from portal.services.inventory import free_devices
+
+    node = make_node("n1", gpus=0)
+    node.state = "up"
+    node.save()
+    layout = {"index": 0, "uuid": "GPU-1", "model": "NVIDIA A100-80GB"}
+    layout |= {"memory_total_mib": 81920, "mig_mode": True}
+    old = [{"uuid": "MIG-old", "profile": "3g.40gb", "slices": 3, "memory_total_mib": 1}]
+    node_inventory_update(node=node, gpus=[{**layout, "mig_instances": old}])
+    held = MigInstance.objects.get(uuid="MIG-old")  # compute slices 0..2
+    window = _window()
+    AllocationFactory(gpu=held.gpu, mig_instance=held, **window)
+    new = [
+        {"uuid": f"MIG-new-{i}", "profile": "2g.20gb", "slices": 2, "memory_total_mib": 1}
+        for i in range(3)
+    ]
+    node_inventory_update(node=node, gpus=[{**layout, "mig_instances": new}])
+    offered = free_devices(mig_profile="2g.20gb", **window)
+    assert [MigInstance.objects.get(pk=d.mig_id).uuid for d in offered] == ["MIG-new-2"]
+    Gpu.objects.filter(pk=held.gpu_id).update(mig_mode=False)  # the GPU leaves MIG mode
+    assert free_devices(**window) == []  # not while a slice of it is still held
