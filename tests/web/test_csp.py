@@ -62,3 +62,28 @@ def test_it_serves_plotlys_own_style_rules_as_the_bundle_holds_them():
         "run: python -m portal.web.plotly_css > static/portal/plotly.css"
     )
     assert ".js-plotly-plot .plotly .modebar{" in served
+
+
+def test_it_keeps_the_admin_within_the_policy(site, asgi_server, chromium):  # noqa: F811
+    from tests.factories import UserFactory
+
+    UserFactory(username="root", is_staff=True, is_superuser=True)
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script(COLLECT)
+    page = context.new_page()
+    page.goto(f"{asgi_server}/admin/login/")
+    page.fill("#id_username", "root")
+    page.fill("#id_password", "pw-secret-123")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{asgi_server}/admin/")
+    found = []
+    for path in (
+        "/admin/",
+        "/admin/portal/booking/",
+        f"/admin/portal/booking/{site['booking']}/change/",
+    ):
+        assert page.goto(asgi_server + path).status == 200, path
+        page.wait_for_load_state("networkidle")
+        found += [f"{path}: {v}" for v in _violations(page)]
+    context.close()
+    assert found == [], "\n".join(found)
