@@ -11,6 +11,7 @@ import socket
 import sys
 
 from agents.agent import Agent
+from agents.dispatch import DEFAULT_MIN_UID
 from agents.portal import AuthError
 
 EXIT_BAD_TOKEN = 3
@@ -35,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default="/var/lib/gpu-portal-agent")
     p.add_argument("--policy", choices=["report", "warn", "kill"], help="override the portal's")
     p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
+    p.add_argument(
+        "--min-uid",
+        type=int,
+        default=DEFAULT_MIN_UID,
+        help="refuse to run jobs as users below this uid (root, system accounts)",
+    )
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -90,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             sync_interval_s=args.sync_interval,
             grace_s=args.grace,
             push=not args.no_push,
+            min_uid=args.min_uid,
         )
     except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
         logging.error("cannot start: %s", exc)

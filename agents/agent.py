@@ -18,7 +18,7 @@ from pathlib import Path
 from agents import __version__
 from agents.backend import Backend
 from agents.backoff import Backoff
-from agents.dispatch import Dispatcher, active_bookings
+from agents.dispatch import DEFAULT_MIN_UID, Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
 from agents.protocol import (
@@ -59,13 +59,14 @@ class Agent:
         push: bool = True,
         push_url: str | None = None,
         max_queued_events: int = 10_000,
+        min_uid: int = DEFAULT_MIN_UID,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self.hostname = hostname or socket.gethostname()
         self.backend = backend
         self.portal = PortalClient(portal_url, token)
-        self.dispatcher = Dispatcher(state_dir, user_map, grace_s, clock)
+        self.dispatcher = Dispatcher(state_dir, user_map, grace_s, clock, min_uid)
         self.enforcer = Enforcer(grace_s, clock)
         self.events: deque[Event] = deque(maxlen=max_queued_events)
         self.desired: DesiredState | None = None
@@ -151,7 +152,7 @@ class Agent:
         """
         now = self._now()
         events_before = self._events_seen
-        self._talk(self._sync)
+        self._talk(self._sync, registered=False)
         self._queue(self.dispatcher.reconcile(self._bookings(), now))
         readings = self._sample_if_due()
         if readings is not None:
@@ -162,9 +163,11 @@ class Agent:
         # Queued-but-unsent events are not new work: counting them would spin while offline.
         return escalated or self._events_seen > events_before
 
-    def _talk(self, call: Callable[[], object]) -> None:
+    def _talk(self, call: Callable[[], object], *, registered: bool = True) -> None:
         # While the portal is down (in backoff) no request is tried; work goes on locally.
-        if not self._online():
+        # Only a registered agent posts: when a backoff runs out mid-cycle, after this cycle's
+        # sync was skipped, readings and events wait for the next cycle's registration.
+        if not self._online() or (registered and not self._registered):
             return
         try:
             call()

@@ -1,7 +1,9 @@
 """Launching, watching and stopping the commands of bookings, and surviving agent restarts.
 
 What was launched is written to a JSON state file after every change, so a restarted
-agent re-adopts running work instead of killing or relaunching it.
+agent re-adopts running work instead of killing or relaunching it. Work is matched to bookings by
+booking and devices: a job whose booking moved to other devices (requeued while the agent was
+away) is stopped and launched again on the booking's devices.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from agents.protocol import DesiredBooking, Event
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 4096
+# Jobs never run as root or a system account, whatever the user map says (--min-uid).
+DEFAULT_MIN_UID = 1000
 _STATE_FILE = "state.json"
 
 
@@ -42,10 +46,11 @@ class Job:
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
     stop_reason: str | None = None
     kill_at: float | None = None
+    relaunch: bool = False  # stopped because its booking moved: launch it again once gone
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
-        transient = ("popen", "stop_reason", "kill_at")
+        transient = ("popen", "stop_reason", "kill_at", "relaunch")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in transient}
 
     def exit_code(self) -> tuple[bool, int | None]:
@@ -65,8 +70,10 @@ class Dispatcher:
         user_map: dict[str, str] | None = None,
         grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        min_uid: int = DEFAULT_MIN_UID,
     ) -> None:
         self._state_dir = Path(state_dir)
+        self._min_uid = min_uid
         self._log_dir = self._state_dir / "logs"
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._user_map = user_map or {}
@@ -124,6 +131,12 @@ class Dispatcher:
                 continue
             if wanted and job.booking_id in wanted:
                 self._follow_end(job, wanted[job.booking_id].end)
+                if set(job.device_uuids) != set(wanted[job.booking_id].device_uuids):
+                    # The portal moved the booking (e.g. requeued while this node was away):
+                    # the work must not stay on devices the booking no longer holds.
+                    job.relaunch = True
+                    self._begin_stop(job, "the booking moved to other devices; relaunching there")
+                    continue
             if datetime.fromisoformat(job.end) <= now:
                 self._begin_stop(job, "the booking's end time passed")
             elif wanted is not None and job.booking_id not in wanted:
@@ -160,7 +173,8 @@ class Dispatcher:
 
     def _finished(self, job: Job, code: int | None, now: datetime) -> Event:
         del self.jobs[job.booking_id]
-        self._done.add(job.booking_id)
+        if not job.relaunch:
+            self._done.add(job.booking_id)
         if job.stop_reason is not None:
             # Stragglers in the group must not keep the GPU after the booking ended.
             _signal_group(job, signal.SIGKILL)
@@ -189,6 +203,14 @@ class Dispatcher:
                 f"not launched: Unix user {unix_user!r} (portal user {booking.owner!r}) "
                 "does not exist on this node"
             )
+            return Event("exited", now, detail, booking.booking_id, user=unix_user)
+        if account.pw_uid < self._min_uid:
+            self._done.add(booking.booking_id)
+            detail = (
+                f"not launched: Unix user {unix_user!r} has uid {account.pw_uid}, below the "
+                f"minimum uid {self._min_uid} for jobs (root and system accounts never run jobs)"
+            )
+            log.warning("booking %s %s", booking.booking_id, detail)
             return Event("exited", now, detail, booking.booking_id, user=unix_user)
         try:
             job = self._spawn(booking, account)

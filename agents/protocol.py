@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +29,38 @@ WEBSOCKET_PATH = "/ws/agent/"
 Enforcement = Literal["report", "warn", "kill"]
 EventKind = Literal["started", "exited", "stopped", "foreign_process", "unbooked_process"]
 
+# The schema's bounds, enforced by from_json on both sides. Lengths are the portal's column sizes
+# (a portal test keeps them equal); every string refuses NUL (PostgreSQL text cannot hold it).
+UUID_MAX = 96
+HOSTNAME_MAX = 253
+USER_MAX = 64  # a Unix user name
+USERNAME_MAX = 150  # a portal (Django) user name
+COMMAND_MAX = 1_000_000
+MODEL_MAX = 64
+PROFILE_MAX = 32
+VERSION_MAX = 64
+STRING_MAX = 65536
+MIG_SLICES = 7
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)  # primary keys
+FLOAT_LIMIT = 1e9
+
+
+def bounded(
+    *,
+    max_length: int = STRING_MAX,
+    low: float | None = None,
+    high: float | None = None,
+    ints: tuple[int, int] = INT32,
+    default: Any = dataclasses.MISSING,
+) -> Any:
+    """A message field with bounds: strings up to `max_length`, numbers in [low, high]."""
+    limits = {"max_length": max_length, "low": low, "high": high, "ints": ints}
+    return field(default=default, metadata={"limits": limits})
+
+
+_NO_LIMITS = {"max_length": STRING_MAX, "low": None, "high": None, "ints": INT32}
+
 
 class ProtocolError(ValueError):
     """A message does not match the protocol; `field` names where (e.g. `gpus[0].uuid`)."""
@@ -42,21 +75,21 @@ class ProtocolError(ValueError):
 class MigInventory:
     """One MIG instance as the node discovered it."""
 
-    uuid: str
-    profile: str
-    slices: int
-    memory_total_mib: int
+    uuid: str = bounded(max_length=UUID_MAX)
+    profile: str = bounded(max_length=PROFILE_MAX)
+    slices: int = bounded(low=1, high=MIG_SLICES)
+    memory_total_mib: int = bounded(low=0)
 
 
 @dataclass(frozen=True)
 class GpuInventory:
     """One physical GPU and, when MIG mode is on, its MIG instances."""
 
-    index: int
-    uuid: str
-    model: str
-    memory_total_mib: int
-    mig_mode: bool
+    index: int = bounded(low=0)
+    uuid: str = bounded(max_length=UUID_MAX)
+    model: str = bounded(max_length=MODEL_MAX)
+    memory_total_mib: int = bounded(low=0)
+    mig_mode: bool = bounded()
     mig_instances: list[MigInventory] = field(default_factory=list)
 
 
@@ -64,9 +97,9 @@ class GpuInventory:
 class RegisterRequest:
     """POST REGISTER_PATH: the node's inventory, sent at start and after any reconnect."""
 
-    hostname: str
-    agent_version: str
-    gpus: list[GpuInventory]
+    hostname: str = bounded(max_length=HOSTNAME_MAX)
+    agent_version: str = bounded(max_length=VERSION_MAX)
+    gpus: list[GpuInventory] = bounded()
     protocol: int = PROTOCOL_VERSION
 
 
@@ -84,23 +117,23 @@ class RegisterResponse:
 class ProcessReading:
     """A process NVML (or the simulator) sees on a device."""
 
-    pid: int
-    user: str | None
-    used_memory_mib: int | None
-    name: str | None
+    pid: int = bounded(low=0)
+    user: str | None = bounded(max_length=USER_MAX)
+    used_memory_mib: int | None = bounded(low=0)
+    name: str | None = bounded()
 
 
 @dataclass(frozen=True)
 class DeviceReading:
     """One sample of a whole GPU or MIG instance; None means the value is unavailable."""
 
-    uuid: str
-    utilization_gpu: float | None
-    utilization_memory: float | None
-    memory_used_mib: int | None
-    memory_total_mib: int | None
-    temperature_c: float | None
-    power_w: float | None
+    uuid: str = bounded(max_length=UUID_MAX)
+    utilization_gpu: float | None = bounded(low=0, high=100)
+    utilization_memory: float | None = bounded(low=0, high=100)
+    memory_used_mib: int | None = bounded(low=0)
+    memory_total_mib: int | None = bounded(low=0)
+    temperature_c: float | None = bounded()
+    power_w: float | None = bounded(low=0)
     processes: list[ProcessReading] = field(default_factory=list)
 
 
@@ -108,29 +141,29 @@ class DeviceReading:
 class ReadingsRequest:
     """POST READINGS_PATH: one sample of every device on the node."""
 
-    hostname: str
-    time: datetime
-    readings: list[DeviceReading]
+    hostname: str = bounded(max_length=HOSTNAME_MAX)
+    time: datetime = bounded()
+    readings: list[DeviceReading] = bounded()
 
 
 @dataclass(frozen=True)
 class DesiredBooking:
     """A booking that holds devices on this node; `command` is launched when set."""
 
-    booking_id: int
-    owner: str
-    device_uuids: list[str]
-    start: datetime
-    end: datetime
-    command: str | None = None
+    booking_id: int = bounded(low=0, ints=INT64)
+    owner: str = bounded(max_length=USERNAME_MAX)
+    device_uuids: list[str] = bounded(max_length=UUID_MAX)
+    start: datetime = bounded()
+    end: datetime = bounded()
+    command: str | None = bounded(max_length=COMMAND_MAX, default=None)
 
 
 @dataclass(frozen=True)
 class DesiredState:
     """GET DESIRED_PATH: the active bookings on this node, versioned by `generation`."""
 
-    generation: int
-    bookings: list[DesiredBooking]
+    generation: int = bounded(low=0, ints=INT64)
+    bookings: list[DesiredBooking] = bounded()
 
 
 @dataclass(frozen=True)
@@ -140,12 +173,12 @@ class Event:
     kind: EventKind
     time: datetime
     detail: str = ""
-    booking_id: int | None = None
+    booking_id: int | None = bounded(low=0, ints=INT64, default=None)
     exit_code: int | None = None
     log_tail: str | None = None
-    device_uuid: str | None = None
-    pid: int | None = None
-    user: str | None = None
+    device_uuid: str | None = bounded(max_length=UUID_MAX, default=None)
+    pid: int | None = bounded(low=0, default=None)
+    user: str | None = bounded(max_length=USER_MAX, default=None)
     action: Enforcement | None = None
 
 
@@ -168,7 +201,7 @@ class PushMessage:
     """What the portal pushes over WEBSOCKET_PATH; the agent then pulls desired state."""
 
     type: Literal["desired_changed"]
-    generation: int
+    generation: int = bounded(low=0, ints=INT64)
 
 
 def utcnow() -> datetime:
@@ -186,14 +219,19 @@ def dumps(message: Any) -> bytes:
     return json.dumps(to_json(message), separators=(",", ":")).encode()
 
 
-def from_json(cls: type, data: Any) -> Any:
-    """Validate `data` (a dict, or JSON text/bytes) into an instance of message class `cls`."""
+def from_json(cls: type, data: Any, *, strict: bool = False) -> Any:
+    """Validate `data` (a dict, or JSON text/bytes) into an instance of message class `cls`.
+
+    Every field is checked against its type and bounds. `strict` also refuses fields the
+    message does not have (the portal, reading agents: a typo must not lose data); the agent
+    reads the portal's answers leniently, so a newer portal may add fields.
+    """
     if isinstance(data, str | bytes | bytearray):
         try:
             data = json.loads(data)
         except ValueError as exc:
             raise ProtocolError("body", f"not JSON: {exc}") from None
-    return _decode_dataclass(cls, data, "")
+    return _decode_dataclass(cls, data, "", strict)
 
 
 def _encode(value: Any) -> Any:
@@ -213,38 +251,71 @@ def _fields(cls: type) -> tuple[tuple[dataclasses.Field, Any], ...]:
     return tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
 
 
-def _decode_dataclass(cls: type, data: Any, path: str) -> Any:
+def _decode_dataclass(cls: type, data: Any, path: str, strict: bool) -> Any:
     if not isinstance(data, dict):
         raise ProtocolError(path or "body", "must be an object")
+    fields = _fields(cls)
+    if strict:
+        known = {f.name for f, _ in fields}
+        for key in data:
+            if key not in known:
+                where = f"{path}.{key}" if path else str(key)
+                raise ProtocolError(where, "is not a field of this message")
     kwargs = {}
-    for f, hint in _fields(cls):
+    for f, hint in fields:
         where = f"{path}.{f.name}" if path else f.name
         if f.name in data:
-            kwargs[f.name] = _decode(hint, data[f.name], where)
+            limits = f.metadata.get("limits", _NO_LIMITS)
+            kwargs[f.name] = _decode(hint, data[f.name], where, limits, strict)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ProtocolError(where, "is required")
     return cls(**kwargs)
 
 
-def _decode(hint: Any, value: Any, where: str) -> Any:
+def _decode(hint: Any, value: Any, where: str, limits: dict, strict: bool) -> Any:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None:
             return None
         (inner,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        return _decode(inner, value, where)
+        return _decode(inner, value, where, limits, strict)
     if value is None:
         raise ProtocolError(where, "must not be null")
     if origin is list:
         if not isinstance(value, list):
             raise ProtocolError(where, "must be a list")
         (inner,) = typing.get_args(hint)
-        return [_decode(inner, item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [
+            _decode(inner, item, f"{where}[{i}]", limits, strict) for i, item in enumerate(value)
+        ]
     if origin is Literal:
         return _decode_choice(typing.get_args(hint), value, where)
     if dataclasses.is_dataclass(hint):
-        return _decode_dataclass(hint, value, where)
-    return _decode_scalar(hint, value, where)
+        return _decode_dataclass(hint, value, where, strict)
+    return _check_bounds(_decode_scalar(hint, value, where), where, limits)
+
+
+def _check_bounds(value: Any, where: str, limits: dict) -> Any:
+    if isinstance(value, str):
+        if len(value) > limits["max_length"]:
+            raise ProtocolError(where, f"longer than {limits['max_length']} characters")
+        if "\x00" in value:
+            raise ProtocolError(where, "must not contain NUL characters")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    low, high = limits["low"], limits["high"]
+    if isinstance(value, int) and not limits["ints"][0] <= value <= limits["ints"][1]:
+        raise ProtocolError(where, "is out of range")
+    if isinstance(value, float) and (not math.isfinite(value) or abs(value) > FLOAT_LIMIT):
+        raise ProtocolError(where, "is out of range")
+    if (low, high) == (0, 100) and not low <= value <= high:
+        raise ProtocolError(where, "must be a percentage between 0 and 100")
+    if low == 0 and high is None and value < 0:
+        raise ProtocolError(where, "must not be negative")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ProtocolError(where, f"must be between {low} and {high}")
+    return value
 
 
 def _decode_choice(choices: tuple, value: Any, where: str) -> Any:

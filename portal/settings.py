@@ -10,6 +10,7 @@ from pathlib import Path
 import dj_database_url
 
 from portal.env import env, envbool, envfloat, envint, envlist
+from portal.headers import policy_header
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
@@ -66,6 +67,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "portal.middleware.QueueWaitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "portal.headers.SecurityHeadersMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -75,6 +77,25 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "portal.middleware.DependencyDownMiddleware",
 ]
+
+# Scripts, styles and everything else from this site only; no inline code, no eval
+# (portal/headers.py). The websocket is same-origin, which 'self' covers.
+CONTENT_SECURITY_POLICY = policy_header(
+    {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+)
+# Powerful browser features the portal never uses, off for it and anything it might embed.
+PERMISSIONS_POLICY = "camera=(), microphone=(), geolocation=(), payment=(), usb=()"
 
 ROOT_URLCONF = "portal.urls"
 ASGI_APPLICATION = "portal.asgi.application"
@@ -139,10 +160,15 @@ if not 0 < DB_POOL_TIMEOUT_S <= 60:
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        from psycopg_pool import ConnectionPool
+
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": DB_POOL_MIN_SIZE,
             "max_size": DB_POOL_MAX_SIZE,
             "timeout": DB_POOL_TIMEOUT_S,
+            # A connection PostgreSQL dropped (restart, pg_terminate_backend) is replaced before
+            # a request gets it, instead of failing that request.
+            "check": ConnectionPool.check_connection,
         }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -310,6 +336,9 @@ if BEHIND_TLS_PROXY and not DEBUG:
     SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", "True")
     CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", "True")
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", "True")
+    # Paths (regexes, no leading slash) served over plain http too, e.g. ^api/v1/agent/ for
+    # agents inside the compose network.
+    SECURE_REDIRECT_EXEMPT = envlist("SECURE_REDIRECT_EXEMPT")
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True

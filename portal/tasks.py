@@ -6,8 +6,13 @@ from django.utils import timezone
 from portal.models import Allocation, Booking
 from portal.services import live, notifications
 
+# Idempotent jobs are acknowledged only when done, and put back if the process running them dies
+# (SIGKILL, OOM): another worker runs them again. Booking and alert notifications are not, so a
+# lost one is lost rather than sent twice.
+IDEMPOTENT = {"ignore_result": True, "acks_late": True, "reject_on_worker_lost": True}
 
-@shared_task(ignore_result=True)
+
+@shared_task(**IDEMPOTENT)
 def allocation_pass() -> None:
     """One allocator pass (skipped if another is running)."""
     from portal.services.allocation import allocation_pass as run_pass
@@ -30,7 +35,7 @@ def booking_event(booking_id: int, event: str) -> None:
     notifications.booking_notify(booking=booking, event=event)
 
 
-@shared_task(ignore_result=True)
+@shared_task(**IDEMPOTENT)
 def telemetry_rollup() -> None:
     """Roll raw telemetry up per minute, then prune raw samples and rollups past retention."""
     from portal.services.telemetry import telemetry_maintain
@@ -38,7 +43,7 @@ def telemetry_rollup() -> None:
     telemetry_maintain(now=timezone.now())
 
 
-@shared_task(ignore_result=True)
+@shared_task(**IDEMPOTENT)
 def node_heartbeat_check() -> None:
     """Mark silent nodes down; fail or requeue their bookings."""
     from portal.services.nodes import nodes_heartbeat_check
@@ -49,6 +54,4 @@ def node_heartbeat_check() -> None:
 @shared_task(ignore_result=True)
 def node_alert_notify(alert_id: int) -> None:
     """Email and Slack about a process an agent objected to."""
-    from portal.services.agents import node_alert_notify as notify
-
-    notify(alert_id=alert_id)
+    notifications.alert_notify(alert_id=alert_id)

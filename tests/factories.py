@@ -18,6 +18,7 @@ from portal.models import (
     Quota,
     Sample,
 )
+from portal.models.inventory import MIG_SLICES_PER_GPU
 
 _uuid = itertools.count(1)
 
@@ -86,6 +87,13 @@ class MigInstanceFactory(factory.django.DjangoModelFactory):
     uuid = factory.LazyFunction(lambda: f"MIG-test-{next(_uuid):08d}")
     slices = 3
     memory_mib = 40960
+    # Packed after the GPU's other instances, as the register places them.
+    placement_start = factory.LazyAttribute(
+        lambda o: min(
+            sum(o.gpu.mig_instances.values_list("slices", flat=True)),
+            MIG_SLICES_PER_GPU - o.slices,
+        )
+    )
 
 
 class BookingFactory(factory.django.DjangoModelFactory):

@@ -113,9 +113,13 @@ class Booking(models.Model):
 class Allocation(models.Model):
     """One device held by a booking over [start, end).
 
-    A device is a whole GPU (mig_instance empty) or one MIG instance of `gpu`. PostgreSQL refuses
-    two live allocations of one device whose periods overlap (exclusion constraint
-    portal_allocation_no_overlap, added in migration 0002 because SQLite has no such thing).
+    A device is a whole GPU (mig_instance empty) or one MIG instance of `gpu`. The allocation
+    occupies the GPU's compute slices [slot_start, slot_end): all seven for a whole GPU, the MIG
+    instance's placement otherwise. PostgreSQL fills the slots itself (a trigger, from the MIG
+    instance, on every insert or device change) and refuses two live allocations on one GPU whose
+    slots and periods both overlap (exclusion constraint portal_allocation_no_overlap, migrations
+    0002 and 0004; SQLite has no such thing and leaves the slots empty). So a whole GPU and any of
+    its slices, or a slice and one of a changed MIG layout, never go to two bookings at once.
     When a booking ends, its allocations stop being live and `end` is cut to the real end.
     """
 
@@ -128,6 +132,8 @@ class Allocation(models.Model):
     end = models.DateTimeField()
     fraction = models.FloatField(help_text="GPU-equivalents of the device: 1, or slices/7.")
     live = models.BooleanField(default=True)
+    slot_start = models.PositiveSmallIntegerField(null=True, editable=False)
+    slot_end = models.PositiveSmallIntegerField(null=True, editable=False)
 
     class Meta:
         ordering = ["start", "id"]

@@ -59,10 +59,21 @@ class MigInstance(models.Model):
     profile = models.CharField(max_length=32, db_index=True, help_text="e.g. 3g.40gb")
     uuid = models.CharField(max_length=96, unique=True)
     slices = models.PositiveSmallIntegerField()
+    placement_start = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="First compute slice (0-6) the instance occupies on its GPU; it holds "
+        "[placement_start, placement_start + slices).",
+    )
     memory_mib = models.PositiveIntegerField()
 
     class Meta:
         ordering = ["gpu__node__hostname", "gpu__index", "uuid"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(placement_start__lte=MIG_SLICES_PER_GPU - models.F("slices")),
+                name="%(app_label)s_%(class)s_placement_fits",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.gpu}/{self.profile}"

@@ -1,22 +1,16 @@
 """What node agents ask of the portal: parse their messages, register, desired state, events.
 
-Messages are parsed with agents/protocol.py (the one definition of the wire protocol) plus the
-portal's stricter checks: no unknown fields, no NaN or infinities, numbers and strings within
-what the database stores. A bad message is refused whole (400 naming the field) before any write.
+Messages are parsed with agents/protocol.py, the one schema of the wire protocol (types, bounds
+matching what the database stores, no NaN, no NUL), read strictly (no unknown fields). A bad
+message is refused whole (400 naming the field) before any write.
 """
 
-import dataclasses
-import functools
 import hashlib
 import json
 import logging
-import math
-import types
-import typing
 from datetime import datetime
 
 from django.conf import settings
-from django.core.mail import send_mail
 from django.db import transaction
 from django.utils import timezone
 
@@ -31,42 +25,14 @@ from agents.protocol import (
 )
 from portal.errors import NotAllowed, ValidationFailed
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert
-from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.services import events as booking_events
 from portal.services import live
 from portal.services.bookings import booking_transition
 from portal.services.nodes import node_check_hostname, node_inventory_update
-from portal.services.notifications import slack_post
 from portal.services.telemetry import node_device_uuids, node_devices_forget
 
 log = logging.getLogger(__name__)
 
-_INT_RANGE = (-(2**31), 2**31 - 1)  # what an IntegerField holds
-_BIG_INTS = {"booking_id"}  # primary keys are 64-bit
-_FLOAT_LIMIT = 1e9
-# Strings the portal stores are held to their columns' lengths, read from the models.
-_STRING_LIMITS = {
-    "uuid": Gpu._meta.get_field("uuid").max_length,
-    "device_uuid": Gpu._meta.get_field("uuid").max_length,
-    "hostname": Node._meta.get_field("hostname").max_length,
-    "user": 64,
-    "model": Gpu._meta.get_field("model").max_length,
-    "profile": MigInstance._meta.get_field("profile").max_length,
-    "agent_version": Node._meta.get_field("agent_version").max_length,
-}
-_STRING_LIMIT = 65536
-_PERCENT = {"utilization_gpu", "utilization_memory"}
-_NON_NEGATIVE = {
-    "memory_used_mib",
-    "memory_total_mib",
-    "used_memory_mib",
-    "pid",
-    "index",
-    "slices",
-    "booking_id",
-    "power_w",
-}
-_RANGES = {"slices": (1, MIG_SLICES_PER_GPU)}  # a MIG instance holds 1..7 compute slices
 ALERT_KINDS = {"foreign_process", "unbooked_process"}
 
 
@@ -74,96 +40,23 @@ ALERT_KINDS = {"foreign_process", "unbooked_process"}
 
 
 def agent_message_parse(cls: type, body: bytes):
-    """Parse and validate an agent's JSON body into protocol message `cls`, or raise 400."""
+    """Parse and validate an agent's JSON body into protocol message `cls`, or raise 400.
+
+    The one schema is agents/protocol.py (types, bounds, no NUL); the portal reads strictly:
+    unknown fields are refused too.
+    """
     try:
         data = json.loads(body or b"null", parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise ValidationFailed.field("body", f"not valid JSON: {exc}") from None
     try:
-        _check_unknown(cls, data, "")
-        message = protocol.from_json(cls, data)
+        return protocol.from_json(cls, data, strict=True)
     except protocol.ProtocolError as exc:
         raise ValidationFailed.field(exc.field, exc.reason) from None
-    _check_limits(message, "")
-    return message
 
 
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _check_unknown(cls: type, data, path: str) -> None:
-    # protocol.from_json ignores unknown fields; the portal refuses them (a typo loses data).
-    if not isinstance(data, dict):
-        return
-    hints = _hints(cls)
-    for key in data:
-        where = f"{path}.{key}" if path else str(key)
-        if key not in hints:
-            raise protocol.ProtocolError(where, "is not a field of this message")
-        inner = _dataclass_in(hints[key])
-        if inner is None:
-            continue
-        items = data[key] if isinstance(data[key], list) else [data[key]]
-        suffix = isinstance(data[key], list)
-        for i, item in enumerate(items):
-            _check_unknown(inner, item, f"{where}[{i}]" if suffix else where)
-
-
-@functools.cache
-def _hints(cls: type) -> dict:
-    return typing.get_type_hints(cls)
-
-
-@functools.cache
-def _dataclass_in(hint) -> type | None:
-    if dataclasses.is_dataclass(hint):
-        return hint
-    if typing.get_origin(hint) in (list, typing.Union, types.UnionType):
-        for arg in typing.get_args(hint):
-            found = _dataclass_in(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def _check_limits(value, path: str, name: str = "") -> None:
-    if dataclasses.is_dataclass(value):
-        for f in dataclasses.fields(value):
-            where = f"{path}.{f.name}" if path else f.name
-            _check_limits(getattr(value, f.name), where, f.name)
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_limits(item, f"{path}[{i}]", name)
-    elif isinstance(value, bool) or value is None or isinstance(value, datetime):
-        return
-    elif isinstance(value, int | float):
-        _check_number(value, path, name)
-    elif isinstance(value, str):
-        _check_string(value, path, name)
-
-
-def _check_string(value: str, path: str, name: str) -> None:
-    limit = _STRING_LIMITS.get(name, _STRING_LIMIT)
-    if len(value) > limit:
-        raise ValidationFailed.field(path, f"longer than {limit} characters")
-    if "\x00" in value:  # PostgreSQL text cannot hold NUL
-        raise ValidationFailed.field(path, "must not contain NUL characters")
-
-
-def _check_number(value: float, path: str, name: str) -> None:
-    low, high = (-(2**63), 2**63 - 1) if name in _BIG_INTS else _INT_RANGE
-    if isinstance(value, int) and not low <= value <= high:
-        raise ValidationFailed.field(path, "is out of range")
-    if isinstance(value, float) and (not math.isfinite(value) or abs(value) > _FLOAT_LIMIT):
-        raise ValidationFailed.field(path, "is out of range")
-    if name in _PERCENT and not 0 <= value <= 100:
-        raise ValidationFailed.field(path, "must be a percentage between 0 and 100")
-    if name in _NON_NEGATIVE and value < 0:
-        raise ValidationFailed.field(path, "must not be negative")
-    if name in _RANGES and not _RANGES[name][0] <= value <= _RANGES[name][1]:
-        low, high = _RANGES[name]
-        raise ValidationFailed.field(path, f"must be between {low} and {high}")
 
 
 # -- register ------------------------------------------------------------------------------
@@ -374,17 +267,3 @@ def _alert(node: Node, event: Event) -> None:
     from portal import tasks
 
     transaction.on_commit(lambda: tasks.node_alert_notify.delay(alert.pk), robust=True)
-
-
-def node_alert_notify(*, alert_id: int) -> None:
-    """Email the owner of the booking a process intruded on, and post to the site's Slack."""
-    alert = NodeAlert.objects.select_related("node", "owner").filter(pk=alert_id).first()
-    if alert is None:
-        return
-    subject = f"GPU alert on {alert.node}: {alert.get_kind_display()}"
-    body = f"{alert.detail}\n\nAction taken by the agent: {alert.action or 'report'}.\n"
-    if alert.owner and alert.owner.email:
-        send_mail(
-            subject, body, settings.DEFAULT_FROM_EMAIL, [alert.owner.email], fail_silently=True
-        )
-    slack_post(f"{subject}: {alert.detail}")

@@ -75,7 +75,7 @@ def free_devices(
         qs = _model_filter(qs, "gpu__model", gpu_model, allowed_models)
         if node_ids is not None:
             qs = qs.filter(gpu__node_id__in=node_ids)
-        qs = qs.exclude(id__in=busy.filter(mig_instance__isnull=False).values("mig_instance_id"))
+        held = _held_slots(busy.filter(gpu__in=qs.values("gpu_id")))
         return [
             FreeDevice(
                 node_id=m.gpu.node_id,
@@ -85,13 +85,15 @@ def free_devices(
                 node_gpus=1,
             )
             for m in qs.select_related("gpu")
+            if not _slice_taken(m, held.get(m.gpu_id, ()))
         ]
     qs = _model_filter(Gpu.objects.filter(up, mig_mode=False), "model", gpu_model, allowed_models)
     if node_ids is not None:
         qs = qs.filter(node_id__in=node_ids)
     node_sizes = dict(qs.values("node").annotate(n=Count("id")).values_list("node", "n"))
-    qs = qs.exclude(id__in=busy.filter(mig_instance__isnull=True).values("gpu_id"))
     # Plain values: a site has thousands of GPUs and this runs inside the booking transaction.
+    # Any live allocation on a GPU, MIG slices of a layout it has left included, keeps it busy.
+    qs = qs.exclude(id__in=busy.values("gpu_id"))
     return [
         FreeDevice(
             node_id=node_id,
@@ -102,6 +104,27 @@ def free_devices(
         )
         for gpu_id, node_id in qs.values_list("id", "node_id")
     ]
+
+
+def _held_slots(busy) -> dict[int, list[tuple[int | None, int | None, int | None]]]:
+    """Per GPU, (MIG instance or None for the whole GPU, first slot, end slot) held."""
+    held: dict[int, list[tuple[int | None, int | None, int | None]]] = {}
+    rows = busy.values_list("gpu_id", "mig_instance_id", "slot_start", "slot_end")
+    for gpu_id, mig_id, slot_start, slot_end in rows.order_by():
+        held.setdefault(gpu_id, []).append((mig_id, slot_start, slot_end))
+    return held
+
+
+def _slice_taken(mig: MigInstance, held) -> bool:
+    # The whole GPU, the instance itself, or (PostgreSQL, where the database records the
+    # slots) another layout's instance on the same compute slices.
+    first, end = mig.placement_start, mig.placement_start + mig.slices
+    return any(
+        mig_id is None
+        or mig_id == mig.id
+        or (slot_start is not None and slot_start < end and first < slot_end)
+        for mig_id, slot_start, slot_end in held
+    )
 
 
 def busy_slices_by_gpu(*, start: datetime, end: datetime) -> dict[int, float]:

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from portal.errors import NotAllowed
 from portal.models import Booking, Gpu, MigInstance, Node
+from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.models.tokens import hash_token, new_token
 from portal.services import events
 from portal.services.bookings import booking_transition
@@ -53,7 +54,7 @@ def node_inventory_update(*, node: Node, gpus: list[dict]) -> None:
     for info in gpus:
         gpu = _gpu_upsert(node, info)
         seen_gpus.append(gpu.pk)
-        seen_migs = [_mig_upsert(gpu, m).pk for m in info.get("mig_instances", [])]
+        seen_migs = [_mig_upsert(gpu, m, at).pk for m, at in _placed(info.get("mig_instances", []))]
         gone = gpu.mig_instances.exclude(pk__in=seen_migs).filter(allocations__isnull=True)
         MigInstance.objects.filter(pk__in=gone.values("pk")).delete()
     gone_gpus = node.gpus.exclude(pk__in=seen_gpus).filter(allocations__isnull=True)
@@ -83,13 +84,23 @@ def _gpu_upsert(node: Node, info: dict) -> Gpu:
     return gpu
 
 
-def _mig_upsert(gpu: Gpu, info: dict) -> MigInstance:
+def _placed(migs: list[dict]) -> list[tuple[dict, int]]:
+    """Each MIG instance with its first compute slice: packed in the order the agent lists them."""
+    placed, start = [], 0
+    for mig in migs:
+        placed.append((mig, min(start, MIG_SLICES_PER_GPU - mig["slices"])))
+        start += mig["slices"]
+    return placed
+
+
+def _mig_upsert(gpu: Gpu, info: dict, placement_start: int) -> MigInstance:
     mig, _ = MigInstance.objects.update_or_create(
         uuid=info["uuid"],
         defaults={
             "gpu": gpu,
             "profile": info["profile"],
             "slices": info["slices"],
+            "placement_start": placement_start,
             "memory_mib": info["memory_total_mib"],
         },
     )

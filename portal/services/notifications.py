@@ -1,4 +1,5 @@
-"""Email and Slack messages on queue events. Called from tasks, after commit, never in a transaction."""
+"""Email and Slack messages: queue events and node alerts. Called from tasks, after commit, never
+in a transaction. All user-facing message text lives here."""
 
 import json
 import logging
@@ -7,7 +8,7 @@ import urllib.request
 from django.conf import settings
 from django.core.mail import send_mail
 
-from portal.models import Booking
+from portal.models import Booking, NodeAlert
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,21 @@ def booking_notify(*, booking: Booking, event: str) -> bool:
             fail_silently=True,
         )
     slack_post(f"{booking.owner.username} ({booking.project.slug}): {text} <{link}|open>")
+    return True
+
+
+def alert_notify(*, alert_id: int) -> bool:
+    """Email the owner of the booking a process intruded on, and post to the site's Slack."""
+    alert = NodeAlert.objects.select_related("node", "owner").filter(pk=alert_id).first()
+    if alert is None:
+        return False
+    subject = f"GPU alert on {alert.node}: {alert.get_kind_display()}"
+    body = f"{alert.detail}\n\nAction taken by the agent: {alert.action or 'report'}.\n"
+    if alert.owner and alert.owner.email:
+        send_mail(
+            subject, body, settings.DEFAULT_FROM_EMAIL, [alert.owner.email], fail_silently=True
+        )
+    slack_post(f"{subject}: {alert.detail}")
     return True
 
 

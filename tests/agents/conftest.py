@@ -154,6 +154,7 @@ def make_agent(portal, tmp_path, request):
         kwargs.setdefault("hostname", hostname)
         kwargs.setdefault("push", False)
         kwargs.setdefault("grace_s", 1.0)
+        kwargs.setdefault("min_uid", 0)  # the suite may run as root; its own test sets one
         backend = SimulatedBackend(spec, kwargs["hostname"], seed=1)
         agent = Agent(portal.url, kwargs.pop("token", TOKEN), backend, **kwargs)
         agent.start()
@@ -212,7 +213,7 @@ def agent_argv(portal, tmp_path):
     """The command line of a real agent process on one simulated H100 at the stand-in."""
 
     def argv(*extra, token=TOKEN):
-        base = f"-m agents --portal {portal.url} --simulate 1xH100-80GB --no-push"
+        base = f"-m agents --portal {portal.url} --simulate 1xH100-80GB --no-push --min-uid 0"
         return [
             sys.executable,
             *base.split(),

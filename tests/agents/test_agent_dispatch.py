@@ -1,5 +1,6 @@
 """Dispatch: launching booking commands, stopping them, and re-adopting them after a restart."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,6 +55,19 @@ def test_it_runs_the_command_as_the_mapped_unix_user(portal, make_agent, cycle_u
     assert "node-token" not in open(f"/proc/{started.pid}/environ", "rb").read().decode()
     portal.desired["bookings"].clear()
     cycle_until(agent, lambda: ("stopped", 2) in _kinds(portal))
+
+
+def test_it_refuses_to_run_a_job_as_root_or_a_system_account(portal, make_agent, cycle_until):
+    agent = make_agent(min_uid=1000, user_map={"mallory": "root", "svc": "daemon"})
+    gpu = _gpu_uuids(agent)[0]
+    portal.book(21, "mallory", [gpu], command="touch /tmp/owned-by-root")
+    portal.book(22, "svc", [gpu], command="true")
+    cycle_until(agent, lambda: {("exited", 21), ("exited", 22)} <= set(_kinds(portal)))
+    for booking_id, user in ((21, "root"), (22, "daemon")):
+        event = _event(portal, "exited", booking_id)
+        assert f"Unix user {user!r} has uid" in event.detail
+        assert "below the minimum uid 1000" in event.detail
+    assert ("started", 21) not in _kinds(portal) and not agent.dispatcher.jobs
 
 
 def test_it_reports_an_unknown_unix_user_instead_of_crashing(portal, make_agent, cycle_until):
@@ -171,6 +185,42 @@ def test_it_readopts_work_across_a_real_agent_process_restart(portal, agent_argv
             if proc is not None and proc.poll() is None:
                 proc.kill()
     assert read_stat(pid) is None or read_stat(pid).state == "Z"
+
+
+def test_it_relaunches_work_on_the_new_devices_when_its_booking_moved_while_the_agent_was_dead(
+    portal, agent_argv, me
+):
+    hostname = "moved-node"
+    old, new = (gpu.uuid for gpu in SimulatedBackend("2xH100-80GB", hostname).discover())
+    portal.book(11, me, [old], command="sleep 30")
+    args = agent_argv(
+        "--hostname", hostname, "--simulate", "2xH100-80GB", "--interval", "0.2",
+        "--sync-interval", "0.2",
+    )  # fmt: skip
+    first = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    second = None
+    try:
+        _wait(lambda: ("started", 11) in _kinds(portal))
+        stale = _event(portal, "started", 11).pid
+        first.kill()  # the node's agent dies mid-job; the portal moves the booking meanwhile
+        first.wait(timeout=10)
+        portal.desired["bookings"][0]["device_uuids"] = [new]
+        portal.desired["generation"] += 1
+        second = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+        _wait(lambda: _kinds(portal).count(("started", 11)) == 2)
+        assert _kinds(portal) == [("started", 11), ("stopped", 11), ("started", 11)]
+        assert "moved" in _event(portal, "stopped", 11).detail
+        relaunched = [e for e in portal.events() if e.kind == "started"][-1].pid
+        assert read_cuda_devices(relaunched) == {new}
+        assert read_stat(stale) is None or read_stat(stale).state == "Z"
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        for event in portal.events():
+            if event.kind == "started":
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(event.pid, signal.SIGKILL)
 
 
 def _wait(condition, timeout_s=15.0):

@@ -63,6 +63,29 @@ def test_it_queues_events_while_the_portal_is_down_and_resyncs_when_it_returns(
     assert not agent.events
 
 
+def test_it_registers_again_before_posting_anything_when_a_backoff_ends_mid_cycle(
+    portal, make_agent
+):
+    clock = [0.0]
+    agent = make_agent(clock=lambda: clock[0])
+    agent.handle_one_cycle()
+    portal.status_override = 503  # the portal goes away: the agent backs off
+    agent.handle_one_cycle()
+    portal.status_override = None
+    portal.received.clear()
+    sample = agent.backend.sample
+
+    def slow_sample():  # the backoff runs out while the agent samples its devices
+        clock[0] += 3600
+        return sample()
+
+    agent.backend.sample = slow_sample
+    agent.handle_one_cycle()
+    agent.handle_one_cycle()
+    assert portal.paths()[:2] == [protocol.REGISTER_PATH, protocol.DESIRED_PATH]
+    assert protocol.READINGS_PATH in portal.paths()
+
+
 def test_it_bounds_the_event_queue_dropping_the_oldest(portal, make_agent):
     agent = make_agent(max_queued_events=3)
     events = [protocol.Event("exited", protocol.utcnow(), booking_id=i) for i in range(5)]

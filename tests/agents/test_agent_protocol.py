@@ -129,6 +129,49 @@ def test_it_names_the_bad_field_in_a_register(mutate, field, reason):
     assert caught.value.reason == reason
 
 
+@pytest.mark.parametrize(
+    ("mutate", "field", "reason"),
+    [
+        (
+            lambda b: b["gpus"][1]["mig_instances"][0].update(profile="p" * 33),
+            "gpus[1].mig_instances[0].profile",
+            "longer than 32 characters",
+        ),
+        (lambda b: b.update(agent_version="v" * 65), "agent_version", "longer than 64 characters"),
+        (
+            lambda b: b["gpus"][0].update(model="H100\x00"),
+            "gpus[0].model",
+            "must not contain NUL characters",
+        ),
+        (
+            lambda b: b["gpus"][1]["mig_instances"][0].update(slices=0),
+            "gpus[1].mig_instances[0].slices",
+            "must be between 1 and 7",
+        ),
+        (lambda b: b["gpus"][0].update(index=-1), "gpus[0].index", "must not be negative"),
+        (lambda b: b["gpus"][0].update(index=2**40), "gpus[0].index", "is out of range"),
+    ],
+)
+def test_it_holds_both_sides_to_the_schemas_bounds(mutate, field, reason):
+    body = _register_body()
+    mutate(body)
+    with pytest.raises(ProtocolError) as caught:
+        from_json(RegisterRequest, body)
+    assert (caught.value.field, caught.value.reason) == (field, reason)
+
+
+def test_it_refuses_unknown_fields_only_when_strict():
+    body = _register_body()
+    body["gpus"][0]["colour"] = "green"
+    assert from_json(RegisterRequest, body).gpus[0].uuid == body["gpus"][0]["uuid"]
+    with pytest.raises(ProtocolError) as caught:
+        from_json(RegisterRequest, body, strict=True)
+    assert (caught.value.field, caught.value.reason) == (
+        "gpus[0].colour",
+        "is not a field of this message",
+    )
+
+
 def test_it_rejects_unknown_enforcement_and_event_kinds():
     with pytest.raises(ProtocolError) as caught:
         from_json(

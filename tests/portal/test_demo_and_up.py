@@ -1,10 +1,13 @@
 """The README's first command: `manage.py up` gives a running portal with the seeded demo."""
 
+import contextlib
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -86,6 +89,7 @@ def embedded_portal(tmp_path):
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    (tmp_path / "up.pid").write_text(str(process.pid))
     base = f"http://127.0.0.1:{port}"
     try:
         _wait(
@@ -95,14 +99,23 @@ def embedded_portal(tmp_path):
         )
         yield base, tmp_path / "up.log"
     finally:
-        os.killpg(process.pid, 15)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:  # a slow shutdown under load is not what this test pins
-            os.killpg(process.pid, 9)
-            process.wait(timeout=30)
+        _terminate(process)
         log.seek(0)
         print(log.read()[-5000:])
+
+
+def _terminate(process: subprocess.Popen, timeout_s: float = 30) -> float:
+    """SIGTERM the whole group as a service manager would; seconds until `up` exited."""
+    started = time.monotonic()
+    with contextlib.suppress(ProcessLookupError):  # a test may have stopped it already
+        os.killpg(process.pid, 15)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait(timeout=30)
+        raise AssertionError(f"up ignored SIGTERM for {timeout_s} s") from None
+    return time.monotonic() - started
 
 
 def test_it_runs_the_embedded_demo_with_live_simulated_nodes(embedded_portal):
@@ -172,3 +185,44 @@ def test_it_runs_a_queued_batch_booking_on_a_simulated_node_end_to_end(embedded_
     assert done["exit_code"] == 0
     assert done["log_tail"].startswith("hello from GPU-")
     assert done["log_tail"].count("GPU-") == 2
+
+
+def test_it_stops_on_sigterm_while_a_request_is_in_flight(embedded_portal):
+    """The server stops its event loop while a request thread still needs it: `up` must exit."""
+    base, log_path = embedded_portal
+    up_pid = int(log_path.with_name("up.pid").read_text())
+    answers = []
+    database = sqlite3.connect(log_path.parent / "var" / "portal.sqlite3", timeout=30)
+    database.execute("BEGIN IMMEDIATE")  # the token request below waits for this write lock
+    request = threading.Thread(
+        target=lambda: answers.append(
+            _status(f"{base}/api/v1/auth/token/", {"username": "alice", "password": DEMO_PASSWORD})
+        ),
+        daemon=True,
+    )
+    request.start()
+    time.sleep(1.5)
+    os.killpg(up_pid, 15)  # the agents' websockets close at once, the token request cannot yet
+    time.sleep(1.5)
+    database.rollback()
+    database.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _alive(up_pid):
+        time.sleep(0.2)
+    assert not _alive(up_pid), f"up ignored SIGTERM; answers so far: {answers}"
+
+
+def _status(url: str, body: dict) -> int | str:
+    try:
+        _json(url, body)
+        return 200
+    except (AssertionError, OSError) as exc:
+        return str(exc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        finished, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return finished == 0

@@ -27,7 +27,56 @@ def _compose() -> dict:
 
 
 def test_it_defines_every_production_service():
-    assert set(_compose()["services"]) == {"postgres", "redis", "web", "worker", "beat"}
+    services = _compose()["services"]
+    assert set(services) == {"postgres", "redis", "migrate", "web", "worker", "beat", "simnode"}
+    assert services["simnode"]["profiles"] == ["demo"]  # only with --profile demo
+
+
+def test_it_migrates_once_before_web_worker_and_beat_start():
+    services = _compose()["services"]
+    assert "manage.py migrate" in services["migrate"]["command"]
+    assert services["migrate"]["restart"] == "no"
+    for name in ("web", "worker", "beat"):
+        assert "migrate" not in services[name]["command"]
+        condition = services[name]["depends_on"]["migrate"]["condition"]
+        assert condition == "service_completed_successfully", name
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_it_checks_web_health_and_starts_the_simulated_node_after_it():
+    services = _compose()["services"]
+    probe = services["web"]["healthcheck"]["test"]
+    assert probe[:2] == ["CMD", "python"] and "/accounts/login/" in probe[-1]
+    assert services["simnode"]["depends_on"]["web"]["condition"] == "service_healthy"
+    assert "python -m agents --portal http://web:8000" in services["simnode"]["command"]
+    assert "web" in services["web"]["environment"]["ALLOWED_HOSTS"].split(",")
+
+
+def test_it_creates_the_first_admin_from_a_secret_file():
+    migrate = _compose()["services"]["migrate"]
+    assert "manage.py ensure_admin" in migrate["command"]
+    assert migrate["environment"]["PORTAL_ADMIN_PASSWORD_FILE"].startswith("/run/secrets/")
+    assert "PORTAL_ADMIN_PASSWORD" not in migrate["environment"]
+
+
+def test_it_keeps_local_state_out_of_the_image():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "var", "test-artifacts", "*.sqlite3"} <= set(ignored)
+
+
+def test_it_is_a_valid_compose_file_for_docker_compose():
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("docker compose is not installed")
+    env = os.environ | {"SECRET_KEY": "x" * 50, "PORTAL_HOST": "gpus.example.org"}
+    result = subprocess.run(
+        ["docker", "compose", "--profile", "demo", "config", "--quiet"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_it_points_compose_commands_at_code_that_exists():
@@ -47,7 +96,7 @@ def test_it_points_compose_commands_at_code_that_exists():
 
 def test_it_only_sets_environment_variables_that_settings_read():
     source = (ROOT / "portal" / "settings.py").read_text()
-    for name in _compose()["services"]["web"]["environment"]:
+    for name in _compose()["services"]["web"]["environment"]:  # merged from x-portal
         assert f'"{name}"' in source, f"docker-compose sets {name} but settings never read it"
 
 

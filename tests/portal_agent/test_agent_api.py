@@ -485,3 +485,30 @@ def test_it_names_models_as_users_type_them():
     assert gpu_model_name("NVIDIA H100 80GB HBM3") == "H100 80GB HBM3"
     assert gpu_model_name("NVIDIA H200") == "H200"
     assert gpu_model_name("Tesla V100-SXM2-32GB") == "Tesla V100-SXM2-32GB"
+
+
+def test_it_bounds_agent_strings_by_the_columns_that_store_them():
+    assert protocol.UUID_MAX == Gpu._meta.get_field("uuid").max_length
+    assert protocol.UUID_MAX == MigInstance._meta.get_field("uuid").max_length
+    assert protocol.MODEL_MAX == Gpu._meta.get_field("model").max_length
+    assert protocol.PROFILE_MAX == MigInstance._meta.get_field("profile").max_length
+    assert protocol.HOSTNAME_MAX == Node._meta.get_field("hostname").max_length
+    assert protocol.VERSION_MAX == Node._meta.get_field("agent_version").max_length
+    assert protocol.USER_MAX == NodeAlert._meta.get_field("user").max_length
+
+
+@pytest.mark.django_db
+def test_it_words_alerts_in_the_notifications_module(node_a):
+    from portal.services.notifications import alert_notify
+    from tests.factories import UserFactory
+
+    owner = UserFactory(username="dora", email="dora@example.org")
+    alert = NodeAlert.objects.create(
+        node=node_a[0], kind="foreign_process", time=timezone.now(), pid=42, user="eve",
+        detail="eve runs pid 42 on a device booked by dora", owner=owner,
+    )  # fmt: skip
+    assert alert_notify(alert_id=alert.pk) is True
+    (sent,) = mail.outbox
+    assert sent.subject == f"GPU alert on {node_a[0]}: {alert.get_kind_display()}"
+    assert "Action taken by the agent: report." in sent.body
+    assert alert_notify(alert_id=alert.pk + 1000) is False

@@ -37,6 +37,7 @@ def make_agent(live_server, tmp_path):
             sync_interval_s=0.2,
             grace_s=1.0,
             push=False,
+            min_uid=0,  # jobs run as whoever runs the suite, root included
         )
         agent.start()
         made.append(agent)

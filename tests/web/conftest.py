@@ -6,6 +6,7 @@ production. Data is created with `transactional_db`, so the server sees it.
 """
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -89,17 +90,33 @@ def in_thread(function, *args, **kwargs):
 
 @pytest.fixture
 def browser_page(chromium, request):
-    """A fresh desktop-sized page; page errors fail the test. Its last view is saved."""
+    """A fresh desktop-sized page; page errors and CSP violations fail the test. Its last view
+    is saved."""
     context = chromium.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    # The live view swaps fragments in: they must keep to the Content-Security-Policy too.
+    page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))
     page.set_default_timeout(10_000)
     yield page
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"last-{request.node.name}.png"), full_page=True)
     context.close()
     assert errors == []
+
+
+def wait_for(page, expression: str, timeout_s: float = 10.0) -> None:
+    """Wait until a JS expression holds, like page.wait_for_function, without eval in the page.
+
+    Playwright's wait_for_function compiles its predicate inside the page, which the site's
+    Content-Security-Policy (no 'unsafe-eval') refuses; page.evaluate goes through the debugger.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {expression}")
+        page.wait_for_timeout(100)
 
 
 def sign_in(page, base_url: str, username: str, password: str) -> None:

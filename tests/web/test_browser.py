@@ -10,7 +10,7 @@ from django.utils import timezone
 from portal.models import Booking
 from portal.services.bookings import booking_extend
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
-from tests.web.conftest import in_thread, sign_in
+from tests.web.conftest import in_thread, sign_in, wait_for
 
 pytestmark = pytest.mark.browser
 PASSWORD = "pw-secret-123"
@@ -57,16 +57,15 @@ def test_it_books_watches_live_and_cancels(alice, asgi_server, browser_page):
 
     page.goto(f"{asgi_server}/book/")
     # Before submitting, the form shows what the allocator would give (ASAP by default).
-    page.wait_for_function(
-        'document.getElementById("estimate").textContent.includes("Earliest start")'
-    )
+    wait_for(page, 'document.getElementById("estimate").textContent.includes("Earliest start")')
     page.check("#id_when_1")
     now = timezone.now()
     page.fill("#id_start", _local(now))
     page.fill("#id_end", _local(now + timedelta(hours=2)))
     page.fill("#id_gpus", "1")
-    page.wait_for_function(
-        'document.getElementById("estimate").textContent.includes("free for the whole window")'
+    wait_for(
+        page,
+        'document.getElementById("estimate").textContent.includes("free for the whole window")',
     )
     page.click("button:has-text('Submit booking')")
 
@@ -80,19 +79,19 @@ def test_it_books_watches_live_and_cancels(alice, asgi_server, browser_page):
     cell = f"[data-uuid='{uuid}'] [data-metric='utilization_gpu']"
     assert page.text_content(cell).strip() == "no reading yet"
     in_thread(_telemetry, uuid, 87.0)
-    page.wait_for_function(f'document.querySelector("{cell}")?.textContent.trim() === "87 %"')
+    wait_for(page, f'document.querySelector("{cell}")?.textContent.trim() === "87 %"')
 
     # A change made elsewhere reaches the page as a booking message and a fragment re-fetch.
     length = page.text_content("#booking-length")
     in_thread(booking_extend, user=alice, booking_id=booking.pk, now=timezone.now(), by_s=3600)
-    page.wait_for_function(f"document.getElementById('booking-length').textContent !== {length!r}")
+    wait_for(page, f"document.getElementById('booking-length').textContent !== {length!r}")
     assert page.text_content("#booking-length").startswith("2 h 5")
     assert page.evaluate("window.__sameDocument") is True
 
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("button.danger:has-text('Cancel')")
-    page.wait_for_function(
-        "(document.getElementById('booking-state') || {}).textContent?.trim() === 'Cancelled'"
+    wait_for(
+        page, "(document.getElementById('booking-state') || {}).textContent?.trim() === 'Cancelled'"
     )
     booking.refresh_from_db()
     assert booking.state == Booking.State.CANCELLED
@@ -126,7 +125,7 @@ def test_it_catches_up_after_the_line_drops(alice, asgi_server, browser_page):
         planned_start=timezone.now() + timedelta(hours=2), queue_position=3
     )
     page.evaluate("window.portalLive.drop()")
-    page.wait_for_function(
-        "document.querySelector('[data-fragment=mine]')?.textContent.includes('position 3')"
+    wait_for(
+        page, "document.querySelector('[data-fragment=mine]')?.textContent.includes('position 3')"
     )
     assert page.get_attribute("body", "data-live-state") == "open"

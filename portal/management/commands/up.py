@@ -61,6 +61,7 @@ class Command(BaseCommand):
             threading.Thread(target=_embedded_beat, name="embedded-beat", daemon=True).start()
         self._banner(url, no_demo)
         serve(host=host, port=port, workers=web_workers())
+        _exit_now(children)
 
     def _banner(self, url: str, no_demo: bool) -> None:
         mode = (
@@ -164,6 +165,8 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             str(user_map),
             "--site-id",
             site_id,
+            "--min-uid",  # demo jobs run as whoever runs up (see the user map above)
+            str(os.geteuid()),
             "--log-level",
             "WARNING",
         ]
@@ -215,6 +218,20 @@ def _run_task(app, task_name: str) -> None:
         log.exception("periodic task %s failed", task_name)
     finally:
         close_old_connections()
+
+
+def _exit_now(children: list[subprocess.Popen]) -> None:
+    """Leave once the server has stopped (SIGTERM/SIGINT), without joining request threads.
+
+    On shutdown the ASGI server stops its event loop while a request thread may still be inside
+    a view, waiting in asgiref's async_to_sync for that loop; a normal interpreter exit would join
+    it forever. Its transaction never committed, so there is nothing to finish.
+    """
+    _stop(children)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _stop(children: list[subprocess.Popen]) -> None:

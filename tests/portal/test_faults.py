@@ -1,0 +1,222 @@
+"""Faults against real processes: nothing double-booked, nothing lost, 503 (never 500) meanwhile.
+
+A Celery worker process killed with SIGKILL mid-pass, PostgreSQL dropping the portal's
+connections, Redis stopped and restarted (a private redis-server on a spare port, never the
+shared one).
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import psycopg
+import pytest
+from django.db import close_old_connections, connection
+from rest_framework.test import APIClient
+
+from portal.models import Allocation, Booking, Membership
+from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _booker():
+    user = UserFactory(username="faulty")
+    project = ProjectFactory(slug="faults")
+    QuotaFactory(project=project)
+    member(user, project, Membership.Role.MEMBER)
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def _admin_connection() -> psycopg.Connection:
+    db = connection.settings_dict
+    return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"])
+
+
+@pytest.fixture
+def worker(settings):
+    """A prefork Celery worker with one child process, on this checkout's test queue."""
+    from portal.celery import app
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{connection.settings_dict['NAME']}",
+        "CELERY_WORKER_EAGER": "0",
+        "BOOKING_LOCK_TIMEOUT_MS": "60000",  # the pass waits for the test's lock, not fails
+    }
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    argv = ["-m", "celery", "-A", "portal", "worker", "--pool", "prefork", "--concurrency", "1"]
+    process = subprocess.Popen(
+        [sys.executable, *argv, "--loglevel", "WARNING", "--queues", queue],
+        cwd=settings.BASE_DIR,
+        env=env,
+    )
+    app.conf.task_always_eager = False
+    try:
+        yield process
+    finally:
+        app.conf.task_always_eager = True
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_it_runs_a_pass_again_when_the_worker_process_running_it_is_killed(worker):
+    client = _booker()
+    nodes = [make_node("fault-node", gpus=2).pk]
+    hold = _admin_connection()
+    hold.execute("SELECT id FROM portal_node WHERE id = ANY(%s) FOR UPDATE", [nodes])
+    admin = psycopg.connect(hold.info.dsn, autocommit=True)  # sees pg_stat_activity live
+    try:
+        booking = client.post("/api/v1/bookings/", {"gpus": 2, "duration_s": 600}, format="json")
+        assert booking.status_code == 201, booking.content
+        waiting = _wait(  # the pass has begun and waits for the node lock the test holds
+            lambda: admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                ["%portal_node%FOR UPDATE%"],
+            ).fetchone(),
+            60,
+            "the pass to wait for the node lock",
+        )[0]
+        (child,) = subprocess.run(
+            ["pgrep", "-P", str(worker.pid)], capture_output=True, text=True, check=True
+        ).stdout.split()
+        os.kill(int(child), signal.SIGSTOP)  # freeze the pass mid-transaction,
+        # end its session as PostgreSQL does at once for a dead client that is not waiting,
+        admin.execute("SELECT pg_terminate_backend(%s)", [waiting])
+        _wait(
+            lambda: (
+                not admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [waiting]
+                ).fetchone()
+            ),
+            30,
+            "the killed pass's session to end",
+        )
+        os.kill(int(child), signal.SIGKILL)  # and kill the process that was running it
+        time.sleep(2)  # the worker sees its child die and puts the pass back on the queue
+    finally:
+        hold.rollback()
+        hold.close()
+        admin.close()
+    done = _wait(
+        lambda: Booking.objects.filter(pk=booking.json()["id"], state="active").first(),
+        60,
+        "the redelivered pass to start the booking",
+    )
+    assert Allocation.objects.filter(booking=done, live=True).count() == 2
+    assert Allocation.objects.filter(live=True).count() == 2
+
+
+def test_it_answers_through_postgresql_dropping_its_connections(api, project, cluster):
+    assert api.get("/api/v1/bookings/").status_code == 200
+    with _admin_connection() as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    statuses = []
+    for _ in range(3):
+        close_old_connections()  # what the request_started signal does (the test client skips it)
+        statuses.append(api.get("/api/v1/bookings/").status_code)
+    assert statuses == [200, 200, 200]  # a dead connection is replaced before it is used
+
+
+@pytest.fixture
+def private_redis():
+    """A redis-server of the test's own on a spare port; stop() and start() it at will."""
+    if not shutil.which("redis-server"):
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workdir = tempfile.mkdtemp(prefix="fault-redis-")
+
+    class Server:
+        url = f"redis://127.0.0.1:{port}/0"
+        process = None
+
+        def start(self):
+            self.process = subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    workdir,
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+            _wait(lambda: _answers(port), 10, "redis-server to listen")
+
+        def stop(self):
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    server = Server()
+    server.start()
+    yield server
+    if server.process.poll() is None:
+        server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+OUTAGE_S = 20
+
+
+def test_it_answers_503_while_redis_is_stopped_and_recovers_when_it_is_back(
+    private_redis, api, user, project, cluster, settings
+):
+    cache = dict(settings.CACHES["default"])
+    settings.CACHES = {"default": {**cache, "LOCATION": private_redis.url}}
+    body = {"gpus": 1, "duration_s": 600}
+    key = {"HTTP_IDEMPOTENCY_KEY": "fault-1"}
+    assert api.get("/").status_code in (200, 302)
+    assert api.post("/api/v1/bookings/", body, format="json", **key).status_code == 201
+    private_redis.stop()
+    seen = set()
+    deadline = time.monotonic() + OUTAGE_S
+    while time.monotonic() < deadline:
+        again = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="fault-2")
+        seen.add(again.status_code)
+        if again.status_code == 503:
+            assert again["Retry-After"]
+        time.sleep(1)
+    assert seen == {503}
+    private_redis.start()
+    retried = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="fault-2")
+    assert retried.status_code == 201
+    replayed = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="fault-2")
+    assert replayed.json()["id"] == retried.json()["id"]
+    assert Booking.objects.count() == 2  # nothing written during the outage, nothing twice
