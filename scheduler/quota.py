@@ -67,19 +67,27 @@ class Ledger:
         return top
 
     def earliest(self, amount: float, duration: float, not_before: float) -> float | None:
-        """Earliest t >= not_before at which ``amount`` more fits over [t, t+duration)."""
+        """Earliest t >= not_before at which ``amount`` more fits over [t, t+duration).
+
+        One forward walk over the steps: a step whose level leaves no room for ``amount`` and
+        overlaps the window pushes the window's start to that step's end. Linear in the steps
+        after ``not_before``.
+        """
         limit = self.quota.max_gpus
         if limit is None:
             return not_before
         if amount > limit + _EPS:
             return None
-        if self.peak(not_before, not_before + duration) + amount <= limit + _EPS:
-            return not_before
-        times, _ = self.steps()
-        for t in times[bisect_right(times, not_before) :]:
-            if self.peak(t, t + duration) + amount <= limit + _EPS:
-                return t
-        return None
+        times, levels = self.steps()
+        n, t = len(times), not_before
+        j = max(0, bisect_right(times, t) - 1)
+        while j < n and times[j] < t + duration:
+            if levels[j] + amount > limit + _EPS and (j + 1 == n or times[j + 1] > t):
+                if j + 1 == n:
+                    return None
+                t = times[j + 1]
+            j += 1
+        return t
 
     def budget_left(self) -> float | None:
         """GPU-hours left in the budget after use so far and this pass's plans (None: no budget)."""
