@@ -268,6 +268,35 @@ def booking_transition(
     return bool(changed)
 
 
+def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str | None:
+    """Stop an active booking that the site ended (preempted for another, or its node failed).
+
+    The one requeue rule: a batch job (a command, no fixed window) goes back to the queue,
+    keeping its submit time and so its age; with REQUEUE_ON_NODE_FAILURE off, a node failure
+    ends it for good. Returns the event ("requeued", or the terminal state), None when the
+    booking was no longer active. Runs inside the caller's transaction.
+    """
+    booking = Booking.objects.filter(pk=booking_id).only("command", "start").first()
+    if booking is None or not booking_transition(
+        booking_id, from_states=(State.ACTIVE,), to=to, now=now, detail=detail
+    ):
+        return None
+    requeue = bool(booking.command) and booking.start is None
+    if to == State.FAILED and not settings.REQUEUE_ON_NODE_FAILURE:
+        requeue = False
+    event = "requeued" if requeue else to
+    if requeue:
+        Booking.objects.filter(pk=booking_id, state=to).update(
+            state=State.PENDING,
+            ended_at=None,
+            started_at=None,
+            planned_start=None,
+            state_detail=f"{detail}; requeued",
+        )
+    events.booking_changed(booking, event)
+    return event
+
+
 def booking_extend(*, user, booking_id: int, now: datetime, by_s: int) -> Booking:
     """Make a booking longer by `by_s` seconds, if its devices are free that long (else 409)."""
     booking = booking_get_for_change(user=user, booking_id=booking_id)
