@@ -42,6 +42,7 @@ from sitegen import Site, generate  # noqa: E402
 
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/gp_bench_pass"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/9"
+SERVER_LOG = Path("/tmp/bench_pass_server.log")
 
 
 def _recreate_database(url: str) -> None:
@@ -151,6 +152,8 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
     for c in client_users:
         for b in site.running[c * 4 : c * 4 + 4]:
             b.user, b.project = c, site.user_project[c]
+        extendable = site.running[c * 4]
+        extendable.duration_s = -extendable.start_in_s + 3600  # ends in an hour: room to extend
 
     def booking(b, state, **extra):
         return Booking(
@@ -254,7 +257,9 @@ def _client(base: str, token: str, active: list[int], stop, results, seed: int) 
             conn.close()
             conn = http.client.HTTPConnection(host, int(port), timeout=30)
             status, data = 0, b""
-        results.append((op, status, (time.perf_counter() - began) * 1000))
+        done = time.time()
+        body = data[:300] if status >= 400 else b""
+        results.append((op, status, (time.perf_counter() - began) * 1000, body, done))
         try:
             return json.loads(data) if status in (200, 201) else None
         except ValueError:
@@ -280,7 +285,7 @@ def _client(base: str, token: str, active: list[int], stop, results, seed: int) 
                 else:
                     releasable.append(booked["id"])
         elif op < 0.8:
-            call("extend", f"/api/v1/bookings/{extendable}/extend/", {"by_s": rng.randint(1, 60)})
+            call("extend", f"/api/v1/bookings/{extendable}/extend/", {"by_s": rng.randint(60, 300)})
         elif releasable:
             call("release", f"/api/v1/bookings/{releasable.pop()}/release/")
 
@@ -316,7 +321,7 @@ def _start_server(args, port: int) -> subprocess.Popen:
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=open(SERVER_LOG, "w"),  # noqa: SIM115 (the server process owns it)
     )
     import urllib.request
 
@@ -378,6 +383,7 @@ def main() -> int:
     parser.add_argument("--memory-passes", type=int, default=0)
     parser.add_argument("--no-api", action="store_true")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--api-idle-s", type=float, default=10.0)
     args = parser.parse_args()
 
     import redis
@@ -406,7 +412,8 @@ def main() -> int:
             target=_clients_main, args=(f"127.0.0.1:{args.port}", clients, stop, queue)
         )
         proc.start()
-        time.sleep(2)
+        time.sleep(args.api_idle_s)  # the API alone first: its latency without passes
+    passes_began = time.time()
     times, plans = [], []
     try:
         for i in range(1, args.passes + 1):
@@ -435,17 +442,25 @@ def main() -> int:
         "peak_rss_mb": round(peak, 1),
     }
     if calls:
-        latencies = [ms for _, status, ms in calls]
+        idle = [ms for _, _, ms, _, done in calls if done < passes_began]
+        calls = [call for call in calls if call[4] >= passes_began]
+        latencies = [ms for _, _, ms, _, _ in calls]
         codes: dict[str, int] = {}
-        for op, status, _ in calls:
+        examples: dict[str, bytes] = {}
+        for op, status, _, body, _ in calls:
             codes[f"{op}:{status}"] = codes.get(f"{op}:{status}", 0) + 1
-        print(f"api: {len(calls)} calls, codes {dict(sorted(codes.items()))}")
+            if body:
+                examples.setdefault(f"{op}:{status}", body)
+        print(f"api during passes: {len(calls)} calls, codes {dict(sorted(codes.items()))}")
+        for key, body in sorted(examples.items()):
+            print(f"api {key} e.g. {body.decode(errors='replace')[:200]}")
         summary.update(
             api_calls=len(calls),
             api_p50_ms=round(statistics.median(latencies), 1),
             api_p95_ms=round(_pct(latencies, 0.95), 1),
-            api_503=sum(1 for _, status, _ in calls if status == 503),
-            api_5xx=sum(1 for _, status, _ in calls if status >= 500 or status == 0),
+            api_503=sum(1 for _, status, _, _, _ in calls if status == 503),
+            api_5xx=sum(1 for _, status, _, _, _ in calls if status >= 500 or status == 0),
+            api_idle_p95_ms=round(_pct(idle, 0.95), 1) if idle else None,
         )
     if args.memory_passes:
         early = None

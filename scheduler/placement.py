@@ -116,6 +116,7 @@ class Finder:
         self.now = now
         self._heaps: dict[tuple, list] = {}
         self._whole: dict[float, dict] = {}
+        self._need_lists: dict[tuple, list[int]] = {}
 
     def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
         """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
@@ -135,6 +136,14 @@ class Finder:
             heap = self._heaps[shape] = self._scan(request, floor)
             heapq.heapify(heap)
         return self._find_single(heap, request, floor, not_before)
+
+    def _needs(self, profile: str | None, model: str | None) -> list[int]:
+        """Each node's mask of devices matching a profile and model, by node index."""
+        key = (profile, model)
+        needs = self._need_lists.get(key)
+        if needs is None:
+            needs = self._need_lists[key] = [node.need(profile, model) for node in self.nodes]
+        return needs
 
     def _entry(self, node: Node, request: Request, duration: float, not_before: float):
         need = node.need(request.mig_profile, request.gpu_model)
@@ -159,12 +168,11 @@ class Finder:
         """Pop nodes in order of their lower bound until none can beat the best exact start."""
         exact, kept, best = [], [], None
         nodes, count, duration = self.nodes, request.gpus, request.duration_s
-        profile, model = request.mig_profile, request.gpu_model
+        needs = self._needs(request.mig_profile, request.gpu_model)
         while heap and (best is None or max(heap[0][0], not_before) <= best):
             entry = heapq.heappop(heap)
-            node = nodes[entry[2]]
-            timeline = node.timeline
-            need = node.need(profile, model)
+            timeline = nodes[entry[2]].timeline
+            need = needs[entry[2]]
             if entry[3] != timeline.version:
                 # Occupying only makes starts later: resume the bound from the stale one.
                 found = timeline.earliest(need, count, floor, entry[0])
@@ -188,10 +196,12 @@ class Finder:
         if not entries:
             return None
         start, waste = min(entry[:2] for entry in entries)
+        tied = [entry for entry in entries if entry[0] == start and entry[1] == waste]
+        if len(tied) == 1:
+            node = self.nodes[tied[0][2]]
+            return Fit(start, ((node.index, node.choose(tied[0][4], count)),))
         best = None
-        for entry in entries:
-            if entry[0] != start or entry[1] != waste:
-                continue
+        for entry in tied:
             node = self.nodes[entry[2]]
             chosen = node.choose(entry[4], count)
             key = (entry[1], node.heat(chosen), node.index)

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Q
@@ -273,7 +273,7 @@ def _store_plans(plan, snap: Snapshot, now: datetime) -> int:
         if planned.booking_id in started:
             continue
         stored = snap.pending[int(planned.booking_id)]
-        values = _plan_values(planned, now)
+        values = _plan_values(planned)
         if values != stored.plan_values:
             changed.append((stored.pk, *values))
     _bulk_store(changed)
@@ -284,12 +284,9 @@ def _store_plans(plan, snap: Snapshot, now: datetime) -> int:
     return len(changed)
 
 
-def _plan_values(planned, now: datetime) -> tuple:
-    start = (
-        datetime.fromtimestamp(int(planned.start), tz=now.tzinfo)
-        if planned.start is not None
-        else None
-    )
+def _plan_values(planned) -> tuple:
+    # Planned starts to the whole second, as epoch seconds (the snapshot reads them so).
+    start = round(planned.start) if planned.start is not None else None
     p = planned.priority
     # Whole points, as the pages show them: an age that grows by a fraction each pass is not
     # a change worth a write.
@@ -303,29 +300,40 @@ def _plan_values(planned, now: datetime) -> tuple:
     return (start, planned.position, planned.reason[:16], planned.detail[:300], priority)
 
 
-def _bulk_store(rows: list[tuple]) -> None:
-    """One set-based UPDATE from arrays (unnest), only on bookings still pending.
+_STORE_CHUNK = 1000
 
-    Six array parameters whatever the number of rows: no per-row SQL to build or parse.
+
+def _bulk_store(rows: list[tuple]) -> None:
+    """Set-based UPDATEs from arrays (unnest), only on bookings still pending.
+
+    Six array parameters per statement whatever the number of rows, so nothing is built or
+    parsed per row. Each chunk commits on its own: a person cancelling or extending a pending
+    booking waits for one chunk at most, not for the whole queue's update.
     """
     if not rows:
         return
     if connection.vendor != "postgresql":
         _bulk_store_portable(rows)
         return
-    ids, starts, positions, reasons, details, priorities = (
-        list(c) for c in zip(*rows, strict=True)
-    )
     table = Booking._meta.db_table
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} AS b SET planned_start = v.start, queue_position = v.position,"
-            " pending_reason = v.reason, state_detail = v.detail, priority = v.priority"
-            " FROM unnest(%s::bigint[], %s::timestamptz[], %s::integer[], %s::text[],"
-            " %s::text[], %s::jsonb[]) AS v(id, start, position, reason, detail, priority)"
-            " WHERE b.id = v.id AND b.state = 'pending'",
-            [ids, starts, positions, reasons, details, [json.dumps(p) for p in priorities]],
+    sql = (
+        f"UPDATE {table} AS b SET planned_start = to_timestamp(v.epoch),"
+        " queue_position = v.position,"
+        " pending_reason = v.reason, state_detail = v.detail, priority = v.priority"
+        " FROM unnest(%s::bigint[], %s::float8[], %s::integer[], %s::text[],"
+        " %s::text[], %s::jsonb[]) AS v(id, epoch, position, reason, detail, priority)"
+        " WHERE b.id = v.id AND b.state = 'pending'"
+    )
+    for i in range(0, len(rows), _STORE_CHUNK):
+        chunk = rows[i : i + _STORE_CHUNK]
+        ids, starts, positions, reasons, details, priorities = (
+            list(column) for column in zip(*chunk, strict=True)
         )
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(
+                sql,
+                [ids, starts, positions, reasons, details, [json.dumps(p) for p in priorities]],
+            )
 
 
 def _bulk_store_portable(rows: list[tuple]) -> None:
@@ -333,7 +341,7 @@ def _bulk_store_portable(rows: list[tuple]) -> None:
     bookings = [
         Booking(
             pk=pk,
-            planned_start=start,
+            planned_start=None if start is None else datetime.fromtimestamp(start, tz=UTC),
             queue_position=position,
             pending_reason=reason,
             state_detail=detail,

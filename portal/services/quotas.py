@@ -90,8 +90,8 @@ def usage_gpu_hours_many(
             .annotate(
                 seconds=Sum(
                     ExpressionWrapper(
-                        F("fraction") * _Seconds(Least(F("end"), Value(now)))
-                        - F("fraction") * _Seconds(Greatest(F("start"), Value(since))),
+                        F("fraction") * EpochSeconds(Least(F("end"), Value(now)))
+                        - F("fraction") * EpochSeconds(Greatest(F("start"), Value(since))),
                         output_field=FloatField(),
                     )
                 )
@@ -105,7 +105,7 @@ def usage_gpu_hours_many(
     return out
 
 
-class _Seconds(Func):
+class EpochSeconds(Func):
     """Seconds since the epoch of a timestamp (PostgreSQL and SQLite)."""
 
     output_field = FloatField()

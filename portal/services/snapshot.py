@@ -15,7 +15,12 @@ from django.db.models import Max
 
 import scheduler
 from portal.models import Allocation, Booking, Gpu, MigInstance
-from portal.services.quotas import EffectiveQuota, quotas_effective_many, usage_gpu_hours_many
+from portal.services.quotas import (
+    EffectiveQuota,
+    EpochSeconds,
+    quotas_effective_many,
+    usage_gpu_hours_many,
+)
 from portal.services.telemetry_cache import latest_by_uuid
 
 State = Booking.State
@@ -71,14 +76,14 @@ _PENDING_FIELDS = (
     "owner__username",
     "project_id",
     "project__slug",
-    "submitted_at",
+    "submitted_ts",
     "duration_s",
     "gpus",
     "mig_profile",
     "gpu_model",
     "qos",
     "preemptible",
-    "planned_start",
+    "planned_ts",
     "queue_position",
     "pending_reason",
     "state_detail",
@@ -96,6 +101,9 @@ def snapshot_take(*, now: datetime) -> Snapshot:
         last = Allocation.objects.aggregate(last=Max("pk"))["last"] or 0
         rows = list(
             Booking.objects.filter(state=State.PENDING)
+            .annotate(
+                submitted_ts=EpochSeconds("submitted_at"), planned_ts=EpochSeconds("planned_start")
+            )
             .order_by("submitted_at", "id")
             .values_list(*_PENDING_FIELDS)
         )
@@ -103,10 +111,16 @@ def snapshot_take(*, now: datetime) -> Snapshot:
         keys = {(row[3], row[1]): (row[4], row[2]) for row in rows}
         state, devices = _state(now, requests, keys)
     pending = {
-        row[0]: PendingRow(row[0], row[3], row[6], (row[12], row[13], row[14], row[15], row[16]))
+        row[0]: PendingRow(
+            row[0], row[3], row[6], (_whole(row[12]), row[13], row[14], row[15], row[16])
+        )
         for row in rows
     }
     return Snapshot(state, devices, pending, last)
+
+
+def _whole(ts: float | None) -> int | None:
+    return None if ts is None else round(ts)
 
 
 def _request_row(row: tuple):
@@ -114,7 +128,7 @@ def _request_row(row: tuple):
         booking_id=str(row[0]),
         user=f"{row[2]}@{row[4]}",
         project=row[4],
-        submit_time=_ts(row[5]),
+        submit_time=row[5],
         duration_s=float(row[6]),
         gpus=row[7] or 1,
         mig_profile=row[8] or None,
@@ -207,35 +221,40 @@ def _devices() -> dict[str, tuple]:
     return devices
 
 
-def _device_id(allocation: Allocation) -> str:
-    return (
-        f"mig:{allocation.mig_instance_id}"
-        if allocation.mig_instance_id
-        else f"gpu:{allocation.gpu_id}"
-    )
-
-
 def _allocations(now: datetime) -> tuple:
-    grouped: dict[int, list[Allocation]] = defaultdict(list)
-    live_rows = Allocation.objects.filter(live=True, end__gt=now).select_related(
-        "booking__owner", "booking__project"
+    grouped: dict[int, list[tuple]] = defaultdict(list)
+    live_rows = (
+        Allocation.objects.filter(live=True, end__gt=now)
+        .annotate(start_ts=EpochSeconds("start"), end_ts=EpochSeconds("end"))
+        .values_list(
+            "booking_id",
+            "gpu_id",
+            "mig_instance_id",
+            "start_ts",
+            "end_ts",
+            "booking__owner__username",
+            "booking__project__slug",
+            "booking__qos",
+            "booking__preemptible",
+            "booking__state",
+        )
     )
-    for allocation in live_rows:
-        grouped[allocation.booking_id].append(allocation)
+    for row in live_rows:
+        grouped[row[0]].append(row)
     out = []
-    for rows in grouped.values():
-        booking = rows[0].booking
+    for booking_id, rows in grouped.items():
+        first = rows[0]
         out.append(
             scheduler.Allocation(
-                booking_id=str(booking.pk),
-                device_ids=tuple(sorted(_device_id(a) for a in rows)),
-                start=_ts(min(a.start for a in rows)),
-                end=_ts(max(a.end for a in rows)),
-                user=_user_key(booking),
-                project=booking.project.slug,
-                qos=booking.qos,
-                preemptible=booking.preemptible,
-                running=booking.state == State.ACTIVE,
+                booking_id=str(booking_id),
+                device_ids=tuple(sorted(f"mig:{r[2]}" if r[2] else f"gpu:{r[1]}" for r in rows)),
+                start=min(r[3] for r in rows),
+                end=max(r[4] for r in rows),
+                user=f"{first[5]}@{first[6]}",
+                project=first[6],
+                qos=first[7],
+                preemptible=first[8],
+                running=first[9] == State.ACTIVE,
             )
         )
     return tuple(sorted(out, key=lambda a: a.booking_id))
@@ -244,12 +263,11 @@ def _allocations(now: datetime) -> tuple:
 def _decayed_usage(now: datetime) -> dict[str, float]:
     half_life = scheduler_policy().fairshare_half_life_s
     since = now - timedelta(seconds=4 * half_life)
-    records = [
-        (project, _ts(start), _ts(min(end, now)), fraction)
-        for project, start, end, fraction in Allocation.objects.filter(
-            start__lt=now, end__gt=since
-        ).values_list("booking__project__slug", "start", "end", "fraction")
-    ]
+    records = (
+        Allocation.objects.filter(start__lt=now, end__gt=since)
+        .annotate(start_ts=EpochSeconds("start"), end_ts=EpochSeconds("end"))
+        .values_list("booking__project__slug", "start_ts", "end_ts", "fraction")
+    )
     return scheduler.decay_usage(records, _ts(now), half_life)
 
 
