@@ -306,7 +306,13 @@ def _clients_main(base: str, clients: list, stop, queue) -> None:
 
 
 def _start_server(args, port: int) -> subprocess.Popen:
-    env = {**os.environ, "DATABASE_URL": args.database_url, "REDIS_URL": args.redis_url}
+    # A bounded thread pool: each thread holds a database connection.
+    env = {
+        **os.environ,
+        "DATABASE_URL": args.database_url,
+        "REDIS_URL": args.redis_url,
+        "ASGI_THREADS": str(args.server_threads),
+    }
     server = subprocess.Popen(
         [
             sys.executable,
@@ -384,6 +390,7 @@ def main() -> int:
     parser.add_argument("--no-api", action="store_true")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--api-idle-s", type=float, default=10.0)
+    parser.add_argument("--server-threads", type=int, default=8)
     args = parser.parse_args()
 
     import redis

@@ -90,6 +90,8 @@ def _bits(mask: int):
 
 def build_nodes(devices: tuple[Device, ...], now: float) -> list[Node]:
     """Group the inventory into nodes, sorted by name, devices sorted by id (determinism)."""
+    # A new pass's nodes: forget the last one's (the memo must not keep old passes alive).
+    _largest.cache_clear()
     by_node: dict[str, list[Device]] = {}
     for device in sorted(devices, key=lambda d: d.id):
         by_node.setdefault(device.node, []).append(device)

@@ -40,6 +40,17 @@ class Usage:
     gpu_hours_used: float
 
 
+def scheduler_quota(quota: EffectiveQuota, *, gpu_hours_used: float = 0.0):
+    """The limits as the scheduler's quota rule takes them (scheduler.quota_refusal)."""
+    import scheduler
+
+    return scheduler.Quota(
+        max_gpus=quota.max_gpus,
+        gpu_hours_budget=quota.gpu_hours_budget,
+        gpu_hours_used=gpu_hours_used,
+    )
+
+
 def quota_project(*, project: Project) -> EffectiveQuota:
     """The project's own limits (no user override)."""
     row = Quota.objects.filter(project=project, user__isnull=True).first()
