@@ -15,23 +15,16 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from django.db import IntegrityError, OperationalError, connection, transaction
-from django.db.models import Q
+from django.db import connection, transaction
 
 import scheduler
-from portal.errors import Busy
-from portal.models import Allocation, Booking, Gpu, MigInstance, Node
+from portal.models import Booking
 from portal.services import events, live
 from portal.services.bookings import booking_stop, booking_transition
-from portal.services.locking import (
-    advisory_unlock,
-    is_allocation_clash,
-    lock_nodes,
-    lock_project,
-    try_session_advisory_lock,
-)
+from portal.services.locking import advisory_unlock, try_session_advisory_lock
+from portal.services.pass_start import start_planned
 from portal.services.reservations import reservations_start_due
 from portal.services.snapshot import Snapshot, scheduler_policy, snapshot_take
 
@@ -135,134 +128,13 @@ def _apply_starts(plan, snap: Snapshot, now: datetime) -> tuple[int, int]:
     for start in plan.starts:
         booking_id = int(start.booking_id)
         pending = snap.pending[booking_id]
-        if _start_one(pending, start.device_ids, snap, now, done):
+        rows = [snap.devices[d] for d in start.device_ids]
+        if start_planned(pending=pending, rows=rows, snap=snap, now=now, done=done):
             done.add(booking_id)
             started += 1
         else:
             skipped += 1
     return started, skipped
-
-
-def _start_one(pending, device_ids, snap: Snapshot, now: datetime, done: set[int]) -> bool:
-    """Start one planned booking in its own short transaction; False: left for the next pass."""
-    rows = [snap.devices[d] for d in device_ids]
-    end = now + timedelta(seconds=pending.duration_s)
-    try:
-        with transaction.atomic(durable=True):
-            # Lock order as everywhere: the project row, then nodes (sorted).
-            lock_project(pending.project_id)
-            lock_nodes({row.node_id for row in rows})
-            if not _still_valid(pending, rows, snap, now, end, done):
-                return False
-            if not Booking.objects.filter(pk=pending.pk, state=State.PENDING).update(
-                state=State.ACTIVE,
-                started_at=now,
-                planned_start=now,
-                queue_position=None,
-                pending_reason="",
-            ):
-                return False
-            Allocation.objects.bulk_create(
-                Allocation(
-                    booking_id=pending.pk,
-                    gpu_id=row.gpu_id,
-                    mig_instance_id=row.mig_id,
-                    start=now,
-                    end=end,
-                    fraction=row.fraction,
-                )
-                for row in rows
-            )
-            events.booking_changed(Booking(pk=pending.pk), "started")
-    except Busy:
-        log.info("booking %s: its nodes are busy; retried next pass", pending.pk)
-        return False
-    except (IntegrityError, OperationalError) as exc:
-        if not is_allocation_clash(exc):
-            raise
-        log.warning(
-            "booking %s: devices %s taken meanwhile; retried next pass", pending.pk, device_ids
-        )
-        return False
-    return True
-
-
-def _still_valid(pending, rows, snap: Snapshot, now: datetime, end: datetime, done) -> bool:
-    """Whether the snapshot still holds for this start, read under its locks (one query).
-
-    The nodes are up, the devices exist in the same MIG layout, nothing took them over
-    [now, end), and no other booking of the project got devices since the snapshot (its quota
-    was judged without them).
-    """
-    if connection.vendor != "postgresql":
-        return _still_valid_portable(pending, rows, snap, now, end, done)
-    nodes = sorted({row.node_id for row in rows})
-    whole = [row.gpu_id for row in rows if row.mig_id is None]
-    migs = [row.mig_id for row in rows if row.mig_id is not None]
-    mig_gpus = [row.gpu_id for row in rows if row.mig_id is not None]
-    tables = {
-        "node": Node._meta.db_table,
-        "gpu": Gpu._meta.db_table,
-        "mig": MigInstance._meta.db_table,
-        "alloc": Allocation._meta.db_table,
-        "booking": Booking._meta.db_table,
-    }
-    sql = """
-        SELECT
-          (SELECT count(*) FROM {node} WHERE id = ANY(%(nodes)s) AND state = 'up')
-            = cardinality(%(nodes)s::bigint[])
-          AND (SELECT count(*) FROM {gpu} WHERE id = ANY(%(whole)s) AND NOT mig_mode)
-            = cardinality(%(whole)s::bigint[])
-          AND (SELECT count(*) FROM {mig} m JOIN {gpu} g ON g.id = m.gpu_id
-               WHERE m.id = ANY(%(migs)s) AND g.mig_mode) = cardinality(%(migs)s::bigint[])
-          AND NOT EXISTS (
-            SELECT 1 FROM {alloc} a WHERE a.live AND a.start < %(end)s AND a."end" > %(now)s
-              AND (a.gpu_id = ANY(%(whole)s) OR a.mig_instance_id = ANY(%(migs)s)
-                   OR (a.gpu_id = ANY(%(mig_gpus)s) AND a.mig_instance_id IS NULL)))
-          AND NOT EXISTS (
-            SELECT 1 FROM {alloc} a JOIN {booking} b ON b.id = a.booking_id
-            WHERE a.id > %(last)s AND b.project_id = %(project)s
-              AND NOT a.booking_id = ANY(%(done)s))
-    """.format(**tables)
-    params = {
-        "nodes": nodes,
-        "whole": whole,
-        "migs": migs,
-        "mig_gpus": mig_gpus,
-        "now": now,
-        "end": end,
-        "last": snap.last_allocation_id,
-        "project": pending.project_id,
-        "done": sorted(done),
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return bool(cursor.fetchone()[0])
-
-
-def _still_valid_portable(pending, rows, snap: Snapshot, now: datetime, end: datetime, done):
-    # The same checks through the ORM, for the embedded SQLite site.
-    node_ids = {row.node_id for row in rows}
-    if Node.objects.filter(pk__in=node_ids, state=Node.State.UP).count() != len(node_ids):
-        return False
-    whole = [row.gpu_id for row in rows if row.mig_id is None]
-    migs = [row.mig_id for row in rows if row.mig_id is not None]
-    if Gpu.objects.filter(pk__in=whole, mig_mode=False).count() != len(whole):
-        return False
-    if MigInstance.objects.filter(pk__in=migs, gpu__mig_mode=True).count() != len(migs):
-        return False
-    mig_gpus = [row.gpu_id for row in rows if row.mig_id is not None]
-    taken = Allocation.objects.filter(live=True, start__lt=end, end__gt=now).filter(
-        Q(gpu_id__in=whole)
-        | Q(mig_instance_id__in=migs)
-        | Q(gpu_id__in=mig_gpus, mig_instance=None)
-    )
-    if taken.exists():
-        return False
-    newer = Allocation.objects.filter(
-        pk__gt=snap.last_allocation_id, booking__project_id=pending.project_id
-    ).exclude(booking_id__in=done)
-    return not newer.exists()
 
 
 def _store_plans(plan, snap: Snapshot, now: datetime) -> int:

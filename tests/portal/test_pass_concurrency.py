@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import scheduler
-from portal.models import Allocation, Booking
+from portal.models import Allocation, Booking, Node
 from portal.services import allocation
 from portal.services.bookings import booking_submit
 from portal.services.nodes import nodes_heartbeat_check
@@ -77,6 +77,18 @@ def test_it_skips_a_start_whose_devices_were_taken_after_the_snapshot(user, proj
     waiting.refresh_from_db()
     assert waiting.state == Booking.State.PENDING
     assert Allocation.objects.filter(booking=waiting).count() == 0
+
+
+def test_it_skips_a_start_whose_node_went_down_after_the_snapshot(user, project):
+    node = make_node("node-a", gpus=1)
+    (waiting,) = _queue(user, project, 1)
+    now = timezone.now()
+    snap = snapshot_take(now=now)
+    plan = scheduler.plan(snap.state, scheduler_policy())
+    Node.objects.filter(pk=node.pk).update(state=Node.State.DOWN)
+
+    assert allocation._apply_starts(plan, snap, now) == (0, 1)
+    assert Booking.objects.get(pk=waiting.pk).state == Booking.State.PENDING
 
 
 def test_it_skips_a_start_when_its_project_got_devices_after_the_snapshot(user, project):
