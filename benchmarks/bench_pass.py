@@ -356,8 +356,9 @@ def _pass():
 
     from portal.services.allocation import allocation_pass
 
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     result = allocation_pass(now=timezone.now())
+    result.timings["worker_cpu"] = time.process_time() - cpu
     return time.perf_counter() - began, result
 
 
@@ -366,7 +367,8 @@ def _line(i: int, seconds: float, result) -> str:
     return (
         f"pass {i}: {seconds:.3f} s  snapshot {t.get('snapshot', 0):.3f}  plan "
         f"{t.get('plan', 0):.3f}  start {t.get('start', 0):.3f}  store {t.get('store', 0):.3f}"
-        f"  other {t.get('housekeeping', 0):.3f}  | pending {result.pending} started"
+        f"  other {t.get('housekeeping', 0):.3f}  (worker CPU {t['worker_cpu']:.3f})"
+        f"  | pending {result.pending} started"
         f" {result.started} skipped {result.skipped} stored {result.stored} finished"
         f" {result.finished} preempted {result.preempted}"
     )
@@ -421,12 +423,13 @@ def main() -> int:
         proc.start()
         time.sleep(args.api_idle_s)  # the API alone first: its latency without passes
     passes_began = time.time()
-    times, plans = [], []
+    times, plans, cpus = [], [], []
     try:
         for i in range(1, args.passes + 1):
             seconds, result = _pass()
             times.append(seconds)
             plans.append(result.timings.get("plan", 0.0))
+            cpus.append(result.timings["worker_cpu"])
             print(_line(i, seconds, result), flush=True)
     finally:
         calls = []
@@ -446,6 +449,8 @@ def main() -> int:
         "pass_p50_s": round(statistics.median(times), 3),
         "pass_p95_s": round(_pct(times, 0.95), 3),
         "plan_s": round(statistics.median(plans), 3),
+        "pass_worker_cpu_p50_s": round(statistics.median(cpus), 3),
+        "load_average": round(os.getloadavg()[0], 2),
         "peak_rss_mb": round(peak, 1),
     }
     if calls:
