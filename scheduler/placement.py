@@ -119,6 +119,7 @@ class Finder:
         self._heaps: dict[tuple, list] = {}
         self._whole: dict[float, dict] = {}
         self._need_lists: dict[tuple, list[int]] = {}
+        self._whole_nodes: dict[str | None, list[Node]] = {}
 
     def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
         """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
@@ -213,7 +214,11 @@ class Finder:
 
     def whole_nodes(self, model: str | None) -> list[Node]:
         """Nodes of whole GPUs (of ``model``) that a multi-node request may take."""
-        return [n for n in self.nodes if n.whole and n.need(None, model) == n.full]
+        nodes = self._whole_nodes.get(model)
+        if nodes is None:
+            nodes = [n for n in self.nodes if n.whole and n.need(None, model) == n.full]
+            self._whole_nodes[model] = nodes
+        return nodes
 
     def _find_whole_nodes(self, request: Request, not_before: float) -> Fit | None:
         """Earliest start with enough whole nodes free together, the coolest among equals.
