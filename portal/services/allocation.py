@@ -13,6 +13,7 @@ stays the backstop. The plan's figures for pending bookings are written only whe
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,13 +48,21 @@ class PassResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+_local = threading.local()
+
+
 def allocation_pass(*, now: datetime) -> PassResult:
     """Run one pass: end what is over, start due reservations, plan and start the queue."""
-    if not try_session_advisory_lock(PASS_LOCK_KEY):
+    # The pass commits as it goes, so its own changes ask for a pass; where tasks run eagerly
+    # (embedded mode, tests) that would run one inside this one (a session's advisory lock is
+    # re-entrant). This pass covers them: its snapshot comes after.
+    if getattr(_local, "running", False) or not try_session_advisory_lock(PASS_LOCK_KEY):
         return PassResult(ran=False)
+    _local.running = True
     try:
         return _run(now)
     finally:
+        _local.running = False
         advisory_unlock(PASS_LOCK_KEY)
 
 

@@ -228,3 +228,26 @@ def test_it_never_requeues_a_preempted_reservation(user, project, preempting):
     assert allocation.allocation_pass(now=now).preempted == 1
     reservation.refresh_from_db()
     assert reservation.state == Booking.State.PREEMPTED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_runs_no_pass_inside_a_pass_when_its_own_changes_ask_for_one(monkeypatch):
+    from tests.factories import ProjectFactory
+
+    # Each finished booking commits on its own and asks for a pass; tasks run eagerly here.
+    user, project = UserFactory(username="nested"), ProjectFactory(slug="nested")
+    node, now = make_node("node-a", gpus=2), timezone.now()
+    for gpu in node.gpus.all():
+        ended = BookingFactory(owner=user, project=project, state=Booking.State.ACTIVE)
+        AllocationFactory(booking=ended, gpu=gpu, start=now - timedelta(hours=2), end=now)
+    snapshots = []
+    real = allocation.snapshot_take
+
+    def counting(**kwargs):
+        snapshots.append(kwargs["now"])
+        return real(**kwargs)
+
+    monkeypatch.setattr(allocation, "snapshot_take", counting)
+    result = allocation.allocation_pass(now=now)
+    assert result.finished == 2
+    assert snapshots == [now]
