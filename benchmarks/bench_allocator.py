@@ -1,12 +1,12 @@
-"""Scale benchmark: one allocation pass over a large synthetic site.
+"""Scale benchmark of the pure allocator: one ``plan()`` over the generated site.
 
-    python benchmarks/bench_allocator.py [--repeat 5] [--seed 1]
+    python benchmarks/bench_allocator.py [--repeat 5] [--seed 1] [--pending 10000] [--gpus 1024]
 
-128 nodes of 8 GPUs (1,024 GPUs): 112 nodes of whole GPUs, 8 nodes with every GPU split into
-7 x 1g.10gb, 8 nodes with every GPU split into 3g.40gb + 3g.40gb + 1g.10gb. 2,000 allocations
-(running ones plus advance reservations), 10,000 pending bookings of 1-32 GPUs or one MIG
-instance, durations on whole hours (1-48 h), 200 users in 20 projects, a few with quotas.
-Prints the pass's size and the best and median wall time of ``--repeat`` passes.
+The site is benchmarks/sitegen.py's, the same one bench_pass.py writes into PostgreSQL: 1,024
+GPUs in 128 nodes (four models, two nodes in MIG mode), ~95 % of the devices running, 100
+advance reservations, 10,000 pending bookings with durations to the second and widths from a
+MIG slice to 64 GPUs, 300 users in 40 projects with a quota and a GPU-hour budget on every user
+and project. Prints the pass's size and the best and median wall time of ``--repeat`` passes.
 """
 
 from __future__ import annotations
@@ -19,113 +19,88 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sitegen import Site, generate  # noqa: E402
 
 from scheduler import Allocation, Device, Policy, Quota, Request, State, plan  # noqa: E402
 
-HOUR = 3600.0
-NOW = 1_000_000.0
+NOW = 1_000_000_000.0
 
 
-def devices() -> tuple[Device, ...]:
-    """The 1,024-GPU inventory."""
-    out = []
-    for n in range(128):
-        node = f"node{n:03d}"
-        for g in range(8):
-            gpu, temp = f"{node}-gpu{g}", 30.0 + (n * 8 + g) % 40
-            if n < 112:
-                out.append(Device(gpu, node, "A100", temperature_c=temp))
-                continue
-            layout = ["1g.10gb"] * 7 if n < 120 else ["3g.40gb", "3g.40gb", "1g.10gb"]
-            for k, profile in enumerate(layout):
-                slices = int(profile[0])
-                out.append(
-                    Device(
-                        f"{gpu}-mig{k}",
-                        node,
-                        "A100",
-                        profile,
-                        slices / 7,
-                        temperature_c=temp,
-                        parent=gpu,
-                    )
-                )
-    return tuple(out)
+def _user(site: Site, user: int) -> str:
+    return f"user{user:03d}@proj{site.user_project[user]:02d}"
 
 
-def allocations(inventory, rng: random.Random, count: int = 2000) -> tuple[Allocation, ...]:
-    """``count`` allocations: 70 % running (one device each, ending within 25 h), the rest
-    advance reservations 30-90 h ahead on distinct devices (so nothing overlaps)."""
-    out, free = [], list(inventory)
-    rng.shuffle(free)
-    running = int(count * 0.7)
-    for i in range(running):
-        device = free.pop()
-        end = NOW + rng.choice([1, 2, 3, 6, 12, 24]) * HOUR + rng.randint(0, 3599)
-        user = f"user{rng.randrange(200):03d}"
-        out.append(
-            Allocation(
-                f"run{i}",
-                (device.id,),
-                NOW - HOUR,
-                end,
-                user,
-                f"proj{int(user[4:]) % 20:02d}",
-                qos=rng.choice(["low", "normal"]),
-                preemptible=rng.random() < 0.3,
-            )
+def _allocation(site: Site, booking, running: bool) -> Allocation:
+    start = NOW + booking.start_in_s
+    return Allocation(
+        booking.key,
+        tuple(sorted(booking.devices)),
+        start,
+        start + booking.duration_s,
+        _user(site, booking.user),
+        f"proj{booking.project:02d}",
+        qos=booking.qos,
+        preemptible=booking.preemptible,
+        running=running,
+    )
+
+
+def state_of(site: Site) -> State:
+    """The generated site as the allocator's input."""
+    devices = tuple(
+        Device(
+            d.id,
+            f"node{d.node:04d}",
+            d.model,
+            d.profile,
+            d.fraction,
+            temperature_c=30.0 + (d.node * 8 + d.gpu) % 40,
+            parent=f"n{d.node}g{d.gpu}" if d.profile else "",
         )
-    for i, device in enumerate(rng.sample(inventory, count - running)):
-        start = NOW + rng.randint(30, 90) * HOUR
-        out.append(
-            Allocation(
-                f"adv{i}", (device.id,), start, start + 4 * HOUR, "admin", "ops", running=False
-            )
+        for d in site.devices
+    )
+    allocations = tuple(_allocation(site, b, True) for b in site.running) + tuple(
+        _allocation(site, b, False) for b in site.reservations
+    )
+    pending = tuple(
+        Request(
+            b.key,
+            _user(site, b.user),
+            f"proj{b.project:02d}",
+            NOW - b.submitted_ago_s,
+            float(b.duration_s),
+            gpus=b.gpus,
+            mig_profile=b.mig_profile,
+            gpu_model=b.gpu_model,
+            qos=b.qos,
+            preemptible=b.preemptible,
         )
-    return tuple(out)
-
-
-def pending(rng: random.Random, count: int = 10_000) -> tuple[Request, ...]:
-    """Pending bookings: mostly small whole-GPU requests, some MIG, a few whole-node ones."""
-    out = []
-    for i in range(count):
-        user = f"user{rng.randrange(200):03d}"
-        kind = rng.random()
-        gpus, profile = 1, None
-        if kind < 0.15:
-            profile = "1g.10gb" if kind < 0.10 else "3g.40gb"
-        else:
-            gpus = rng.choices([1, 2, 4, 8, 16, 32], weights=[55, 15, 12, 12, 4, 2])[0]
-        out.append(
-            Request(
-                f"b{i:05d}",
-                user,
-                f"proj{int(user[4:]) % 20:02d}",
-                NOW - rng.randint(0, 7 * 86400),
-                rng.choice([1, 2, 4, 8, 12, 24, 48]) * HOUR,
-                gpus=gpus,
-                mig_profile=profile,
-                qos=rng.choices(["low", "normal", "high"], weights=[20, 75, 5])[0],
-            )
-        )
-    return tuple(out)
-
-
-def build_state(seed: int) -> State:
-    """The benchmark State (deterministic for a seed)."""
-    rng = random.Random(seed)
-    inventory = devices()
-    quotas = {f"user{u:03d}": Quota(max_gpus=16.0) for u in range(0, 200, 20)}
+        for b in site.pending
+    )
+    rng = random.Random(7)
     return State(
         NOW,
-        inventory,
-        allocations(inventory, rng),
-        pending(rng),
-        project_shares={f"proj{p:02d}": 1.0 + p % 3 for p in range(20)},
-        project_usage={f"proj{p:02d}": 1e6 * (p % 5) for p in range(20)},
-        user_quotas=quotas,
-        project_quotas={"proj07": Quota(max_gpus=200.0)},
+        devices,
+        allocations,
+        pending,
+        project_shares={f"proj{p:02d}": q[2] for p, q in enumerate(site.project_quotas)},
+        project_usage={f"proj{p:02d}": 1e6 * rng.random() for p in range(site.projects)},
+        user_quotas={
+            _user(site, u): Quota(max_gpus=m, gpu_hours_budget=b, gpu_hours_used=b * 0.3)
+            for u, (m, b) in enumerate(site.user_quotas)
+        },
+        project_quotas={
+            f"proj{p:02d}": Quota(max_gpus=m, gpu_hours_budget=b, gpu_hours_used=b * 0.3)
+            for p, (m, b, _) in enumerate(site.project_quotas)
+        },
     )
+
+
+def build_state(seed: int, pending: int = 10_000, gpus: int = 1024) -> State:
+    """The benchmark State (deterministic for a seed)."""
+    return state_of(generate(pending=pending, gpus=gpus, seed=seed))
 
 
 def main() -> int:
@@ -133,8 +108,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--gpus", type=int, default=1024)
     args = parser.parse_args()
-    state = build_state(args.seed)
+    state = build_state(args.seed, args.pending, args.gpus)
     times = []
     for _ in range(args.repeat):
         began = time.perf_counter()

@@ -205,6 +205,11 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0)
+# Changes ask for a pass at most once per this many seconds (a burst of submissions gives a few
+# passes, each seeing all of them); 0 runs one pass per change.
+SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0)
+if not 0 <= SCHEDULER_PASS_COALESCE_S <= 60:
+    raise RuntimeError("SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds.")
 # Every periodic job, one line each.
 CELERY_BEAT_SCHEDULE = {
     # Start due reservations, end finished bookings, plan and start the queue.

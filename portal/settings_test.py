@@ -27,4 +27,6 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 WHITENOISE_USE_FINDERS = True
 STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405
 SCHEDULER_PASS_INTERVAL_S = 3600.0
+# Tests see each change's pass at once; the coalescing test turns it on.
+SCHEDULER_PASS_COALESCE_S = 0.0
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405

@@ -3,6 +3,7 @@
 from scheduler.admission import never_fits
 from scheduler.allocator import plan
 from scheduler.priority import decay_usage
+from scheduler.quota import QuotaRefusal, quota_refusal
 from scheduler.types import (
     REASONS,
     Allocation,
@@ -28,10 +29,12 @@ __all__ = [
     "Preemption",
     "Priority",
     "Quota",
+    "QuotaRefusal",
     "Request",
     "Start",
     "State",
     "decay_usage",
     "never_fits",
     "plan",
+    "quota_refusal",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from scheduler.placement import build_nodes, fits_window, is_multi_node
 from scheduler.priority import profile_fractions, request_size
+from scheduler.quota import quota_refusal
 from scheduler.timeline import NodeTimeline
 from scheduler.types import Device, Quota, Request
 
@@ -23,14 +24,14 @@ def never_fits(
     if not fits_window(nodes, empty, request, multi, 0.0, 0.0):
         return _inventory_reason(request)
     size = request_size(request, profile_fractions(devices))
-    if quota is not None and quota.max_gpus is not None and size > quota.max_gpus + 1e-9:
-        return f"asks {size:g} GPUs at once, the limit is {quota.max_gpus:g}"
     hours = size * request.duration_s / 3600.0
-    if quota is not None and quota.gpu_hours_budget is not None:
-        left = quota.gpu_hours_budget - quota.gpu_hours_used
-        if hours > left + 1e-9:
-            return f"asks {hours:g} GPU-hours, {left:g} left in the budget"
-    return None
+    refusal = quota_refusal(quota, gpus=size, gpu_hours=hours) if quota is not None else None
+    if refusal is None:
+        return None
+    if refusal.limit == "max_gpus":
+        return f"asks {size:g} GPUs at once, the limit is {refusal.limit_value:g}"
+    left = refusal.limit_value - refusal.usage
+    return f"asks {hours:g} GPU-hours, {left:g} left in the budget"
 
 
 def _inventory_reason(request: Request) -> str:

@@ -9,7 +9,7 @@ planned start is ``now`` start now.
 
 from __future__ import annotations
 
-from scheduler.placement import Finder, Fit, build_nodes, fits_window, is_multi_node
+from scheduler.placement import Finder, Fit, build_nodes, fit_horizon, fits_window, is_multi_node
 from scheduler.preemption import preempt_phase
 from scheduler.priority import fairshare_factors, priority_of, profile_fractions, request_size
 from scheduler.quota import Quotas
@@ -55,7 +55,7 @@ class _Pass:
         self._load_allocations()
         self.fixed = [_copy(node.timeline) for node in self.nodes]
         self.finder = Finder(self.nodes, state.now)
-        self._why_cache: dict[tuple, tuple[str, str]] = {}
+        self._why_cache: dict[tuple, tuple[float | None, float | None]] = {}
 
     def _load_allocations(self) -> None:
         now = self.now
@@ -147,22 +147,29 @@ class _Pass:
 
     def why(self, request: Request, multi: bool) -> tuple[str, str]:
         """Reason and detail for a booking that has a start later than now (quota aside)."""
-        key = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s, multi)
-        if key not in self._why_cache:
-            self._why_cache[key] = self._why(request, multi)
-        return self._why_cache[key]
-
-    def _why(self, request: Request, multi: bool) -> tuple[str, str]:
-        now, end = self.now, self.now + request.duration_s
-        if fits_window(self.nodes, self.fixed, request, multi, now, end):
+        # Keyed by shape, not duration: one horizon per shape answers every duration.
+        key = (request.gpus, request.mig_profile, request.gpu_model, multi)
+        horizons = self._why_cache.get(key)
+        if horizons is None:
+            horizons = self._why_cache[key] = self._horizons(request, multi)
+        fixed, everywhere = horizons
+        if fixed is not None and self.now + request.duration_s <= fixed:
             return REASON_PRIORITY, "devices are free now but held for higher-priority bookings"
-        if fits_window(self.nodes, self.fixed, request, multi, now, now):
+        if fixed is not None:
             return REASON_RESERVATION, "an advance reservation holds the devices during its window"
-        everything = self.nodes + self.down
-        timelines = self.fixed + [node.timeline for node in self.down]
-        if self.down and fits_window(everything, timelines, request, multi, now, now):
+        if everywhere is not None:
             return REASON_NODE_DOWN, "it would fit now on nodes that are down or draining"
         return REASON_RESOURCES, "all matching devices are in use"
+
+    def _horizons(self, request: Request, multi: bool) -> tuple[float | None, float | None]:
+        now = self.now
+        fixed = fit_horizon(self.nodes, self.fixed, request, multi, now)
+        everywhere = None
+        if self.down:
+            everything = self.nodes + self.down
+            timelines = self.fixed + [node.timeline for node in self.down]
+            everywhere = fit_horizon(everything, timelines, request, multi, now)
+        return fixed, everywhere
 
     def never(self, request: Request) -> tuple[str, str]:
         """Reason and detail for a booking no up node can ever hold."""

@@ -90,6 +90,8 @@ def _bits(mask: int):
 
 def build_nodes(devices: tuple[Device, ...], now: float) -> list[Node]:
     """Group the inventory into nodes, sorted by name, devices sorted by id (determinism)."""
+    # A new pass's nodes: forget the last one's (the memo must not keep old passes alive).
+    _largest.cache_clear()
     by_node: dict[str, list[Device]] = {}
     for device in sorted(devices, key=lambda d: d.id):
         by_node.setdefault(device.node, []).append(device)
@@ -116,76 +118,93 @@ class Finder:
         self.now = now
         self._heaps: dict[tuple, list] = {}
         self._whole: dict[float, dict] = {}
+        self._need_lists: dict[tuple, list[int]] = {}
+        self._whole_nodes: dict[str | None, list[Node]] = {}
 
     def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
         """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
 
-        The shared heaps hold earliest starts from ``now``; a later ``not_before`` (quota, strict
-        order) scans the nodes directly so the heaps stay lower bounds.
+        Requests of one shape share a heap whatever their duration: it is keyed by the duration
+        rounded down to a power of two, and a start that fits a shorter duration is a lower
+        bound for a longer one. Only nodes whose bound is not later than the best start found
+        so far get an exact search, so a pass costs about one heap per shape and duration
+        octave, not one full scan per distinct duration.
         """
         if multi:
             return self._find_whole_nodes(request, not_before)
-        shape = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s)
-        if shape not in self._heaps:
-            self._heaps[shape] = self._scan(request, self.now)
-            heapq.heapify(self._heaps[shape])
-        if not_before > self.now:
-            return self._find_later(self._heaps[shape], request, not_before)
-        return self._find_single(self._heaps[shape], request, not_before)
+        floor = _octave(request.duration_s)
+        shape = (request.gpus, request.mig_profile, request.gpu_model, floor)
+        heap = self._heaps.get(shape)
+        if heap is None:
+            heap = self._heaps[shape] = self._scan(request, floor)
+            heapq.heapify(heap)
+        return self._find_single(heap, request, floor, not_before)
 
-    def _find_later(self, heap: list, request: Request, not_before: float) -> Fit | None:
-        """Like _find_single for a start after now: heap entries are only lower bounds here."""
-        found = []
-        for entry in sorted(heap):
-            if found and entry[0] > min(f[0] for f in found):
-                break
-            node = self.nodes[entry[2]]
-            exact = self._entry(node, request, max(entry[0], not_before))
-            if exact is not None:
-                found.append(exact)
-        return self._choose_single(found, request.gpus)
+    def _needs(self, profile: str | None, model: str | None) -> list[int]:
+        """Each node's mask of devices matching a profile and model, by node index."""
+        key = (profile, model)
+        needs = self._need_lists.get(key)
+        if needs is None:
+            needs = self._need_lists[key] = [node.need(profile, model) for node in self.nodes]
+        return needs
 
-    def _entry(self, node: Node, request: Request, not_before: float):
+    def _entry(self, node: Node, request: Request, duration: float, not_before: float):
         need = node.need(request.mig_profile, request.gpu_model)
-        found = node.timeline.earliest(need, request.gpus, request.duration_s, not_before)
+        found = node.timeline.earliest(need, request.gpus, duration, not_before)
         if found is None:
             return None
         start, mask = found
         return (start, mask.bit_count() - request.gpus, node.index, node.timeline.version, mask)
 
-    def _scan(self, request: Request, not_before: float) -> list:
+    def _scan(self, request: Request, duration: float) -> list:
         entries = []
         for node in self.nodes:
             if node.need(request.mig_profile, request.gpu_model).bit_count() >= request.gpus:
-                entry = self._entry(node, request, not_before)
+                entry = self._entry(node, request, duration, self.now)
                 if entry is not None:
                     entries.append(entry)
         return entries
 
-    def _find_single(self, heap: list, request: Request, not_before: float) -> Fit | None:
-        fresh = []
-        while heap and (not fresh or heap[0][0] <= fresh[0][0]):
+    def _find_single(
+        self, heap: list, request: Request, floor: float, not_before: float
+    ) -> Fit | None:
+        """Pop nodes in order of their lower bound until none can beat the best exact start."""
+        exact, kept, best = [], [], None
+        nodes, count, duration = self.nodes, request.gpus, request.duration_s
+        needs = self._needs(request.mig_profile, request.gpu_model)
+        while heap and (best is None or max(heap[0][0], not_before) <= best):
             entry = heapq.heappop(heap)
-            node = self.nodes[entry[2]]
-            if entry[3] == node.timeline.version:
-                fresh.append(entry)
+            timeline = nodes[entry[2]].timeline
+            need = needs[entry[2]]
+            if entry[3] != timeline.version:
+                # Occupying only makes starts later: resume the bound from the stale one.
+                found = timeline.earliest(need, count, floor, entry[0])
+                if found is not None:
+                    again = (found[0], found[1].bit_count() - count, entry[2], timeline.version)
+                    heapq.heappush(heap, again + (found[1],))
                 continue
-            again = self._entry(node, request, entry[0])
-            if again is not None:
-                heapq.heappush(heap, again)
-        for entry in fresh:
+            kept.append(entry)
+            found = timeline.earliest(need, count, duration, max(entry[0], not_before))
+            if found is not None:
+                start, mask = found
+                exact.append((start, mask.bit_count() - count, entry[2], timeline.version, mask))
+                if best is None or start < best:
+                    best = start
+        for entry in kept:
             heapq.heappush(heap, entry)
-        return self._choose_single(fresh, request.gpus)
+        return self._choose_single(exact, count)
 
     def _choose_single(self, entries: list, count: int) -> Fit | None:
         """Earliest start; then best fit (fewest spare devices); then coolest, idlest node."""
         if not entries:
             return None
         start, waste = min(entry[:2] for entry in entries)
+        tied = [entry for entry in entries if entry[0] == start and entry[1] == waste]
+        if len(tied) == 1:
+            node = self.nodes[tied[0][2]]
+            return Fit(start, ((node.index, node.choose(tied[0][4], count)),))
         best = None
-        for entry in entries:
-            if entry[0] != start or entry[1] != waste:
-                continue
+        for entry in tied:
             node = self.nodes[entry[2]]
             chosen = node.choose(entry[4], count)
             key = (entry[1], node.heat(chosen), node.index)
@@ -195,51 +214,66 @@ class Finder:
 
     def whole_nodes(self, model: str | None) -> list[Node]:
         """Nodes of whole GPUs (of ``model``) that a multi-node request may take."""
-        return [n for n in self.nodes if n.whole and n.need(None, model) == n.full]
+        nodes = self._whole_nodes.get(model)
+        if nodes is None:
+            nodes = [n for n in self.nodes if n.whole and n.need(None, model) == n.full]
+            self._whole_nodes[model] = nodes
+        return nodes
 
     def _find_whole_nodes(self, request: Request, not_before: float) -> Fit | None:
+        """Earliest start with enough whole nodes free together, the coolest among equals.
+
+        At a candidate start t every node's own earliest start from t is needed only up to the
+        nodes that make up the count: nodes come off a heap keyed by a lower bound (the start
+        for the duration's octave, shared across requests) and get an exact search only when
+        they reach the top. When the nodes found start later than t, t moves there and the
+        exact starts found so far become the new lower bounds.
+        """
         eligible = self.whole_nodes(request.gpu_model)
         if sum(n.full.bit_count() for n in eligible) < request.gpus:
             return None
-        cache = self._whole.setdefault(request.duration_s, {})
+        floor = _octave(request.duration_s)
+        cache = self._whole.setdefault(floor, {})
+        bounds = {node.index: self._whole_bound(node, cache, floor) for node in eligible}
         t, duration = not_before, request.duration_s
         while True:
-            starts = sorted(
-                (self._whole_start(node, cache, duration, t), node.cool, node.index)
-                for node in eligible
-            )
-            enough = _enough_nodes(starts, self.nodes, request.gpus)
-            if enough is None:
-                return None
-            if enough[-1][0] == t:
-                return Fit(t, tuple((entry[2], self.nodes[entry[2]].full) for entry in enough))
-            t = enough[-1][0]
+            heap = [(max(bounds[n.index], t), n.cool, n.index, False) for n in eligible]
+            heapq.heapify(heap)
+            chosen, total = [], 0
+            while total < request.gpus:
+                start, cool, index, exact = heapq.heappop(heap)
+                if exact:
+                    chosen.append(index)
+                    total += self.nodes[index].full.bit_count()
+                    continue
+                node = self.nodes[index]
+                found = node.timeline.earliest(node.full, node.full.bit_count(), duration, start)
+                bounds[index] = found[0]
+                heapq.heappush(heap, (found[0], cool, index, True))
+            if start == t:
+                return Fit(t, tuple((index, self.nodes[index].full) for index in chosen))
+            t = start
 
     @staticmethod
-    def _whole_start(node: Node, cache: dict, duration: float, t: float) -> float:
-        """Earliest t' >= t with the whole node free for ``duration``, cached across searches.
+    def _whole_bound(node: Node, cache: dict, floor: float) -> float:
+        """Earliest start of the whole node for ``floor`` seconds from now, cached by version.
 
-        A cached (version, from, start) is exact while the version holds and from <= t <= start;
-        after a change it is still a lower bound to resume from.
+        Occupying only makes starts later, so a stale value is a lower bound to resume from.
         """
         known = cache.get(node.index)
-        if known is not None and known[1] <= t <= known[2]:
-            if known[0] == node.timeline.version:
-                return known[2]
-            t = known[2]
-        found = node.timeline.earliest(node.full, node.full.bit_count(), duration, t)
-        cache[node.index] = (node.timeline.version, t, found[0])
+        if known is not None and known[0] == node.timeline.version:
+            return known[1]
+        start = node.timeline.times[0] if known is None else known[1]
+        found = node.timeline.earliest(node.full, node.full.bit_count(), floor, start)
+        cache[node.index] = (node.timeline.version, found[0])
         return found[0]
 
 
-def _enough_nodes(starts: list, nodes: list[Node], gpus: int) -> list | None:
-    """The first nodes (by start, then coolness) whose devices add up to ``gpus``."""
-    total = 0
-    for i, entry in enumerate(starts):
-        total += nodes[entry[2]].full.bit_count()
-        if total >= gpus:
-            return starts[: i + 1]
-    return None
+def _octave(duration: float) -> float:
+    """``duration`` rounded down to a power of two seconds (at least 1)."""
+    if duration < 2:
+        return min(duration, 1.0)
+    return float(1 << (int(duration).bit_length() - 1))
 
 
 def fits_window(
@@ -259,6 +293,37 @@ def fits_window(
         if (timeline.free_mask(start, end) & need).bit_count() >= request.gpus:
             return True
     return False
+
+
+def fit_horizon(nodes: list[Node], timelines, request: Request, multi: bool, start: float):
+    """The latest end such that ``request`` fits on ``nodes`` over [start, end), or None when
+    it does not fit even at that instant.
+
+    ``fits_window(..., start, end)`` holds exactly when this is not None and ``end`` is at most
+    it, so one walk answers every duration of a request shape.
+    """
+    if multi:
+        ends = []
+        for node, timeline in zip(nodes, timelines, strict=True):
+            if node.whole and node.need(None, request.gpu_model) == node.full:
+                end = timeline.free_until(node.full, node.full.bit_count(), start)
+                if end is not None:
+                    ends.append((end, node))
+        ends.sort(key=lambda pair: -pair[0])
+        total = 0
+        for end, node in ends:
+            total += node.full.bit_count()
+            if total >= request.gpus:
+                return end
+        return None
+    best = None
+    for node, timeline in zip(nodes, timelines, strict=True):
+        need = node.need(request.mig_profile, request.gpu_model)
+        if need.bit_count() >= request.gpus:
+            end = timeline.free_until(need, request.gpus, start)
+            if end is not None and (best is None or end > best):
+                best = end
+    return best
 
 
 def fewest_victims(victims: list[tuple[int, int, str]], missing: int) -> tuple | None:

@@ -4,7 +4,8 @@ request that fits on one, on whole nodes cleared entirely for a larger one."""
 
 from __future__ import annotations
 
-from scheduler.placement import Fit, fewest_victims, fits_window, is_multi_node
+from scheduler.placement import Fit, fewest_victims, fit_horizon, is_multi_node
+from scheduler.timeline import INF
 from scheduler.types import Allocation, Preemption, Request
 
 
@@ -13,7 +14,8 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
 
     Runs before the planning walk, so a preempting booking takes precedence over the queue.
     Free devices only shrink during the phase, so a shape that fits now, or finds no victims, is
-    remembered.
+    remembered, by shape and not by duration: how long a shape fits from now answers every
+    duration, and a shape with no victims for one duration has none for any longer one.
     """
     policy = run.policy
     by_node = _preemptible_by_node(run)
@@ -22,19 +24,21 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
     lowest = min(policy.qos_level(a.qos) for allocs in by_node.values() for a in allocs)
     preemptions: list[Preemption] = []
     preempting: dict[str, Fit] = {}
-    fits_now: dict[tuple, bool] = {}
-    hopeless: set[tuple] = set()
+    fits_now: dict[tuple, float | None] = {}
+    hopeless: dict[tuple, float] = {}
     for request, _ in ranked:
         level = policy.qos_level(request.qos)
-        shape = (request.gpus, request.mig_profile, request.gpu_model, request.duration_s, level)
-        if level <= lowest or shape in hopeless or not _eligible(run, request, shape, fits_now):
+        shape = (request.gpus, request.mig_profile, request.gpu_model, level)
+        if level <= lowest or request.duration_s >= hopeless.get(shape, INF):
+            continue
+        if not _eligible(run, request, shape, fits_now):
             continue
         if is_multi_node(request, run.nodes):
             choice = _best_whole_nodes(run, request, level, by_node)
         else:
             choice = _best_victims(run, request, level, by_node)
         if choice is None:
-            hopeless.add(shape)
+            hopeless[shape] = min(request.duration_s, hopeless.get(shape, INF))
             continue
         parts, victims = choice
         for victim in victims:
@@ -69,8 +73,9 @@ def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
     if shape not in fits_now:
         timelines = [node.timeline for node in run.nodes]
         multi = is_multi_node(request, run.nodes)
-        fits_now[shape] = fits_window(run.nodes, timelines, request, multi, now, now + duration)
-    return not fits_now[shape]
+        fits_now[shape] = fit_horizon(run.nodes, timelines, request, multi, now)
+    horizon = fits_now[shape]
+    return horizon is None or now + duration > horizon
 
 
 def _best_whole_nodes(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):

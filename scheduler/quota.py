@@ -9,10 +9,39 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from scheduler.types import Quota
 
 _EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class QuotaRefusal:
+    """The limit a booking would break: its name, its value, what is held or used already and
+    what the booking adds. Callers word it for their audience."""
+
+    limit: str  # "max_gpus" or "gpu_hours_budget"
+    limit_value: float
+    usage: float
+    asks: float
+
+
+def quota_refusal(
+    quota: Quota, *, gpus: float, gpu_hours: float = 0.0, held: float = 0.0
+) -> QuotaRefusal | None:
+    """The one quota rule, for every caller (submission, reservation, extend, the allocator).
+
+    ``held`` GPU-equivalents already held at the busiest moment plus ``gpus`` must stay within
+    ``max_gpus``; GPU-hours used in the period plus ``gpu_hours`` within the budget. The
+    concurrency limit is checked first.
+    """
+    if quota.max_gpus is not None and held + gpus > quota.max_gpus + _EPS:
+        return QuotaRefusal("max_gpus", quota.max_gpus, held, gpus)
+    budget = quota.gpu_hours_budget
+    if budget is not None and quota.gpu_hours_used + gpu_hours > budget + _EPS:
+        return QuotaRefusal("gpu_hours_budget", budget, quota.gpu_hours_used, gpu_hours)
+    return None
 
 
 class Ledger:
@@ -67,19 +96,27 @@ class Ledger:
         return top
 
     def earliest(self, amount: float, duration: float, not_before: float) -> float | None:
-        """Earliest t >= not_before at which ``amount`` more fits over [t, t+duration)."""
+        """Earliest t >= not_before at which ``amount`` more fits over [t, t+duration).
+
+        One forward walk over the steps: a step whose level leaves no room for ``amount`` and
+        overlaps the window pushes the window's start to that step's end. Linear in the steps
+        after ``not_before``.
+        """
         limit = self.quota.max_gpus
         if limit is None:
             return not_before
         if amount > limit + _EPS:
             return None
-        if self.peak(not_before, not_before + duration) + amount <= limit + _EPS:
-            return not_before
-        times, _ = self.steps()
-        for t in times[bisect_right(times, not_before) :]:
-            if self.peak(t, t + duration) + amount <= limit + _EPS:
-                return t
-        return None
+        times, levels = self.steps()
+        n, t = len(times), not_before
+        j = max(0, bisect_right(times, t) - 1)
+        while j < n and times[j] < t + duration:
+            if levels[j] + amount > limit + _EPS and (j + 1 == n or times[j + 1] > t):
+                if j + 1 == n:
+                    return None
+                t = times[j + 1]
+            j += 1
+        return t
 
     def budget_left(self) -> float | None:
         """GPU-hours left in the budget after use so far and this pass's plans (None: no budget)."""
@@ -138,7 +175,7 @@ class Quotas:
         """A sentence naming a concurrency limit lower than ``amount`` itself, else None."""
         for ledger in ledgers:
             limit = ledger.quota.max_gpus
-            if limit is not None and amount > limit + _EPS:
+            if quota_refusal(Quota(max_gpus=limit), gpus=amount):
                 return f"{ledger.label} quota: limit {_gpus(limit)} GPUs, asks {_gpus(amount)}"
         return None
 

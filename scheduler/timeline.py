@@ -71,6 +71,20 @@ class NodeTimeline:
             i += 1
         return mask
 
+    def free_until(self, need: int, count: int, start: float) -> float | None:
+        """The latest end such that ``count`` devices of ``need`` are free over all of
+        [start, end) (None: not free at ``start`` itself; inf: never taken)."""
+        times, masks = self.times, self.masks
+        i = max(0, bisect_right(times, start) - 1)
+        mask = masks[i] & need
+        if mask.bit_count() < count:
+            return None
+        for j in range(i + 1, len(times)):
+            mask &= masks[j]
+            if mask.bit_count() < count:
+                return times[j]
+        return INF
+
     def earliest(self, need: int, count: int, duration: float, not_before: float):
         """Earliest t >= not_before with ``count`` devices of ``need`` free over [t, t+duration).
 

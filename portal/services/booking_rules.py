@@ -5,10 +5,11 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
+import scheduler
 from portal.errors import ValidationFailed
 from portal.models import Project, Qos, mig_fraction
 from portal.services import inventory
-from portal.services.quotas import EffectiveQuota, quota_effective
+from portal.services.quotas import EffectiveQuota, quota_effective, scheduler_quota
 
 PAST_SLACK = timedelta(seconds=60)
 
@@ -187,14 +188,20 @@ def _check_limits(request: BookingRequest) -> None:
         raise ValidationFailed.field(
             field, f"your quota allows bookings of at most {quota.max_duration_s} s."
         )
-    if quota.max_gpus is not None and request.gpu_equivalents > quota.max_gpus:
+    # Could it ever run under the limits? Use so far does not count: the budget period rolls.
+    hours = request.gpu_equivalents * request.duration_s / 3600
+    refusal = scheduler.quota_refusal(
+        scheduler_quota(quota), gpus=request.gpu_equivalents, gpu_hours=hours
+    )
+    if refusal is None:
+        return
+    if refusal.limit == "max_gpus":
         raise ValidationFailed.field(
             "gpus" if request.gpus else "mig_profile",
-            f"asks for {request.gpu_equivalents:g} GPUs but your quota allows {quota.max_gpus:g} at once.",
+            f"asks for {request.gpu_equivalents:g} GPUs but your quota allows "
+            f"{refusal.limit_value:g} at once.",
         )
-    hours = request.gpu_equivalents * request.duration_s / 3600
-    if quota.gpu_hours_budget is not None and hours > quota.gpu_hours_budget:
-        raise ValidationFailed.field(
-            field,
-            f"needs {hours:.1f} GPU-hours but your budget is {quota.gpu_hours_budget:g} per period.",
-        )
+    raise ValidationFailed.field(
+        field,
+        f"needs {hours:.1f} GPU-hours but your budget is {refusal.limit_value:g} per period.",
+    )

@@ -6,6 +6,7 @@ dispatch, notifications, live updates) to on_commit. PostgreSQL's exclusion cons
 allocations is the backstop: if two writers still collide, the loser's IntegrityError becomes 409.
 """
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -13,6 +14,7 @@ from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Least
 
+import scheduler
 from portal.errors import (
     InvalidState,
     NoCapacity,
@@ -25,7 +27,7 @@ from portal.services import events, inventory
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
 from portal.services.placement import FreeDevice
-from portal.services.quotas import peak_use_in_window, usage_current
+from portal.services.quotas import peak_use_in_window, scheduler_quota, usage_current
 
 State = Booking.State
 
@@ -142,33 +144,40 @@ def check_reservation(user, request: BookingRequest, now: datetime) -> list[Free
 
 
 def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
+    """The scheduler's quota rule over the reservation's window (peak held, budget used)."""
     quota = request.quota
+    held = used = 0.0
     if quota.max_gpus is not None:
-        peak = peak_use_in_window(
+        held = peak_use_in_window(
             project=request.project, user=user, start=request.start, end=request.end
         )
-        if peak + request.gpu_equivalents > quota.max_gpus + 1e-9:
-            raise QuotaExceeded(
-                f"Quota max_gpus: you already hold up to {peak:g} of {quota.max_gpus:g} GPUs in that window.",
-                fields={"gpus": "over the concurrent-GPU quota"},
-                extra={"limit": "max_gpus", "limit_value": quota.max_gpus, "usage": peak},
-            )
     if quota.gpu_hours_budget is not None:
         used = usage_current(
             project=request.project, user=user, now=now, period_days=quota.budget_period_days
+        ).gpu_hours_used
+    hours = request.gpu_equivalents * request.duration_s / 3600
+    refusal = scheduler.quota_refusal(
+        scheduler_quota(quota, gpu_hours_used=used),
+        gpus=request.gpu_equivalents,
+        gpu_hours=hours,
+        held=held,
+    )
+    if refusal is None:
+        return
+    extra = {"limit": refusal.limit, "limit_value": refusal.limit_value, "usage": refusal.usage}
+    if refusal.limit == "max_gpus":
+        raise QuotaExceeded(
+            f"Quota max_gpus: you already hold up to {held:g} of {refusal.limit_value:g} GPUs "
+            "in that window.",
+            fields={"gpus": "over the concurrent-GPU quota"},
+            extra=extra,
         )
-        hours = request.gpu_equivalents * request.duration_s / 3600
-        if used.gpu_hours_used + hours > quota.gpu_hours_budget + 1e-9:
-            raise QuotaExceeded(
-                f"Quota gpu_hours_budget: {used.gpu_hours_used:.1f} of {quota.gpu_hours_budget:g} GPU-hours used; "
-                f"this booking needs {hours:.1f} more.",
-                fields={"end": "over the GPU-hour budget"},
-                extra={
-                    "limit": "gpu_hours_budget",
-                    "limit_value": quota.gpu_hours_budget,
-                    "usage": used.gpu_hours_used,
-                },
-            )
+    raise QuotaExceeded(
+        f"Quota gpu_hours_budget: {used:.1f} of {refusal.limit_value:g} GPU-hours used; "
+        f"this booking needs {hours:.1f} more.",
+        fields={"end": "over the GPU-hour budget"},
+        extra=extra,
+    )
 
 
 def _place(request: BookingRequest) -> list[FreeDevice]:
@@ -269,6 +278,35 @@ def booking_transition(
     return bool(changed)
 
 
+def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str | None:
+    """Stop an active booking that the site ended (preempted for another, or its node failed).
+
+    The one requeue rule: a batch job (a command, no fixed window) goes back to the queue,
+    keeping its submit time and so its age; with REQUEUE_ON_NODE_FAILURE off, a node failure
+    ends it for good. Returns the event ("requeued", or the terminal state), None when the
+    booking was no longer active. Runs inside the caller's transaction.
+    """
+    booking = Booking.objects.filter(pk=booking_id).only("command", "start").first()
+    if booking is None or not booking_transition(
+        booking_id, from_states=(State.ACTIVE,), to=to, now=now, detail=detail
+    ):
+        return None
+    requeue = bool(booking.command) and booking.start is None
+    if to == State.FAILED and not settings.REQUEUE_ON_NODE_FAILURE:
+        requeue = False
+    event = "requeued" if requeue else to
+    if requeue:
+        Booking.objects.filter(pk=booking_id, state=to).update(
+            state=State.PENDING,
+            ended_at=None,
+            started_at=None,
+            planned_start=None,
+            state_detail=f"{detail}; requeued",
+        )
+    events.booking_changed(booking, event)
+    return event
+
+
 def booking_extend(*, user, booking_id: int, now: datetime, by_s: int) -> Booking:
     """Make a booking longer by `by_s` seconds, if its devices are free that long (else 409)."""
     booking = booking_get_for_change(user=user, booking_id=booking_id)
@@ -315,8 +353,10 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
             f"would make the booking {new_duration} s long; "
             f"your quota allows {quota.max_duration_s} s.",
         )
+    # The booking's own length against the budget (the period rolls), by the one quota rule.
     hours = booking.gpu_equivalents * new_duration / 3600
-    if quota.gpu_hours_budget is not None and hours > quota.gpu_hours_budget + 1e-9:
+    budget_only = scheduler_quota(replace(quota, max_gpus=None))
+    if scheduler.quota_refusal(budget_only, gpus=0.0, gpu_hours=hours):
         raise ValidationFailed.field(
             "by_s",
             f"would make the booking need {hours:.1f} GPU-hours; "

@@ -6,6 +6,10 @@ they must never run inside the transaction that made the change (STYLE.md princi
 change still succeeds; an error there would make clients retry a write that happened.
 """
 
+import math
+
+from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 
 # Events after which the queue may move: ask for an allocation pass.
@@ -30,8 +34,25 @@ def booking_changed(booking, event: str) -> None:
         request_allocation_pass()
 
 
+PASS_REQUEST_KEY = "scheduler:pass-requested"
+
+
 def request_allocation_pass() -> None:
-    """Ask for an allocation pass after commit (Celery, or in-process in embedded mode)."""
+    """Ask for an allocation pass after commit (Celery, or in-process in embedded mode).
+
+    Requests coalesce: the first change in a window of SCHEDULER_PASS_COALESCE_S queues one
+    pass to run at the window's end, and later changes in the window ride on it (it reads the
+    database after they committed). A burst of submissions gives a few passes, not one each.
+    """
+    transaction.on_commit(_queue_pass, robust=True)
+
+
+def _queue_pass() -> None:
     from portal import tasks
 
-    transaction.on_commit(lambda: tasks.allocation_pass.delay(), robust=True)
+    window = settings.SCHEDULER_PASS_COALESCE_S
+    if window <= 0:
+        tasks.allocation_pass.delay()
+        return
+    if cache.add(PASS_REQUEST_KEY, 1, timeout=math.ceil(window)):
+        tasks.allocation_pass.apply_async(countdown=window)

@@ -50,13 +50,29 @@ def lock_nodes(node_ids: Iterable[int]) -> list[int]:
         raise Busy("The booking system is busy; try again in a few seconds.") from exc
 
 
-def try_advisory_lock(key: int) -> bool:
-    """Take a transaction-level advisory lock without waiting (PostgreSQL); True elsewhere."""
+def try_session_advisory_lock(key: int) -> bool:
+    """Take a session-level advisory lock without waiting (PostgreSQL); True elsewhere.
+
+    Outlives the transactions taken while it is held (the pass commits each start on its own);
+    release it with advisory_unlock. A dropped connection releases it too.
+    """
     if connection.vendor != "postgresql":
         return True
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [key])
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
         return bool(cursor.fetchone()[0])
+
+
+def advisory_unlock(key: int) -> None:
+    """Release a session-level advisory lock taken by try_session_advisory_lock."""
+    if connection.vendor != "postgresql":
+        return
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+    except OperationalError:
+        # The connection is gone, and the lock with it.
+        connection.close()
 
 
 def is_allocation_clash(exc: Exception) -> bool:

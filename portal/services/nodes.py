@@ -11,7 +11,7 @@ from portal.models import Booking, Gpu, MigInstance, Node
 from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.models.tokens import hash_token, new_token
 from portal.services import events
-from portal.services.bookings import booking_transition
+from portal.services.bookings import booking_stop
 
 
 def node_token_issue(*, hostname: str) -> str:
@@ -179,21 +179,4 @@ def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> 
 
 
 def _fail_booking(booking: Booking, reason: str, now: datetime) -> None:
-    if not booking_transition(
-        booking.pk,
-        from_states=(Booking.State.ACTIVE,),
-        to=Booking.State.FAILED,
-        now=now,
-        detail=reason,
-    ):
-        return
-    requeue = settings.REQUEUE_ON_NODE_FAILURE and booking.command and booking.start is None
-    if requeue:
-        # Like a preempted batch job: back to the queue, keeping its submit time (its age).
-        Booking.objects.filter(pk=booking.pk, state=Booking.State.FAILED).update(
-            state=Booking.State.PENDING,
-            ended_at=None,
-            started_at=None,
-            state_detail=f"{reason}; requeued",
-        )
-    events.booking_changed(booking, "requeued" if requeue else "failed")
+    booking_stop(booking_id=booking.pk, to=Booking.State.FAILED, now=now, detail=reason)

@@ -3,7 +3,8 @@
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Q
+from django.db.models import ExpressionWrapper, F, FloatField, Func, Q, Sum, Value
+from django.db.models.functions import Greatest, Least
 
 from portal.models import Allocation, Project, Quota
 
@@ -39,6 +40,17 @@ class Usage:
     gpu_hours_used: float
 
 
+def scheduler_quota(quota: EffectiveQuota, *, gpu_hours_used: float = 0.0):
+    """The limits as the scheduler's quota rule takes them (scheduler.quota_refusal)."""
+    import scheduler
+
+    return scheduler.Quota(
+        max_gpus=quota.max_gpus,
+        gpu_hours_budget=quota.gpu_hours_budget,
+        gpu_hours_used=gpu_hours_used,
+    )
+
+
 def quota_project(*, project: Project) -> EffectiveQuota:
     """The project's own limits (no user override)."""
     row = Quota.objects.filter(project=project, user__isnull=True).first()
@@ -52,6 +64,68 @@ def quota_effective(*, project: Project, user) -> EffectiveQuota:
         for q in Quota.objects.filter(Q(user__isnull=True) | Q(user=user), project=project)
     }
     return _merge([rows.get(user.pk), rows.get(None)])
+
+
+def quotas_effective_many(
+    *, pairs: set[tuple[int, int]]
+) -> dict[tuple[int, int | None], EffectiveQuota]:
+    """Limits of many (project_id, user_id) pairs and of their projects, in one query.
+
+    Keys are the pairs, and (project_id, None) for each project's own limits.
+    """
+    project_ids = {project_id for project_id, _ in pairs}
+    rows = {(q.project_id, q.user_id): q for q in Quota.objects.filter(project_id__in=project_ids)}
+    out: dict[tuple[int, int | None], EffectiveQuota] = {
+        (project_id, None): _merge([rows.get((project_id, None))]) for project_id in project_ids
+    }
+    for project_id, user_id in pairs:
+        out[(project_id, user_id)] = _merge(
+            [rows.get((project_id, user_id)), rows.get((project_id, None))]
+        )
+    return out
+
+
+def usage_gpu_hours_many(
+    *, project_ids: set[int], now: datetime, periods: set[int]
+) -> dict[tuple, float]:
+    """GPU-hours used in each rolling period, per (period_days, project_id, user_id) and per
+    (period_days, project_id, None), summed in the database: one query per distinct period."""
+    out: dict[tuple, float] = {}
+    for days in periods:
+        since = now - timedelta(days=days)
+        rows = (
+            Allocation.objects.filter(
+                booking__project_id__in=project_ids, start__lt=now, end__gt=since
+            )
+            .values("booking__project_id", "booking__owner_id")
+            .annotate(
+                seconds=Sum(
+                    ExpressionWrapper(
+                        F("fraction") * EpochSeconds(Least(F("end"), Value(now)))
+                        - F("fraction") * EpochSeconds(Greatest(F("start"), Value(since))),
+                        output_field=FloatField(),
+                    )
+                )
+            )
+        )
+        for row in rows:
+            project_id, hours = row["booking__project_id"], (row["seconds"] or 0.0) / 3600
+            out[(days, project_id, row["booking__owner_id"])] = round(hours, 4)
+            key = (days, project_id, None)
+            out[key] = round(out.get(key, 0.0) + hours, 4)
+    return out
+
+
+class EpochSeconds(Func):
+    """Seconds since the epoch of a timestamp (PostgreSQL and SQLite)."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)")
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="(julianday(%(expressions)s) * 86400.0)")
 
 
 def _merge(rows: list[Quota | None]) -> EffectiveQuota:

@@ -1,16 +1,26 @@
 """The ORM as the pure scheduler sees it: one snapshot of devices, allocations, queue and quotas.
 
 Used by the allocation pass and by the start estimate, so both judge a booking the same way.
+Every table is read once, whatever the number of users, projects or pending bookings: quotas
+and GPU-hour use come from one query each, not one per user.
 """
 
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
 
 import scheduler
 from portal.models import Allocation, Booking, Gpu, MigInstance
-from portal.services.quotas import EffectiveQuota, quota_effective, quota_project, usage_current
+from portal.services.quotas import (
+    EffectiveQuota,
+    EpochSeconds,
+    quotas_effective_many,
+    usage_gpu_hours_many,
+)
 from portal.services.telemetry_cache import latest_by_uuid
 
 State = Booking.State
@@ -30,50 +40,153 @@ def _user_key(booking: Booking) -> str:
     return f"{booking.owner.username}@{booking.project.slug}"
 
 
+@dataclass(frozen=True)
+class DeviceRow:
+    """Where a scheduler device lives in the database, to write its allocation."""
+
+    node_id: int
+    gpu_id: int
+    mig_id: int | None
+    fraction: float
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    """A pending booking as read, with its stored plan (to write only what changes)."""
+
+    pk: int
+    project_id: int
+    duration_s: int
+    plan_values: tuple
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one allocation pass plans from, read in one consistent read."""
+
+    state: object  # scheduler.State
+    devices: dict[str, DeviceRow]
+    pending: dict[int, PendingRow]
+    last_allocation_id: int
+
+
+_PENDING_FIELDS = (
+    "pk",
+    "owner_id",
+    "owner__username",
+    "project_id",
+    "project__slug",
+    "submitted_ts",
+    "duration_s",
+    "gpus",
+    "mig_profile",
+    "gpu_model",
+    "qos",
+    "preemptible",
+    "planned_ts",
+    "queue_position",
+    "pending_reason",
+    "state_detail",
+    "priority",
+)
+
+
+def snapshot_take(*, now: datetime) -> Snapshot:
+    """Read the queue, devices, allocations and quotas for a pass, in one consistent read."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if connection.vendor == "postgresql" and outermost:
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        last = Allocation.objects.aggregate(last=Max("pk"))["last"] or 0
+        rows = list(
+            Booking.objects.filter(state=State.PENDING)
+            .annotate(
+                submitted_ts=EpochSeconds("submitted_at"), planned_ts=EpochSeconds("planned_start")
+            )
+            .order_by("submitted_at", "id")
+            .values_list(*_PENDING_FIELDS)
+        )
+        requests = [_request_row(row) for row in rows]
+        keys = {(row[3], row[1]): (row[4], row[2]) for row in rows}
+        state, devices = _state(now, requests, keys)
+    pending = {
+        row[0]: PendingRow(
+            row[0], row[3], row[6], (_whole(row[12]), row[13], row[14], row[15], row[16])
+        )
+        for row in rows
+    }
+    return Snapshot(state, devices, pending, last)
+
+
+def _whole(ts: float | None) -> int | None:
+    return None if ts is None else round(ts)
+
+
+def _request_row(row: tuple):
+    return scheduler.Request(
+        booking_id=str(row[0]),
+        user=f"{row[2]}@{row[4]}",
+        project=row[4],
+        submit_time=row[5],
+        duration_s=float(row[6]),
+        gpus=row[7] or 1,
+        mig_profile=row[8] or None,
+        gpu_model=row[9] or None,
+        qos=row[10],
+        preemptible=row[11],
+    )
+
+
 def snapshot_state(now: datetime, pending: list[Booking]):
+    """The scheduler State for these (possibly unsaved) pending bookings, and the devices."""
+    requests = [_request(b) for b in pending]
+    keys = {(b.project.pk, b.owner.pk): (b.project.slug, b.owner.username) for b in pending}
+    return _state(now, requests, keys)
+
+
+def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str, str]]):
     devices = _devices()
-    allocations = _allocations(now)
+    quotas = quotas_effective_many(pairs=set(keys))
+    periods = {q.budget_period_days for q in quotas.values() if q.gpu_hours_budget is not None}
+    used = usage_gpu_hours_many(project_ids={p for p, _ in keys}, now=now, periods=periods)
     quotas_user: dict[str, scheduler.Quota] = {}
     quotas_project: dict[str, scheduler.Quota] = {}
     shares: dict[str, float] = {}
-    for booking in pending:
-        key = _user_key(booking)
-        if key not in quotas_user:
-            effective = quota_effective(project=booking.project, user=booking.owner)
-            quotas_user[key] = _quota(effective, booking.project, booking.owner, now)
-        project_key = booking.project.slug
-        if project_key not in quotas_project:
-            project_quota = quota_project(project=booking.project)
-            quotas_project[project_key] = _quota(project_quota, booking.project, None, now)
-            shares[project_key] = project_quota.shares
+    for (project_id, user_id), (slug, username) in keys.items():
+        quotas_user[f"{username}@{slug}"] = _quota(
+            quotas[(project_id, user_id)], used, (project_id, user_id)
+        )
+        if slug not in quotas_project:
+            project_quota = quotas[(project_id, None)]
+            quotas_project[slug] = _quota(project_quota, used, (project_id, None))
+            shares[slug] = project_quota.shares
     state = scheduler.State(
         now=_ts(now),
         devices=tuple(d for d, _ in devices.values()),
-        allocations=allocations,
-        pending=tuple(_request(b) for b in pending),
+        allocations=_allocations(now),
+        pending=tuple(requests),
         project_shares=shares,
         project_usage=_decayed_usage(now),
         user_quotas=quotas_user,
         project_quotas=quotas_project,
     )
-    return state, devices
+    return state, {key: row for key, (_, row) in devices.items()}
 
 
-def _quota(effective: EffectiveQuota, project, user, now: datetime):
-    used = 0.0
+def _quota(effective: EffectiveQuota, used: dict, key: tuple):
+    hours = 0.0
     if effective.gpu_hours_budget is not None:
-        used = usage_current(
-            project=project, user=user, now=now, period_days=effective.budget_period_days
-        ).gpu_hours_used
+        hours = used.get((effective.budget_period_days, *key), 0.0)
     return scheduler.Quota(
         max_gpus=effective.max_gpus,
         gpu_hours_budget=effective.gpu_hours_budget,
-        gpu_hours_used=used,
+        gpu_hours_used=hours,
     )
 
 
 def _devices() -> dict[str, tuple]:
-    """Scheduler devices keyed by id, with the (gpu_id, mig_id, fraction) to write allocations."""
+    """Scheduler devices keyed by id, with the rows to write their allocations."""
     gpus = list(Gpu.objects.select_related("node").filter(mig_mode=False))
     migs = list(MigInstance.objects.select_related("gpu__node").filter(gpu__mig_mode=True))
     readings = latest_by_uuid([g.uuid for g in gpus])
@@ -90,7 +203,7 @@ def _devices() -> dict[str, tuple]:
                 temperature_c=reading.get("temperature_c"),
                 utilization=reading.get("utilization_gpu"),
             ),
-            (gpu.pk, None, 1.0),
+            DeviceRow(gpu.node_id, gpu.pk, None, 1.0),
         )
     for mig in migs:
         devices[f"mig:{mig.pk}"] = (
@@ -103,40 +216,45 @@ def _devices() -> dict[str, tuple]:
                 node_state=mig.gpu.node.state,
                 parent=f"gpu:{mig.gpu_id}",
             ),
-            (mig.gpu_id, mig.pk, mig.fraction),
+            DeviceRow(mig.gpu.node_id, mig.gpu_id, mig.pk, mig.fraction),
         )
     return devices
 
 
-def _device_id(allocation: Allocation) -> str:
-    return (
-        f"mig:{allocation.mig_instance_id}"
-        if allocation.mig_instance_id
-        else f"gpu:{allocation.gpu_id}"
-    )
-
-
 def _allocations(now: datetime) -> tuple:
-    grouped: dict[int, list[Allocation]] = defaultdict(list)
-    live_rows = Allocation.objects.filter(live=True, end__gt=now).select_related(
-        "booking__owner", "booking__project"
+    grouped: dict[int, list[tuple]] = defaultdict(list)
+    live_rows = (
+        Allocation.objects.filter(live=True, end__gt=now)
+        .annotate(start_ts=EpochSeconds("start"), end_ts=EpochSeconds("end"))
+        .values_list(
+            "booking_id",
+            "gpu_id",
+            "mig_instance_id",
+            "start_ts",
+            "end_ts",
+            "booking__owner__username",
+            "booking__project__slug",
+            "booking__qos",
+            "booking__preemptible",
+            "booking__state",
+        )
     )
-    for allocation in live_rows:
-        grouped[allocation.booking_id].append(allocation)
+    for row in live_rows:
+        grouped[row[0]].append(row)
     out = []
-    for rows in grouped.values():
-        booking = rows[0].booking
+    for booking_id, rows in grouped.items():
+        first = rows[0]
         out.append(
             scheduler.Allocation(
-                booking_id=str(booking.pk),
-                device_ids=tuple(sorted(_device_id(a) for a in rows)),
-                start=_ts(min(a.start for a in rows)),
-                end=_ts(max(a.end for a in rows)),
-                user=_user_key(booking),
-                project=booking.project.slug,
-                qos=booking.qos,
-                preemptible=booking.preemptible,
-                running=booking.state == State.ACTIVE,
+                booking_id=str(booking_id),
+                device_ids=tuple(sorted(f"mig:{r[2]}" if r[2] else f"gpu:{r[1]}" for r in rows)),
+                start=min(r[3] for r in rows),
+                end=max(r[4] for r in rows),
+                user=f"{first[5]}@{first[6]}",
+                project=first[6],
+                qos=first[7],
+                preemptible=first[8],
+                running=first[9] == State.ACTIVE,
             )
         )
     return tuple(sorted(out, key=lambda a: a.booking_id))
@@ -145,12 +263,11 @@ def _allocations(now: datetime) -> tuple:
 def _decayed_usage(now: datetime) -> dict[str, float]:
     half_life = scheduler_policy().fairshare_half_life_s
     since = now - timedelta(seconds=4 * half_life)
-    records = [
-        (project, _ts(start), _ts(min(end, now)), fraction)
-        for project, start, end, fraction in Allocation.objects.filter(
-            start__lt=now, end__gt=since
-        ).values_list("booking__project__slug", "start", "end", "fraction")
-    ]
+    records = (
+        Allocation.objects.filter(start__lt=now, end__gt=since)
+        .annotate(start_ts=EpochSeconds("start"), end_ts=EpochSeconds("end"))
+        .values_list("booking__project__slug", "start_ts", "end_ts", "fraction")
+    )
     return scheduler.decay_usage(records, _ts(now), half_life)
 
 

@@ -1,0 +1,215 @@
+"""A generated site for the allocator and pass benchmarks: realistic shapes, shared by both.
+
+Plain data (no Django, no scheduler import) so bench_allocator.py turns it into a scheduler
+``State`` and bench_pass.py writes it into PostgreSQL; both time the same site.
+
+Defaults (the issue's site): 1,024 GPUs in 128 nodes of 8, four GPU models, 2 nodes in MIG mode
+(one 7 x 1g.10gb per GPU, one 3g.40gb + 3g.40gb + 1g.10gb per GPU); 95 % of the devices that
+no reservation holds are running
+(2,000 allocation rows with the finished ones of the budget period), 100 advance reservations,
+10,000 pending bookings with durations to the second (1 min to 3 days), widths from one MIG slice
+to 64 GPUs, a quarter of them asking for a model; 300 users in 40 projects with a concurrency
+quota and a GPU-hour budget on every user and every project.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+HOUR = 3600
+MODELS = ("A100-80GB", "H100-80GB", "L40S", "A40")
+MIG_LAYOUTS = (("1g.10gb",) * 7, ("3g.40gb", "3g.40gb", "1g.10gb"))
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+WIDTH_WEIGHTS = (40, 14, 3, 12, 2, 12, 2, 6, 2, 4, 1, 2)
+
+
+@dataclass
+class SiteDevice:
+    """One allocatable device: (node index, gpu index, mig index or None)."""
+
+    id: str
+    node: int
+    gpu: int
+    model: str
+    profile: str | None = None
+    slices: int = 7
+    mig: int | None = None
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.profile is None else self.slices / 7
+
+
+@dataclass
+class SiteBooking:
+    """A running booking, an advance reservation or a pending request (times relative to now)."""
+
+    key: str
+    user: int
+    project: int
+    duration_s: int
+    submitted_ago_s: int
+    gpus: int = 1
+    mig_profile: str | None = None
+    gpu_model: str | None = None
+    qos: str = "normal"
+    preemptible: bool = False
+    devices: tuple[str, ...] = ()
+    start_in_s: int = 0  # running: negative (started that long ago); reservation: positive
+    command: str = ""
+
+
+@dataclass
+class Site:
+    """Everything the benchmarks build."""
+
+    nodes: int
+    devices: list[SiteDevice]
+    users: int
+    projects: int
+    user_project: list[int]
+    user_quotas: list[tuple[float, float]]  # (max_gpus, gpu_hours_budget)
+    project_quotas: list[tuple[float, float, float]]  # (max_gpus, budget, shares)
+    running: list[SiteBooking] = field(default_factory=list)
+    finished: list[SiteBooking] = field(default_factory=list)
+    reservations: list[SiteBooking] = field(default_factory=list)
+    pending: list[SiteBooking] = field(default_factory=list)
+
+
+def _devices(nodes: int, mig_nodes: int) -> list[SiteDevice]:
+    out = []
+    for n in range(nodes):
+        model = MODELS[n * len(MODELS) // nodes]
+        layout = MIG_LAYOUTS[n % 2] if n < mig_nodes else None
+        for g in range(8):
+            if layout is None:
+                out.append(SiteDevice(f"n{n}g{g}", n, g, model))
+                continue
+            for k, profile in enumerate(layout):
+                slices = int(profile[0])
+                out.append(SiteDevice(f"n{n}g{g}m{k}", n, g, model, profile, slices, k))
+    return out
+
+
+def _request(rng: random.Random, key: str, users: int, user_project: list[int]) -> SiteBooking:
+    user = rng.randrange(users)
+    kind = rng.random()
+    gpus, profile, model = 1, None, None
+    if kind < 0.12:
+        profile = "1g.10gb" if kind < 0.08 else "3g.40gb"
+        model = MODELS[0]
+    else:
+        gpus = rng.choices(WIDTHS, weights=WIDTH_WEIGHTS)[0]
+        if rng.random() < 0.25:
+            model = rng.choice(MODELS)
+    return SiteBooking(
+        key,
+        user,
+        user_project[user],
+        duration_s=rng.randint(60, 3 * 86400),
+        submitted_ago_s=rng.randint(0, 7 * 86400),
+        gpus=gpus,
+        mig_profile=profile,
+        gpu_model=model,
+        qos=rng.choices(["low", "normal", "high"], weights=[20, 75, 5])[0],
+        preemptible=rng.random() < 0.2,
+        command="python train.py",
+    )
+
+
+def generate(
+    *, pending: int = 10_000, gpus: int = 1024, seed: int = 1, reservations: int = 100
+) -> Site:
+    """The site for ``gpus`` GPUs (nodes of 8) and ``pending`` queued bookings."""
+    rng = random.Random(seed)
+    nodes = max(4, gpus // 8)
+    devices = _devices(nodes, mig_nodes=2)
+    users = max(30, 300 * gpus // 1024)
+    projects = max(4, users * 40 // 300)
+    user_project = [u % projects for u in range(users)]
+    site = Site(
+        nodes,
+        devices,
+        users,
+        projects,
+        user_project,
+        user_quotas=[
+            (float(rng.choice([8, 16, 32, 64])), float(rng.randint(2, 20) * 1000))
+            for _ in range(users)
+        ],
+        project_quotas=[
+            (float(rng.choice([64, 128, 256])), float(rng.randint(50, 200) * 1000), 1.0 + p % 3)
+            for p in range(projects)
+        ],
+    )
+    free = list(devices)
+    rng.shuffle(free)
+    reserved = set()
+    for i, device in enumerate(free[:reservations]):
+        user = rng.randrange(users)
+        site.reservations.append(
+            SiteBooking(
+                f"adv{i}",
+                user,
+                user_project[user],
+                duration_s=4 * HOUR,
+                submitted_ago_s=86400,
+                devices=(device.id,),
+                start_in_s=rng.randint(2 * HOUR, 72 * HOUR),
+                gpu_model=device.model,
+                mig_profile=device.profile,
+            )
+        )
+        reserved.add(device.id)
+    # Running bookings fill 95 % of the other devices (a reserved device is idle until then).
+    others = [d for d in free if d.id not in reserved]
+    busy = others[: int(len(others) * 0.95)]
+    i = 0
+    while busy:
+        # Running bookings of 1-8 devices of one node; devices of a node stay together.
+        first = busy.pop()
+        group = [first] + [d for d in busy if d.node == first.node and d.profile == first.profile][
+            : rng.choice([0, 0, 0, 1, 3, 7])
+        ]
+        for d in group[1:]:
+            busy.remove(d)
+        user = rng.randrange(users)
+        started = rng.randint(60, 20 * HOUR)
+        site.running.append(
+            SiteBooking(
+                f"run{i}",
+                user,
+                user_project[user],
+                duration_s=started + rng.randint(60, 30 * HOUR),
+                submitted_ago_s=started + 600,
+                gpus=0 if first.profile else len(group),
+                mig_profile=first.profile,
+                devices=tuple(d.id for d in group),
+                start_in_s=-started,
+                qos=rng.choice(["low", "normal"]),
+                preemptible=rng.random() < 0.3,
+                command="python train.py",
+            )
+        )
+        i += 1
+    rows = sum(len(b.devices) for b in site.running)
+    for j in range(max(0, 2000 - rows)):
+        user = rng.randrange(users)
+        device = rng.choice(devices)
+        ago = rng.randint(2 * HOUR, 20 * 86400)
+        site.finished.append(
+            SiteBooking(
+                f"fin{j}",
+                user,
+                user_project[user],
+                duration_s=rng.randint(600, ago - HOUR),
+                submitted_ago_s=ago + 60,
+                gpus=0 if device.profile else 1,
+                mig_profile=device.profile,
+                devices=(device.id,),
+                start_in_s=-ago,
+            )
+        )
+    site.pending = [_request(rng, f"b{i:05d}", users, user_project) for i in range(pending)]
+    return site
