@@ -2,7 +2,7 @@
 
 from scheduler.admission import never_fits
 from scheduler.allocator import plan
-from scheduler.priority import decay_usage
+from scheduler.priority import decay_usage, predict_run
 from scheduler.types import (
     REASONS,
     Allocation,
@@ -34,4 +34,5 @@ __all__ = [
     "decay_usage",
     "never_fits",
     "plan",
+    "predict_run",
 ]

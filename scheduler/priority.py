@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.types import Device, Policy, Priority, Request
@@ -138,3 +138,12 @@ def priority_of(
         small *= 1.0 - aged
     qos = policy.weight_qos * policy.qos_level(request.qos) / top_qos
     return Priority(total=age + fair + small + qos, age=age, fairshare=fair, size=small, qos=qos)
+
+
+def predict_run(recent_runs: Sequence[float], requested_s: float) -> float:
+    """The documented run-time prediction: the mean of the user's recent completed run times
+    (the last ``Policy.predict_last``), capped by the requested duration, which stays the hard
+    end; the requested duration when there is no history."""
+    if not recent_runs:
+        return requested_s
+    return min(requested_s, sum(recent_runs) / len(recent_runs))

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from scheduler.allocator import plan
-from scheduler.priority import carry_usage, decay_usage
+from scheduler.priority import carry_usage, decay_usage, predict_run
 from scheduler.types import Allocation, Device, Policy, Request, State
 
 PORTAL_POLICY = Policy()
@@ -264,15 +264,6 @@ class Replay:
             self.started[job.job_id] = now
             self.free -= job.gpus
             heapq.heappush(self.ends, (end, job.job_id))
-
-
-def predict_run(recent_runs, requested_s: float) -> float:
-    """The documented prediction rule: the mean of the user's recent completed run times (the
-    last ``Policy.predict_last``), capped by the requested duration; the requested duration
-    when there is no history (or prediction is off: the caller keeps no history)."""
-    if not recent_runs:
-        return requested_s
-    return min(requested_s, sum(recent_runs) / len(recent_runs))
 
 
 def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | None) -> dict:

@@ -94,10 +94,11 @@ def sweep(
     portal: Policy | None = None,
     workers: int = 2,
     predict: bool = False,
-    loads=LOADS,
-    models=tuple(MODELS),
+    loads: tuple[float, ...] | None = None,
+    models: tuple[str, ...] | None = None,
 ) -> list[dict]:
     """Every row of the table, as dicts (row keys plus one metrics dict per policy)."""
+    loads, models = loads or LOADS, models or tuple(MODELS)
     portal = portal or POLICIES["portal"]
     policies = {"portal": portal, "easy": POLICIES["easy"], "fifo": POLICIES["fifo"]}
     rows, tasks = [], []

@@ -154,7 +154,7 @@ class Policy:
     size_width_share: float | None = 0.75
     size_fades_with_age: bool = True
     size_by: str = "gpu_seconds"
-    protect_after_runs: float | None = 3.0
+    protect_after_runs: float | None = None
     protect_after_max_s: float = 1.25 * 86400.0
     protect_oldest: int = 1
     age_max_s: float | None = None
