@@ -28,13 +28,14 @@ from scheduler.priority import carry_usage, decay_usage, predict_run
 from scheduler.types import Allocation, Device, Policy, Request, State
 
 PORTAL_POLICY = Policy()
-# Arrival order: every weight 0 and no protection (arrival order already protects everyone).
+# Arrival order: every weight 0 and no protection (EASY's head reservation is its own).
 _ARRIVAL = dict(
     weight_age=0.0,
     weight_fairshare=0.0,
     weight_size=0.0,
     weight_qos=0.0,
     protect_after_runs=None,
+    protect_oldest=0,
     explain=False,
 )
 POLICIES = {
