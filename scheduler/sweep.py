@@ -65,7 +65,8 @@ def sizes_for(demand: float, widest: int, loads=LOADS) -> list[tuple[int, float]
     out = []
     for load in loads:
         gpus = max(widest, round(demand / load))
-        out.append((gpus, demand / gpus))
+        if all(gpus != seen for seen, _ in out):  # the widest job can make two loads one size
+            out.append((gpus, demand / gpus))
     return out
 
 
