@@ -11,6 +11,7 @@ import dj_database_url
 
 from portal.env import env, envbool, envfloat, envint, envlist
 from portal.headers import policy_header
+from portal.policy_env import policy_env_names, policy_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
@@ -241,18 +242,8 @@ REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
 TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
 TELEMETRY_ROLLUP_RETENTION_D = envfloat("TELEMETRY_ROLLUP_RETENTION_D", 30.0)
 # Allocator policy: scheduler.Policy's defaults (the ones the trace replay measures, see
-# docs/scheduling.md), each overridable by an environment variable.
-_POLICY_ENV = {
-    "weight_age": "SCHEDULER_WEIGHT_AGE",
-    "weight_fairshare": "SCHEDULER_WEIGHT_FAIRSHARE",
-    "weight_size": "SCHEDULER_WEIGHT_SIZE",
-    "weight_qos": "SCHEDULER_WEIGHT_QOS",
-    "age_max_s": "SCHEDULER_AGE_MAX_S",
-    "size_scale_gpu_s": "SCHEDULER_SIZE_SCALE_GPU_S",
-    "fairshare_half_life_s": "SCHEDULER_FAIRSHARE_HALF_LIFE_S",
-    "preempt_grace_s": "SCHEDULER_PREEMPT_GRACE_S",
-}
-SCHEDULER_POLICY = {field: envfloat(name, 0.0) for field, name in _POLICY_ENV.items() if env(name)}
+# docs/scheduling.md); every field overridable as SCHEDULER_<FIELD> and validated here.
+SCHEDULER_POLICY = policy_settings({n: env(n) for n in policy_env_names().values() if env(n)})
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

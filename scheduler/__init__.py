@@ -2,7 +2,7 @@
 
 from scheduler.admission import never_fits
 from scheduler.allocator import plan
-from scheduler.priority import decay_usage
+from scheduler.priority import decay_usage, predict_run
 from scheduler.quota import QuotaRefusal, quota_refusal
 from scheduler.types import (
     REASONS,
@@ -36,5 +36,6 @@ __all__ = [
     "decay_usage",
     "never_fits",
     "plan",
+    "predict_run",
     "quota_refusal",
 ]

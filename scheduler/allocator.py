@@ -9,9 +9,18 @@ planned start is ``now`` start now.
 
 from __future__ import annotations
 
+import heapq
+import math
+
 from scheduler.placement import Finder, Fit, build_nodes, fit_horizon, fits_window, is_multi_node
 from scheduler.preemption import preempt_phase
-from scheduler.priority import fairshare_factors, priority_of, profile_fractions, request_size
+from scheduler.priority import (
+    fairshare_factors,
+    priority_of,
+    profile_fractions,
+    request_size,
+    site_scales,
+)
 from scheduler.quota import Quotas
 from scheduler.timeline import NodeTimeline
 from scheduler.types import (
@@ -53,6 +62,14 @@ class _Pass:
         self.capacity = sum(dev.fraction for node in self.nodes for dev in node.devices)
         self.quotas = Quotas(state.user_quotas, state.project_quotas)
         self._load_allocations()
+        running = [
+            a.end - a.start for a in state.allocations if a.running and a.start <= self.now < a.end
+        ]
+        self.scales = site_scales(policy, self.capacity, running)
+        by_age = heapq.nsmallest(
+            policy.protect_oldest, state.pending, key=lambda r: (r.submit_time, r.booking_id)
+        )
+        self.oldest = {request.booking_id for request in by_age}
         self.fixed = [_copy(node.timeline) for node in self.nodes]
         self.finder = Finder(self.nodes, state.now)
         self._why_cache: dict[tuple, tuple[float | None, float | None]] = {}
@@ -92,7 +109,12 @@ class _Pass:
             (
                 request,
                 priority_of(
-                    request, self.now, self.size(request), fair[request.project], self.policy
+                    request,
+                    self.now,
+                    self.size(request),
+                    fair[request.project],
+                    self.policy,
+                    self.scales,
                 ),
             )
             for request in state.pending
@@ -101,18 +123,24 @@ class _Pass:
         return ranked
 
     def _rank(self, pair: tuple[Request, Priority]) -> tuple:
-        """Sort key: starving bookings first in arrival order, then by priority, age, id."""
+        """Sort key: protected bookings first in arrival order, then by priority, age, id."""
         request, prio = pair
-        if self._starving(request):
+        if self.protected(request):
             return (0, request.submit_time, 0.0, request.booking_id)
         return (1, -prio.total, request.submit_time, request.booking_id)
 
-    def _starving(self, request: Request) -> bool:
-        """Pending ``starve_after_s`` or longer and no wider than ``starve_max_share``."""
-        policy = self.policy
-        if policy.starve_after_s is None or self.now - request.submit_time < policy.starve_after_s:
-            return False
-        return self.size(request) <= policy.starve_max_share * self.capacity
+    def protected(self, request: Request) -> bool:
+        """Pending at least the protection age: it goes first and nothing later may delay it.
+
+        Protected bookings are walked first, in arrival order, so each one's reservation is
+        planned against running allocations, advance reservations and older protected bookings
+        only: a booking submitted after it can never take its place (docs/scheduling.md, "The
+        no-starvation bound").
+        """
+        if request.booking_id in self.oldest:
+            return True
+        after = self.scales.protect_after_s
+        return after is not None and self.now - request.submit_time >= after
 
     def run(self) -> Plan:
         """The whole pass."""
@@ -199,6 +227,7 @@ class _Walk:
         policy = run.policy
         self.depth = 1 if policy.backfill == "easy" else policy.reservation_depth
         self.strict = policy.backfill == "none"
+        self.failed: dict[tuple, dict[int, float]] = {}
 
     def place(self, position: int, request: Request, prio: Priority) -> Planned:
         """Plan one booking (in priority order) and return its Planned line."""
@@ -219,8 +248,10 @@ class _Walk:
         if over:
             return planned(None, None, REASON_QUOTA, over)
         multi = is_multi_node(request, run.nodes)
-        if self._skip_estimate(request, multi, ledgers, amount):
-            return planned(None, None, *self._reason(request, multi, ledgers, amount))
+        # A protected booking always holds its reservation, whatever the depth (the bound).
+        holds = run.protected(request) and not self.strict
+        if not holds and self._skip_estimate(request, multi, ledgers, amount):
+            return planned(None, None, *self._explained(request, multi, ledgers, amount))
         fit = self._search(request, multi, ledgers, amount)
         if fit is None:
             below = run.quotas.below(ledgers, amount)
@@ -233,10 +264,11 @@ class _Walk:
             run.reserve(request, fit)
             self.starts.append(Start(request.booking_id, run.device_ids(fit)))
             return planned(fit.start, fit, REASON_STARTING, "starts now")
-        reason = self._reason(request, multi, ledgers, amount)
-        if self.depth is not None and self.reserved >= self.depth:
-            return planned(fit.start, None, *reason)  # estimate only: no devices held
-        self.reserved += 1
+        reason = self._explained(request, multi, ledgers, amount)
+        if not holds:
+            if self.depth is not None and self.reserved >= self.depth:
+                return planned(fit.start, None, *reason)  # estimate only: no devices held
+            self.reserved += 1
         run.reserve(request, fit)
         return planned(fit.start, fit, *reason)
 
@@ -249,9 +281,17 @@ class _Walk:
             return True
         if run.quotas.blocking_now(ledgers, amount, run.now, request.duration_s):
             return True
+        # Past the depth nothing more is reserved, only started: free devices only shrink, so a
+        # request at least as wide and as long as one that did not fit now does not fit either.
+        failed = self.failed.setdefault((request.mig_profile, request.gpu_model, multi), {})
+        if any(g <= request.gpus and d <= request.duration_s for g, d in failed.items()):
+            return True
         timelines = [node.timeline for node in run.nodes]
         end = run.now + request.duration_s
-        return not fits_window(run.nodes, timelines, request, multi, run.now, end)
+        if fits_window(run.nodes, timelines, request, multi, run.now, end):
+            return False
+        failed[request.gpus] = min(failed.get(request.gpus, math.inf), request.duration_s)
+        return True
 
     def _search(self, request: Request, multi: bool, ledgers, amount: float) -> Fit | None:
         """Earliest start that both the devices and the quotas allow."""
@@ -266,6 +306,11 @@ class _Walk:
             if fit is None or fit.start == t:
                 return fit
             t = fit.start
+
+    def _explained(self, request: Request, multi: bool, ledgers, amount: float) -> tuple[str, str]:
+        if not self.run.policy.explain:
+            return REASON_RESOURCES, ""
+        return self._reason(request, multi, ledgers, amount)
 
     def _reason(self, request: Request, multi: bool, ledgers, amount: float) -> tuple[str, str]:
         run = self.run

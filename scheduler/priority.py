@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from scheduler.types import Device, Policy, Priority, Request
 
@@ -68,23 +69,81 @@ def fairshare_factors(
     return factors
 
 
+@dataclass(frozen=True)
+class Scales:
+    """A policy's scales made absolute for one pass (see ``Policy``): seconds and GPU-seconds."""
+
+    run_s: float
+    age_max_s: float
+    size_scale_gpu_s: float
+    size_width_gpus: float | None
+    protect_after_s: float | None
+
+
+def typical_run(policy: Policy, durations: Iterable[float]) -> float:
+    """The ``run_quantile`` quantile (nearest rank) of run durations, at least ``run_floor_s``."""
+    ordered = sorted(durations)
+    if not ordered:
+        return policy.run_floor_s
+    rank = max(1, math.ceil(policy.run_quantile * len(ordered)))
+    return max(policy.run_floor_s, ordered[rank - 1])
+
+
+def site_scales(policy: Policy, capacity: float, durations: Iterable[float]) -> Scales:
+    """The scales of one pass on a site of ``capacity`` GPU-equivalents, given the requested
+    durations of the running allocations (the running workload)."""
+    run = typical_run(policy, durations)
+    capacity = max(capacity, 1.0)
+    if policy.size_width_gpus is not None:
+        width = policy.size_width_gpus
+    elif policy.size_width_share is not None:
+        width = policy.size_width_share * capacity
+    else:
+        width = None
+    if policy.size_scale_gpu_s is not None:
+        scale = policy.size_scale_gpu_s
+    elif policy.size_by == "seconds":
+        scale = policy.size_scale_share * run
+    else:
+        scale = policy.size_scale_share * capacity * run
+    protect = None
+    if policy.protect_after_runs is not None:
+        protect = min(policy.protect_after_runs * run, policy.protect_after_max_s)
+    return Scales(
+        run_s=run,
+        age_max_s=policy.age_max_s if policy.age_max_s is not None else policy.age_max_runs * run,
+        size_scale_gpu_s=scale,
+        size_width_gpus=width,
+        protect_after_s=protect,
+    )
+
+
 def priority_of(
-    request: Request, now: float, size: float, fairshare: float, policy: Policy
+    request: Request, now: float, size: float, fairshare: float, policy: Policy, scales: Scales
 ) -> Priority:
     """The weighted factors of one pending request and their sum."""
     top_qos = max((level for _, level in policy.qos_levels), default=0) or 1
-    aged = min(1.0, max(0.0, now - request.submit_time) / policy.age_max_s)
+    aged = min(1.0, max(0.0, now - request.submit_time) / scales.age_max_s)
     age = policy.weight_age * aged
     fair = policy.weight_fairshare * fairshare
     if policy.size_by == "seconds":
         amount = request.duration_s
     else:
         amount = size * request.duration_s
-        if policy.size_width_gpus:
+        if scales.size_width_gpus:
             # Wide bookings drain many nodes and hold them; narrow ones take a GPU as it frees.
-            amount *= size / policy.size_width_gpus
-    small = policy.weight_size / (1.0 + amount / policy.size_scale_gpu_s)
+            amount *= size / scales.size_width_gpus
+    small = policy.weight_size / (1.0 + amount / scales.size_scale_gpu_s)
     if policy.size_fades_with_age:
         small *= 1.0 - aged
     qos = policy.weight_qos * policy.qos_level(request.qos) / top_qos
     return Priority(total=age + fair + small + qos, age=age, fairshare=fair, size=small, qos=qos)
+
+
+def predict_run(recent_runs: Sequence[float], requested_s: float) -> float:
+    """The documented run-time prediction: the mean of the user's recent completed run times
+    (the last ``Policy.predict_last``), capped by the requested duration, which stays the hard
+    end; the requested duration when there is no history."""
+    if not recent_runs:
+        return requested_s
+    return min(requested_s, sum(recent_runs) / len(recent_runs))

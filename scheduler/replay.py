@@ -17,18 +17,26 @@ import csv
 import heapq
 import json
 import math
+import random
 import sys
 import zlib
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 
 from scheduler.allocator import plan
-from scheduler.priority import carry_usage, decay_usage
+from scheduler.priority import carry_usage, decay_usage, predict_run
 from scheduler.types import Allocation, Device, Policy, Request, State
 
 PORTAL_POLICY = Policy()
-# Arrival order: every weight 0 and no starvation guard (it would reorder old bookings by width).
+# Arrival order: every weight 0 and no protection (EASY's head reservation is its own).
 _ARRIVAL = dict(
-    weight_age=0.0, weight_fairshare=0.0, weight_size=0.0, weight_qos=0.0, starve_after_s=None
+    weight_age=0.0,
+    weight_fairshare=0.0,
+    weight_size=0.0,
+    weight_qos=0.0,
+    protect_after_runs=None,
+    protect_oldest=0,
+    explain=False,
 )
 POLICIES = {
     "fifo": Policy(backfill="none", reservation_depth=1, estimate_all=False, **_ARRIVAL),
@@ -57,12 +65,30 @@ def synthetic_user(job_id: str) -> str:
     return f"synthetic-{zlib.crc32(job_id.encode()) % SYNTHETIC_USERS}"
 
 
-def load_jobs(path: str, estimate_factor: float = 1.0, project_column: str | None = None):
-    """Read a trace CSV (job_id,user,submit_time_s,duration_s,num_gpus; extra columns ignored)."""
+def load_jobs(
+    path: str,
+    estimate_factor: float = 1.0,
+    project_column: str | None = None,
+    *,
+    factor_range: tuple[float, float] | None = None,
+    seed: int = 0,
+    half: str | None = None,
+) -> list[Job]:
+    """Read a trace CSV (job_id,user,submit_time_s,duration_s,num_gpus; extra columns ignored).
+
+    Walltime (what the allocator is told) is ``duration * estimate_factor``, or with
+    ``factor_range=(lo, hi)`` ``duration * U(lo, hi)`` rounded up to the hour, U drawn per job
+    from a generator seeded by (seed, job id). ``half``: "first" or "second" keeps the jobs
+    submitted in that half of the trace's submit span.
+    """
     jobs = []
     with open(path, newline="") as handle:
         for row in csv.DictReader(handle):
             duration = float(row["duration_s"])
+            walltime = duration * estimate_factor
+            if factor_range is not None:
+                draw = random.Random(f"{seed}:{row['job_id']}").uniform(*factor_range)
+                walltime = math.ceil(duration * draw / 3600.0) * 3600.0
             jobs.append(
                 Job(
                     job_id=row["job_id"],
@@ -70,11 +96,15 @@ def load_jobs(path: str, estimate_factor: float = 1.0, project_column: str | Non
                     project=row[project_column] if project_column else "all",
                     submit=float(row["submit_time_s"]),
                     duration=duration,
-                    walltime=duration * estimate_factor,
+                    walltime=walltime,
                     gpus=int(row["num_gpus"]),
                 )
             )
     jobs.sort(key=lambda job: (job.submit, job.job_id))
+    if half is not None and jobs:
+        middle = (jobs[0].submit + jobs[-1].submit) / 2.0
+        first = half == "first"
+        jobs = [job for job in jobs if (job.submit < middle) is first]
     return jobs
 
 
@@ -91,11 +121,24 @@ def cluster(gpus: int, gpus_per_node: int = 8) -> tuple[Device, ...]:
 
 
 class Replay:
-    """The event loop: state of a replay between events."""
+    """The event loop: state of a replay between events.
 
-    def __init__(self, jobs: list[Job], devices: tuple[Device, ...], policy: Policy) -> None:
-        self.devices, self.policy = devices, policy
-        capacity = len(devices)
+    With ``policy.predict_last`` > 0 a job is planned with its predicted run time (see
+    ``predict_run``); the walltime stays the hard end. A running job that outlives its prediction
+    keeps its devices and is planned to its walltime from then on. ``track_planned`` plans at
+    every submission and records the planned start each job was shown then.
+    """
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        devices: tuple[Device, ...],
+        policy: Policy,
+        track_planned: bool = False,
+    ) -> None:
+        # The reasons of waiting bookings are for people: the decisions are the same without them.
+        self.devices, self.policy = devices, replace(policy, explain=False)
+        self.capacity = capacity = len(devices)
         self.jobs = [job for job in jobs if job.gpus <= capacity and job.gpus > 0]
         self.skipped = len(jobs) - len(self.jobs)
         self.by_id = {job.job_id: job for job in self.jobs}
@@ -106,6 +149,17 @@ class Replay:
         self.usage: dict[str, float] = {}
         self.usage_time = 0.0
         self.projects = sorted({job.project for job in self.jobs})
+        self.free = capacity
+        self.history: dict[str, deque] = {}
+        self.track_planned = track_planned
+        weights = (
+            policy.weight_age,
+            policy.weight_fairshare,
+            policy.weight_size,
+            policy.weight_qos,
+        )
+        self.strict_fifo = policy.backfill == "none" and not any(weights)
+        self.shown: dict[str, float | None] = {}
 
     def run(self) -> None:
         """Replay every job to its end."""
@@ -116,12 +170,23 @@ class Replay:
                 self.ends[0][0] if self.ends else math.inf,
             )
             finished = self._finish_until(now)
+            submitted = []
             while i < len(arrivals) and arrivals[i].submit == now:
                 self._submit(arrivals[i])
+                submitted.append(arrivals[i].job_id)
                 i += 1
             self._decay(now, finished)
-            if self.pending:
-                self._schedule(now)
+            if self.pending and (self._may_start() or (self.track_planned and submitted)):
+                self._schedule(now, submitted)
+
+    def _may_start(self) -> bool:
+        """False when no pending job fits in the free GPUs: the pass would start nothing.
+
+        In strict arrival order (fifo) only the oldest pending job may start first.
+        """
+        if self.strict_fifo:
+            return self.free >= next(iter(self.pending.values())).gpus
+        return self.free >= min(request.gpus for request in self.pending.values())
 
     def _submit(self, job: Job) -> None:
         self.pending[job.job_id] = Request(
@@ -129,15 +194,21 @@ class Replay:
             user=job.user,
             project=job.project,
             submit_time=job.submit,
-            duration_s=job.walltime,
+            duration_s=predict_run(self.history.get(job.user, ()), job.walltime),
             gpus=job.gpus,
         )
 
     def _finish_until(self, now: float) -> list[Allocation]:
         finished = []
+        last = self.policy.predict_last
         while self.ends and self.ends[0][0] <= now:
             _, job_id = heapq.heappop(self.ends)
             finished.append(self.running.pop(job_id))
+            job = self.by_id[job_id]
+            self.free += job.gpus
+            if last:
+                runs = self.history.setdefault(job.user, deque(maxlen=last))
+                runs.append(min(job.duration, job.walltime))
         return finished
 
     def _decay(self, now: float, finished: list[Allocation]) -> None:
@@ -154,24 +225,45 @@ class Replay:
         live = decay_usage(records, now, self.policy.fairshare_half_life_s)
         return {p: self.usage.get(p, 0.0) + live.get(p, 0.0) for p in self.projects}
 
-    def _schedule(self, now: float) -> None:
+    def _allocations(self, now: float) -> tuple[Allocation, ...]:
+        """Running jobs; one past its predicted end is planned to its walltime from now on."""
+        out = []
+        for alloc in self.running.values():
+            if alloc.end <= now:
+                alloc = replace(alloc, end=alloc.start + self.by_id[alloc.booking_id].walltime)
+            out.append(alloc)
+        return tuple(out)
+
+    def _schedule(self, now: float, submitted: list[str]) -> None:
         state = State(
             now=now,
             devices=self.devices,
-            allocations=tuple(self.running.values()),
+            allocations=self._allocations(now),
             pending=tuple(self.pending.values()),
             project_shares={project: 1.0 for project in self.projects},
             project_usage=self._running_usage(now) if self.policy.weight_fairshare else {},
         )
-        for start in plan(state, self.policy).starts:
+        result = plan(state, self.policy)
+        if self.track_planned and submitted:
+            fresh = set(submitted)
+            for line in result.planned:
+                if line.booking_id in fresh:
+                    self.shown[line.booking_id] = line.start
+        for start in result.starts:
             job = self.by_id[start.booking_id]
-            del self.pending[job.job_id]
+            request = self.pending.pop(job.job_id)
             # A job that outruns its walltime is stopped there, as the portal would.
             end = now + min(job.duration, job.walltime)
             self.running[job.job_id] = Allocation(
-                job.job_id, start.device_ids, now, now + job.walltime, job.user, job.project
+                job.job_id,
+                start.device_ids,
+                now,
+                now + request.duration_s,
+                job.user,
+                job.project,
             )
             self.started[job.job_id] = now
+            self.free -= job.gpus
             heapq.heappush(self.ends, (end, job.job_id))
 
 
@@ -203,6 +295,16 @@ def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | N
         "makespan_s": makespan,
         "users": f"synthetic: crc32(job_id) % {SYNTHETIC_USERS}",
     }
+    if replay.track_planned:
+        # Jobs that did not start at their submission: |planned start shown then - real start|.
+        errors = [
+            abs(replay.shown[job.job_id] - replay.started[job.job_id])
+            for job in replay.jobs
+            if replay.shown.get(job.job_id) is not None and replay.shown[job.job_id] > job.submit
+        ]
+        out["planned_start_error_p50_s"] = _percentile(errors, 50)
+        out["planned_start_error_p90_s"] = _percentile(errors, 90)
+        out["planned_start_errors"] = len(errors)
     if project_column:
         out["projects"] = _projects(replay.jobs, runs, waits)
     return out
@@ -248,11 +350,18 @@ def replay_trace(
     estimate_factor: float = 1.0,
     project_column: str | None = None,
     policy_override: Policy | None = None,
+    *,
+    factor_range: tuple[float, float] | None = None,
+    seed: int = 0,
+    half: str | None = None,
+    track_planned: bool = False,
 ) -> dict:
     """Run one replay and return its metrics (what the command line prints)."""
-    jobs = load_jobs(path, estimate_factor, project_column)
+    jobs = load_jobs(
+        path, estimate_factor, project_column, factor_range=factor_range, seed=seed, half=half
+    )
     chosen = policy_override or POLICIES[policy]
-    replay = Replay(jobs, cluster(gpus, gpus_per_node), chosen)
+    replay = Replay(jobs, cluster(gpus, gpus_per_node), chosen, track_planned)
     replay.run()
     return metrics(replay, policy, gpus, project_column)
 
@@ -262,13 +371,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scheduler.replay", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("trace")
-    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("trace", nargs="?")
+    parser.add_argument("--gpus", type=int)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--estimate-factor", type=float, default=1.0)
     parser.add_argument("--policy", choices=sorted(POLICIES), default="portal")
     parser.add_argument("--project-column", default=None)
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the whole table: every shared trace x 5 sizes x 2 walltime models (see sweep.py)",
+    )
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--sweep" in argv:
+        from scheduler.sweep import main as sweep_main
+
+        return sweep_main([arg for arg in argv if arg != "--sweep"])
     args = parser.parse_args(argv)
+    if args.trace is None or args.gpus is None:
+        parser.error("a trace and --gpus are required (or --sweep)")
     result = replay_trace(
         args.trace,
         args.gpus,

@@ -104,6 +104,10 @@ def _frozen(mapping: Mapping) -> Mapping:
 DEFAULT_QOS_LEVELS = (("low", 0), ("normal", 1), ("high", 2))
 
 
+BACKFILL_MODES = ("conservative", "easy", "none")
+SIZE_BY = ("gpu_seconds", "seconds")
+
+
 @dataclass(frozen=True)
 class Policy:
     """Settings of the allocator.
@@ -111,47 +115,113 @@ class Policy:
     Priority is ``sum(weight_x * factor_x)`` with every factor in [0, 1] (Slurm multifactor).
     ``backfill``: "conservative" (every booking up to ``reservation_depth`` gets a reservation that
     later ones may not delay), "easy" (only the first booking gets one) or "none" (strict order).
-    ``size_scale_gpu_s``: the size factor is 1 / (1 + gpu-equivalents * duration / scale), so small,
-    short bookings rank higher (``size_by="seconds"``: by duration alone, in seconds against the
-    same scale). ``size_width_gpus``: GPU-seconds count ``gpus / size_width_gpus`` of their value,
-    so a booking as wide as that is measured on the plain scale and a narrower one ranks
-    higher the narrower it is (None: plain GPU-seconds). ``age_max_s`` is where the age factor
-    saturates at 1. With
-    ``size_fades_with_age`` the size bonus shrinks as (1 - age factor): with weight_age >=
-    weight_size, a booking older than age_max_s outranks every younger one and old bookings go in
-    arrival order, so small jobs jump the queue only while young and nobody starves.
-    ``starve_after_s``: bookings pending at least this long rank ahead of all others, in arrival
-    order (an anti-starvation guard on top of the factors), if they ask at most
-    ``starve_max_share`` of the GPU-equivalents on up nodes: a wider booking put first holds that
-    much of the cluster idle while it drains, and everyone behind it waits its whole run.
+
+    Scales are relative to the site, not to a trace. The *typical run* R of a pass is the
+    ``run_quantile`` quantile of the requested durations of the running allocations (at least
+    ``run_floor_s``; ``run_floor_s`` alone when nothing runs). Capacity C is the GPU-equivalents
+    on up nodes.
+
+    - size factor = 1 / (1 + gpu-equivalents * duration * width_weight / scale), scale =
+      ``size_scale_share`` * C * R GPU-seconds (``size_by="seconds"``: duration alone against
+      ``size_scale_share`` * R); width_weight = gpu-equivalents / (``size_width_share`` * C)
+      (None: 1), so a booking that wide is measured on the plain scale and a narrower one ranks
+      higher the narrower it is.
+    - age factor = min(1, waited / (``age_max_runs`` * R)). With ``size_fades_with_age`` the size
+      bonus shrinks as (1 - age factor).
+    - protection: a booking pending ``protect_after_runs`` * R, or ``protect_after_max_s`` if
+      that is shorter, is *protected*: protected bookings go ahead of every other in arrival
+      order and each holds a reservation that no later booking can delay (None: off). This is
+      the no-starvation bound of docs/scheduling.md.
+    - ``age_max_s``, ``size_scale_gpu_s``, ``size_width_gpus``: absolute overrides of the
+      relative scales (None: relative).
     ``estimate_all=False`` skips the planned start of bookings past the reservation depth that
     cannot start now (start None): the same decisions, a cheaper pass (used by replay baselines).
+    ``predict_last`` > 0: callers (the portal's snapshot, the replay) plan a pending booking
+    with the mean run time of its user's last ``predict_last`` completed bookings, capped by the
+    requested duration, which stays the hard end; 0: the requested duration.
+    ``explain=False`` leaves the reason of a waiting booking at "resources" with no detail
+    instead of working it out: the same decisions, a cheaper pass (used by the replay).
     """
 
     weight_age: float = 1000.0
     weight_fairshare: float = 500.0
     weight_size: float = 1000.0
     weight_qos: float = 2000.0
-    age_max_s: float = 7 * 86400.0
-    # Large enough that whole-node jobs of hours still rank above whole-node jobs of days.
-    size_scale_gpu_s: float = 640 * 3600.0
+    run_quantile: float = 0.5
+    run_floor_s: float = 3600.0
+    age_max_runs: float = 21.0
+    size_scale_share: float = 1.0
+    size_width_share: float | None = 0.75
     size_fades_with_age: bool = True
     size_by: str = "gpu_seconds"
-    # A 64-GPU booking is measured on the plain scale; 8 GPUs x 10 days ranks like 1,920 GPU-hours
-    # of 64-GPU work would not: it needs one node, not eight.
-    size_width_gpus: float | None = 64.0
-    starve_after_s: float | None = 1.25 * 86400.0
-    starve_max_share: float = 0.1
+    protect_after_runs: float | None = None
+    protect_after_max_s: float = 1.25 * 86400.0
+    protect_oldest: int = 1
+    age_max_s: float | None = None
+    size_scale_gpu_s: float | None = None
+    size_width_gpus: float | None = None
     fairshare_half_life_s: float = 7 * 86400.0
     qos_levels: tuple[tuple[str, int], ...] = DEFAULT_QOS_LEVELS
     preempt_grace_s: float = 300.0
     backfill: str = "conservative"
     reservation_depth: int | None = None
     estimate_all: bool = True
+    explain: bool = True
+    predict_last: int = 0
+
+    def __post_init__(self) -> None:
+        problems = policy_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def qos_level(self, qos: str) -> int:
         """The numeric level of a QOS name (unknown names rank lowest)."""
         return dict(self.qos_levels).get(qos, 0)
+
+
+def policy_problems(policy: Policy) -> list[str]:
+    """Every invalid field of a policy, one line each naming the field (empty: valid)."""
+    problems = []
+    if policy.backfill not in BACKFILL_MODES:
+        problems.append(
+            f"backfill must be one of {', '.join(BACKFILL_MODES)}, not {policy.backfill!r}"
+        )
+    if policy.size_by not in SIZE_BY:
+        problems.append(f"size_by must be one of {', '.join(SIZE_BY)}, not {policy.size_by!r}")
+    for name in ("weight_age", "weight_fairshare", "weight_size", "weight_qos", "preempt_grace_s"):
+        if not getattr(policy, name) >= 0:
+            problems.append(f"{name} must be >= 0")
+    positive = (
+        "run_floor_s",
+        "age_max_runs",
+        "size_scale_share",
+        "fairshare_half_life_s",
+        "protect_after_max_s",
+    )
+    optional = (
+        "size_width_share",
+        "age_max_s",
+        "size_scale_gpu_s",
+        "size_width_gpus",
+    )
+    for name in positive + optional:
+        value = getattr(policy, name)
+        if not (value is None and name in optional) and not (value is not None and value > 0):
+            problems.append(f"{name} must be > 0")
+    if policy.protect_after_runs is not None and not policy.protect_after_runs >= 0:
+        problems.append("protect_after_runs must be >= 0")
+    if not 0 < policy.run_quantile <= 1:
+        problems.append("run_quantile must be in (0, 1]")
+    if policy.protect_oldest < 0:
+        problems.append("protect_oldest must be >= 0")
+    if policy.predict_last < 0:
+        problems.append("predict_last must be >= 0")
+    if policy.reservation_depth is not None and policy.reservation_depth < 1:
+        problems.append("reservation_depth must be >= 1")
+    levels = [name for name, _ in policy.qos_levels]
+    if not levels or len(set(levels)) != len(levels):
+        problems.append("qos_levels must name at least one level, each once")
+    return problems
 
 
 @dataclass(frozen=True)

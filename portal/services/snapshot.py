@@ -6,7 +6,7 @@ and GPU-hour use come from one query each, not one per user.
 """
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -161,11 +161,24 @@ def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str,
             project_quota = quotas[(project_id, None)]
             quotas_project[slug] = _quota(project_quota, used, (project_id, None))
             shares[slug] = project_quota.shares
+    requests = tuple(requests)
+    allocations = _allocations(now)
+    recent = _recent_runs(scheduler_policy().predict_last, now)
+    if recent:
+        # Run-time prediction (docs/scheduling.md): plan with the predicted run, the booking's
+        # own end stays the hard end; a running booking past its prediction is planned to its end.
+        requests = tuple(
+            replace(r, duration_s=scheduler.predict_run(recent.get(r.user, ()), r.duration_s))
+            for r in requests
+        )
+        allocations = tuple(
+            _predicted_end(a, recent.get(a.user, ()), _ts(now)) for a in allocations
+        )
     state = scheduler.State(
         now=_ts(now),
         devices=tuple(d for d, _ in devices.values()),
-        allocations=_allocations(now),
-        pending=tuple(requests),
+        allocations=allocations,
+        pending=requests,
         project_shares=shares,
         project_usage=_decayed_usage(now),
         user_quotas=quotas_user,
@@ -258,6 +271,30 @@ def _allocations(now: datetime) -> tuple:
             )
         )
     return tuple(sorted(out, key=lambda a: a.booking_id))
+
+
+def _recent_runs(last: int, now: datetime) -> dict[str, list[float]]:
+    """Run seconds of each user's (user@project) ``last`` latest finished bookings."""
+    if not last:
+        return {}
+    runs: dict[str, list[float]] = defaultdict(list)
+    finished = (
+        Booking.objects.filter(state=State.FINISHED, started_at__isnull=False, ended_at__lte=now)
+        .order_by("-ended_at")
+        .values_list("owner__username", "project__slug", "started_at", "ended_at")[:10_000]
+    )
+    for username, project, started, ended in finished:
+        key = f"{username}@{project}"
+        if len(runs[key]) < last:
+            runs[key].append((ended - started).total_seconds())
+    return runs
+
+
+def _predicted_end(alloc, recent: list[float], now: float):
+    if not alloc.running or not recent:
+        return alloc
+    end = alloc.start + scheduler.predict_run(recent, alloc.end - alloc.start)
+    return replace(alloc, end=end) if end > now else alloc
 
 
 def _decayed_usage(now: datetime) -> dict[str, float]:

@@ -57,7 +57,12 @@ def state(devices, pending=(), allocations=(), now: float = 0.0, **kw) -> State:
 
 
 FIFO_ORDER = Policy(
-    weight_age=0.0, weight_fairshare=0.0, weight_size=0.0, weight_qos=0.0, starve_after_s=None
+    weight_age=0.0,
+    weight_fairshare=0.0,
+    weight_size=0.0,
+    weight_qos=0.0,
+    protect_after_runs=None,
+    protect_oldest=0,
 )
 
 

@@ -6,7 +6,7 @@ import pytest
 from sched_factories import FIFO_ORDER, MIG_3G, alloc, by_id, gpus, mig, req, state
 
 from scheduler import Policy, Quota, decay_usage, never_fits, plan
-from scheduler.priority import priority_of
+from scheduler.priority import priority_of, site_scales
 from scheduler.replay import Job, Replay
 
 NODE = gpus("a")
@@ -71,11 +71,17 @@ def _replay_stream(policy: Policy) -> float:
     return replay.started["big"] - 50.0
 
 
+UNPROTECTED = dict(protect_oldest=0, protect_after_runs=None)
+
+
 def test_it_eventually_starts_an_old_big_job_in_a_stream_of_small_ones():
-    fair = Policy(age_max_s=20_000.0)
+    fair = Policy(age_max_s=20_000.0, **UNPROTECTED)
     assert _replay_stream(fair) <= 20_000.0 + 1000.0
-    greedy = Policy(weight_age=0.0, age_max_s=20_000.0)  # no age factor: small ones win forever
+    # No age factor and no protection: small ones win forever.
+    greedy = Policy(weight_age=0.0, age_max_s=20_000.0, **UNPROTECTED)
     assert _replay_stream(greedy) > 100_000.0
+    # The oldest booking's reservation alone bounds the wait: no priority factor needed.
+    assert _replay_stream(Policy(weight_age=0.0, age_max_s=20_000.0)) <= 1000.0
 
 
 def test_it_ranks_by_the_priority_factors():
@@ -83,7 +89,8 @@ def test_it_ranks_by_the_priority_factors():
     young_small = req("young", 1, duration=60, submit=3000)
     high = req("high", 8, duration=3600, submit=3000, qos="high")
     result = plan(
-        state(NODE, [old, young_small, high], SIX_BUSY, now=3600.0), Policy(age_max_s=3600)
+        state(NODE, [old, young_small, high], SIX_BUSY, now=3600.0),
+        Policy(age_max_s=3600, **UNPROTECTED),
     )
     lines = by_id(result)
     assert lines["high"].position == 1
@@ -105,7 +112,7 @@ def test_it_favours_projects_that_used_less_than_their_share():
             project_shares={"heavy": 1, "light": 1},
             project_usage=usage,
         ),
-        Policy(),
+        Policy(**UNPROTECTED),
     )
     lines = by_id(result)
     assert (
@@ -305,7 +312,8 @@ def test_it_fades_the_small_job_bonus_as_a_booking_ages(fades, old_first):
         age_max_s=1000.0,
         size_fades_with_age=fades,
         size_scale_gpu_s=8 * 3600.0,
-        size_width_gpus=None,
+        size_width_share=None,
+        **UNPROTECTED,
     )
     old_big = req("old", 8, duration=36_000, submit=0)
     young_small = req("young", 1, duration=60, submit=3800)  # a fifth of the way to saturation
@@ -322,17 +330,19 @@ def test_it_runs_a_short_whole_node_job_before_an_older_one_many_times_longer():
         req("long", 16, duration=525_000, submit=0),
         req("short", 16, duration=18_000, submit=86_000),
     ]
-    lines = by_id(plan(state(devices, pending, busy, now=86_400.0), Policy()))
+    lines = by_id(plan(state(devices, pending, busy, now=86_400.0), Policy(**UNPROTECTED)))
     assert lines["short"].position == 1
     assert lines["short"].start == 172_800.0
     assert lines["long"].start == 172_800.0 + 18_000
     # On an 8 GPU-hour scale both look equally huge (bonus near 0) and the older one goes first.
-    old_scale = Policy(size_scale_gpu_s=8 * 3600.0, size_width_gpus=None)
+    old_scale = Policy(
+        size_scale_gpu_s=8 * 3600.0, size_width_share=None, age_max_s=7 * 86400.0, **UNPROTECTED
+    )
     assert by_id(plan(state(devices, pending, busy, now=86_400.0), old_scale))["long"].position == 1
 
 
-def test_it_puts_starving_bookings_first_in_arrival_order():
-    policy = Policy(starve_after_s=500.0, starve_max_share=1.0)
+def test_it_puts_protected_bookings_first_in_arrival_order():
+    policy = Policy(protect_after_max_s=500.0, protect_oldest=0)
     pending = [
         req("big-old", 8, duration=9000, submit=0),
         req("mid-old", 4, duration=9000, submit=100),
@@ -340,29 +350,22 @@ def test_it_puts_starving_bookings_first_in_arrival_order():
     ]
     lines = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), policy))
     assert [lines[b].position for b in ("big-old", "mid-old", "small-new")] == [1, 2, 3]
-    unguarded = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), Policy(starve_after_s=None)))
+    unguarded = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), Policy(**UNPROTECTED)))
     assert unguarded["small-new"].position == 1
 
 
-@pytest.mark.parametrize(
-    ("gpus_", "max_share", "guarded"),
-    [
-        (8, 0.1, True),  # one node of ten: 10 % of the cluster
-        (16, 0.1, False),  # two nodes: it would hold a fifth of the cluster idle while it drains
-        (64, 0.1, False),
-        (64, 0.8, True),
-    ],
-)
-def test_it_guards_only_starving_bookings_narrow_enough(gpus_, max_share, guarded):
+@pytest.mark.parametrize("gpus_", [8, 16, 64, 80])
+def test_it_protects_an_old_booking_of_any_width(gpus_):
     devices = tuple(d for node in "abcdefghij" for d in gpus(node))  # 80 GPUs
     busy = [alloc("run", [d.id for d in devices], 400_000.0)]
     pending = [
         req("old", gpus_, duration=86_400, submit=0),
         req("new", 1, duration=60, submit=199_000, qos="high"),
     ]
-    policy = Policy(starve_after_s=100_000.0, starve_max_share=max_share)
-    lines = by_id(plan(state(devices, pending, busy, now=200_000.0), policy))
-    assert (lines["old"].position == 1) is guarded
+    for policy in (Policy(protect_after_max_s=100_000.0, protect_oldest=0), Policy()):
+        lines = by_id(plan(state(devices, pending, busy, now=200_000.0), policy))
+        assert lines["old"].position == 1
+        assert lines["old"].start == 400_000.0 and lines["old"].device_ids
 
 
 @pytest.mark.parametrize(
@@ -378,10 +381,30 @@ def test_it_guards_only_starving_bookings_narrow_enough(gpus_, max_share, guarde
     ],
 )
 def test_it_weighs_the_size_of_a_booking_by_its_width(gpus_, duration, width_gpus, factor):
-    policy = Policy(size_width_gpus=width_gpus, weight_size=1.0)
+    policy = Policy(
+        size_width_gpus=width_gpus,
+        size_width_share=None,
+        size_scale_gpu_s=640 * 3600.0,
+        weight_size=1.0,
+    )
     booking = req("x", gpus_, duration=duration, submit=0)
-    assert priority_of(booking, 0.0, float(gpus_), 1.0, policy).size == pytest.approx(
+    scales = site_scales(policy, 64.0, [])
+    assert priority_of(booking, 0.0, float(gpus_), 1.0, policy, scales).size == pytest.approx(
         factor, abs=1e-3
+    )
+
+
+@pytest.mark.parametrize("capacity", [32.0, 4096.0])
+def test_it_measures_size_and_width_against_the_site(capacity):
+    policy = Policy(weight_size=1.0)
+    scales = site_scales(policy, capacity, [3600.0, 7200.0, 36_000.0])
+    assert scales.run_s == 7200.0  # the median running request
+    # The same share of the cluster for the same typical run gets the same factor at any size.
+    half = req("x", int(capacity / 2), duration=7200, submit=0)
+    size = priority_of(half, 0.0, capacity / 2, 1.0, policy, scales).size
+    other = site_scales(policy, 64.0, [3600.0, 7200.0, 36_000.0])
+    assert size == pytest.approx(
+        priority_of(req("y", 32, duration=7200, submit=0), 0.0, 32.0, 1.0, policy, other).size
     )
 
 

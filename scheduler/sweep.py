@@ -1,0 +1,270 @@
+"""The policy sweep: every shared trace with a full arrival log x five cluster sizes x two
+walltime models, replayed under portal, EASY and FIFO; one markdown table of ratios to EASY.
+
+    python -m scheduler.replay --sweep [--traces DIR] [--only public_a,philly_vc_a] [--half first]
+        [--workers 2] [--predict] [--set field=value ...]
+
+Sizes: the trace's mean demand (offered GPU-seconds / submit span) divided by an offered load of
+100, 92.5, 85, 77.5 and 70 %, rounded to a whole GPU (never narrower than the widest job); nodes
+of 8 GPUs, the last one possibly smaller.
+Walltime models: "exact" (the allocator is told the run time) and "x1-4" (requested = run time x
+U(1, 4) rounded up to the hour, seeded per job). Targets per row: portal mean wait <= 0.5x EASY,
+p99 <= 1.0x, max <= 1.0x, utilization >= 1.0x. ``--predict`` adds portal with run-time
+prediction (``predict_last=2``) on the x1-4 rows and the error of the planned starts it showed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import os
+import sys
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+from scheduler.replay import POLICIES, replay_trace
+from scheduler.types import Policy
+
+TRACES = {"public_a": None, "public_b": None, "public_c": None, "philly_vc_a": "vc"}
+LOADS = (1.0, 0.925, 0.85, 0.775, 0.70)
+MODELS = {"exact": None, "x1-4": (1.0, 4.0)}
+SEED = 9
+TARGETS = (("mean", 0.5, "<="), ("p99", 1.0, "<="), ("max", 1.0, "<="), ("util", 1.0, ">="))
+
+
+def default_traces_dir() -> Path:
+    """$GP_TRACES, else the shared folder next to the checkout (../shared/traces)."""
+    if os.environ.get("GP_TRACES"):
+        return Path(os.environ["GP_TRACES"])
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+
+def trace_shape(path: Path, half: str | None = None) -> tuple[float, int]:
+    """(mean demand in GPUs = offered GPU-seconds / submit span, widest job) of a trace."""
+    rows = []
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            rows.append(
+                (float(row["submit_time_s"]), float(row["duration_s"]), int(row["num_gpus"]))
+            )
+    rows.sort()
+    if half is not None:
+        middle = (rows[0][0] + rows[-1][0]) / 2.0
+        rows = [r for r in rows if (r[0] < middle) is (half == "first")]
+    span = rows[-1][0] - rows[0][0]
+    offered = sum(duration * gpus for _, duration, gpus in rows)
+    return offered / span, max(gpus for _, _, gpus in rows)
+
+
+def sizes_for(demand: float, widest: int, loads=LOADS) -> list[tuple[int, float]]:
+    """(GPUs, offered load) per target load, at least the widest job (8-GPU nodes, the last one
+    possibly smaller)."""
+    out = []
+    for load in loads:
+        gpus = max(widest, round(demand / load))
+        if all(gpus != seen for seen, _ in out):  # the widest job can make two loads one size
+            out.append((gpus, demand / gpus))
+    return out
+
+
+def _run(task: tuple) -> tuple[tuple, dict]:
+    key, path, gpus, policy_name, policy, project_column, factor_range, half, track = task
+    started = time.perf_counter()
+    result = replay_trace(
+        str(path),
+        gpus,
+        policy_name,
+        project_column=project_column,
+        policy_override=policy,
+        factor_range=factor_range,
+        seed=SEED,
+        half=half,
+        track_planned=track,
+    )
+    result["seconds"] = time.perf_counter() - started
+    return key, result
+
+
+def sweep(
+    traces_dir: Path,
+    only: list[str] | None = None,
+    half: str | None = None,
+    portal: Policy | None = None,
+    workers: int = 2,
+    predict: bool = False,
+    loads: tuple[float, ...] | None = None,
+    models: tuple[str, ...] | None = None,
+) -> list[dict]:
+    """Every row of the table, as dicts (row keys plus one metrics dict per policy)."""
+    loads, models = loads or LOADS, models or tuple(MODELS)
+    portal = portal or POLICIES["portal"]
+    policies = {"portal": portal, "easy": POLICIES["easy"], "fifo": POLICIES["fifo"]}
+    rows, tasks = [], []
+    for name, column in TRACES.items():
+        if only and name not in only:
+            continue
+        path = traces_dir / f"{name}.csv"
+        demand, widest = trace_shape(path, half)
+        for gpus, load in sizes_for(demand, widest, loads):
+            for model in models:
+                row = {"trace": name, "gpus": gpus, "load": load, "model": model}
+                rows.append(row)
+                chosen = dict(policies)
+                if predict and MODELS[model] is not None:
+                    chosen["predict"] = dataclasses.replace(portal, predict_last=2)
+                for label, policy in chosen.items():
+                    key = (name, gpus, model, label)
+                    track = predict and label in ("portal", "predict") and MODELS[model] is not None
+                    tasks.append(
+                        (key, path, gpus, label, policy, column, MODELS[model], half, track)
+                    )
+    # Biggest first, so the pool does not end on one long replay.
+    tasks.sort(key=lambda t: -_cost(t))
+    with Pool(workers) as pool:
+        results = dict(pool.imap_unordered(_run, tasks))
+    for row in rows:
+        for label in ("portal", "easy", "fifo", "predict"):
+            key = (row["trace"], row["gpus"], row["model"], label)
+            if key in results:
+                row[label] = results[key]
+    return rows
+
+
+def _cost(task: tuple) -> float:
+    _, path, gpus, label, *_ = task
+    return path.stat().st_size * (3.0 if label in ("portal", "predict") else 1.0)
+
+
+def ratios(result: dict, easy: dict) -> dict[str, float]:
+    """mean, p99, max wait and utilization as multiples of EASY's."""
+
+    def over(a: float, b: float) -> float:
+        if b == 0:
+            return 0.0 if a == 0 else math.inf  # nobody waited under either: met
+        return a / b
+
+    return {
+        "mean": over(result["mean_wait_s"], easy["mean_wait_s"]),
+        "p99": over(result["p99_wait_s"], easy["p99_wait_s"]),
+        "max": over(result["max_wait_s"], easy["max_wait_s"]),
+        "util": over(result["utilization"], easy["utilization"]),
+    }
+
+
+def misses(r: dict[str, float]) -> list[str]:
+    """The targets a row of ratios misses, each with its shortfall."""
+    out = []
+    for name, bound, sense in TARGETS:
+        value = r[name]
+        if (sense == "<=" and value > bound + 1e-9) or (sense == ">=" and value < bound - 1e-9):
+            out.append(f"{name} {value:.3f} (target {sense} {bound})")
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table, then one summary line."""
+    head = (
+        "| trace | GPUs | load | walltime | EASY mean h | EASY p99 h | EASY max h | EASY util "
+        "| portal mean | p99 | max | util | FIFO mean | p99 | max | util | portal misses |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    met = 0
+    for row in rows:
+        easy = row["easy"]
+        mine, fifo = ratios(row["portal"], easy), ratios(row["fifo"], easy)
+        missed = misses(mine)
+        met += not missed
+        cells = [
+            row["trace"],
+            str(row["gpus"]),
+            f"{row['load']:.0%}",
+            row["model"],
+            f"{easy['mean_wait_s'] / 3600:.1f}",
+            f"{easy['p99_wait_s'] / 3600:.1f}",
+            f"{easy['max_wait_s'] / 3600:.1f}",
+            f"{easy['utilization']:.3f}",
+            *(f"{mine[k]:.2f}" if k != "util" else f"{mine[k]:.3f}" for k in mine),
+            *(f"{fifo[k]:.2f}" if k != "util" else f"{fifo[k]:.3f}" for k in fifo),
+            "; ".join(missed) or "-",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"portal meets all four targets on {met} of {len(rows)} rows")
+    return "\n".join(lines)
+
+
+def predict_table(rows: list[dict]) -> str:
+    """Portal with and without run-time prediction on the x1-4 rows, ratios to EASY."""
+    head = (
+        "| trace | GPUs | without: mean | p99 | max | util | with: mean | p99 | max | util "
+        "| shown-start error p50 h without | p90 h | with p50 h | p90 h |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in rows:
+        if "predict" not in row:
+            continue
+        easy, plain, pred = row["easy"], row["portal"], row["predict"]
+        a, b = ratios(plain, easy), ratios(pred, easy)
+        cells = [row["trace"], str(row["gpus"])]
+        cells += [f"{a[k]:.2f}" for k in a] + [f"{b[k]:.2f}" for k in b]
+        cells += [
+            f"{plain['planned_start_error_p50_s'] / 3600:.1f}",
+            f"{plain['planned_start_error_p90_s'] / 3600:.1f}",
+            f"{pred['planned_start_error_p50_s'] / 3600:.1f}",
+            f"{pred['planned_start_error_p90_s'] / 3600:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``field=value`` pairs for Policy, typed by the field's default ("none" for None)."""
+    fields = {f.name: f for f in dataclasses.fields(Policy)}
+    out = {}
+    for item in items:
+        name, _, text = item.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--set: Policy has no field {name!r}")
+        default = fields[name].default
+        if text.lower() == "none":
+            out[name] = None
+        elif isinstance(default, bool):
+            out[name] = text.lower() in ("1", "true", "yes")
+        elif isinstance(default, int) and not isinstance(default, bool):
+            out[name] = int(text)
+        elif isinstance(default, str):
+            out[name] = text
+        else:
+            out[name] = float(text)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m scheduler.replay --sweep``."""
+    parser = argparse.ArgumentParser(prog="python -m scheduler.replay --sweep")
+    parser.add_argument("--traces", type=Path, default=default_traces_dir())
+    parser.add_argument("--only", default="")
+    parser.add_argument("--half", choices=("first", "second"), default=None)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--predict", action="store_true")
+    parser.add_argument("--set", action="append", default=[], dest="overrides")
+    args = parser.parse_args(argv)
+    portal = dataclasses.replace(POLICIES["portal"], **parse_overrides(args.overrides))
+    started = time.perf_counter()
+    rows = sweep(
+        args.traces,
+        only=[name for name in args.only.split(",") if name] or None,
+        half=args.half,
+        portal=portal,
+        workers=args.workers,
+        predict=args.predict,
+    )
+    out = [table(rows)]
+    if args.predict:
+        out += ["", predict_table(rows)]
+    out.append(f"\n{len(rows)} rows, {time.perf_counter() - started:.0f} s")
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0

@@ -1,0 +1,73 @@
+"""Every field of the allocator's Policy is a validated setting (SCHEDULER_<FIELD>)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+import scheduler
+from portal.policy_env import policy_env_names, policy_settings
+
+# A valid value other than the default for every field, as it would be written in the environment.
+VALUES = {
+    "weight_age": ("10", 10.0),
+    "weight_fairshare": ("0", 0.0),
+    "weight_size": ("2.5", 2.5),
+    "weight_qos": ("7", 7.0),
+    "run_quantile": ("0.5", 0.5),
+    "run_floor_s": ("60", 60.0),
+    "age_max_runs": ("3", 3.0),
+    "size_scale_share": ("2", 2.0),
+    "size_width_share": ("none", None),
+    "size_fades_with_age": ("false", False),
+    "size_by": ("seconds", "seconds"),
+    "protect_after_runs": ("none", None),
+    "protect_after_max_s": ("3600", 3600.0),
+    "protect_oldest": ("3", 3),
+    "age_max_s": ("86400", 86400.0),
+    "size_scale_gpu_s": ("1000", 1000.0),
+    "size_width_gpus": ("16", 16.0),
+    "fairshare_half_life_s": ("1000", 1000.0),
+    "qos_levels": ("low:0,normal:1,high:5", (("low", 0), ("normal", 1), ("high", 5))),
+    "preempt_grace_s": ("0", 0.0),
+    "backfill": ("easy", "easy"),
+    "reservation_depth": ("8", 8),
+    "estimate_all": ("false", False),
+    "explain": ("false", False),
+    "predict_last": ("2", 2),
+}
+
+
+def test_it_lets_every_policy_field_be_set_from_the_environment():
+    names = policy_env_names()
+    assert set(VALUES) == {f.name for f in dataclasses.fields(scheduler.Policy)}
+    overrides = policy_settings({names[field]: text for field, (text, _) in VALUES.items()})
+    policy = scheduler.Policy(**overrides)
+    for field, (_, value) in VALUES.items():
+        assert getattr(policy, field) == value, field
+        assert value != getattr(scheduler.Policy(), field), field
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "word"),
+    [
+        ("SCHEDULER_BACKFILL", "aggressive", "backfill must be one of"),
+        ("SCHEDULER_SIZE_BY", "gpus", "size_by"),
+        ("SCHEDULER_WEIGHT_AGE", "-1", "weight_age"),
+        ("SCHEDULER_WEIGHT_AGE", "lots", "SCHEDULER_WEIGHT_AGE"),
+        ("SCHEDULER_RUN_QUANTILE", "1.5", "run_quantile"),
+        ("SCHEDULER_RESERVATION_DEPTH", "0", "reservation_depth"),
+        ("SCHEDULER_ESTIMATE_ALL", "maybe", "SCHEDULER_ESTIMATE_ALL"),
+        ("SCHEDULER_QOS_LEVELS", "low,high", "SCHEDULER_QOS_LEVELS"),
+    ],
+)
+def test_it_refuses_an_invalid_policy_setting_at_load(name, text, word):
+    with pytest.raises(ImproperlyConfigured, match=word):
+        policy_settings({name: text})
+
+
+def test_it_refuses_an_unknown_backfill_in_the_policy_itself():
+    with pytest.raises(ValueError, match="backfill"):
+        scheduler.Policy(backfill="aggressive")

@@ -1,0 +1,51 @@
+"""The shipped policy against EASY on a reduced sweep, and the sweep command itself.
+
+data/public_a_week1.csv: the first week (308 jobs) of public_a.csv (Microsoft ITP cluster02,
+github.com/microsoft/elasticflow-traces, MIT licence, Copyright (c) Microsoft Corporation; see
+the shared traces README).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.replay import POLICIES, main, replay_trace
+from scheduler.sweep import ratios, sizes_for, trace_shape
+from scheduler.types import Policy
+
+WEEK = Path(__file__).parent / "data" / "public_a_week1.csv"
+# (GPUs, walltime factor range): rows where the shipped default meets EASY on max wait and
+# utilization; the same policy without the oldest booking's reservation waits 2.1x EASY at 80.
+ROWS = [(72, None), (72, (1.0, 4.0)), (80, None)]
+
+
+@pytest.mark.parametrize(("gpus", "factor_range"), ROWS)
+def test_it_keeps_the_shipped_policy_at_least_as_good_as_easy_on_max_wait_and_use(
+    gpus, factor_range
+):
+    assert POLICIES["portal"] == Policy()  # the replay measures what the portal ships
+    easy = replay_trace(str(WEEK), gpus, "easy", factor_range=factor_range, seed=9)
+    portal = replay_trace(str(WEEK), gpus, "portal", factor_range=factor_range, seed=9)
+    r = ratios(portal, easy)
+    assert r["max"] <= 1.0 and r["util"] >= 1.0, r
+
+
+def test_it_sizes_the_sweep_from_the_offered_load():
+    demand, widest = trace_shape(WEEK)
+    assert widest == 64
+    sizes = sizes_for(demand, widest, loads=(1.0, 0.7))
+    assert sizes[0][0] == 64  # never narrower than the widest job
+    assert sizes[1] == (round(demand / 0.7), pytest.approx(demand / round(demand / 0.7)))
+
+
+def test_it_prints_one_row_per_trace_size_and_walltime_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("scheduler.sweep.TRACES", {"public_a": None})
+    monkeypatch.setattr("scheduler.sweep.LOADS", (0.7,))
+    (tmp_path / "public_a.csv").write_text(WEEK.read_text())
+    assert main(["--sweep", "--traces", str(tmp_path), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| public_a | 74 | 70% |") == 2  # exact and x1-4
+    assert "portal meets all four targets on" in out
+    assert out.count("| trace | GPUs |") == 1  # one table
