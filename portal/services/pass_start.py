@@ -64,7 +64,8 @@ _TABLES = {
 
 # Under the locks: the nodes are up, the devices exist in the same MIG layout, nothing took them
 # over [now, end), and no other booking of the project got devices since the snapshot. Then the
-# booking becomes active (if still pending) and gets its allocations, in one statement.
+# booking becomes active (if still pending, and not extended since) and gets its allocations, in
+# one statement.
 _START_SQL = """
 WITH valid AS (
   SELECT
@@ -85,7 +86,8 @@ WITH valid AS (
 ), started AS (
   UPDATE {booking} SET state = 'active', started_at = %(now)s, planned_start = %(now)s,
     queue_position = NULL, pending_reason = ''
-  WHERE id = %(booking)s AND state = 'pending' AND (SELECT ok FROM valid)
+  WHERE id = %(booking)s AND state = 'pending' AND duration_s = %(duration)s
+    AND (SELECT ok FROM valid)
   RETURNING id
 )
 INSERT INTO {alloc} (booking_id, gpu_id, mig_instance_id, start, "end", fraction, live)
@@ -119,6 +121,7 @@ def _start_postgresql(pending, rows, snap, now, end, done) -> bool:
                 "project": pending.project_id,
                 "done": sorted(done),
                 "booking": pending.pk,
+                "duration": pending.duration_s,
                 "gpus": [row.gpu_id for row in rows],
                 "mig_or_null": [row.mig_id for row in rows],
                 "fractions": [row.fraction for row in rows],
@@ -133,7 +136,9 @@ def _start_portable(pending, rows, snap, now, end, done) -> bool:
     lock_nodes({row.node_id for row in rows})
     if not _still_valid(pending, rows, snap, now, end, done):
         return False
-    if not Booking.objects.filter(pk=pending.pk, state=State.PENDING).update(
+    if not Booking.objects.filter(
+        pk=pending.pk, state=State.PENDING, duration_s=pending.duration_s
+    ).update(
         state=State.ACTIVE,
         started_at=now,
         planned_start=now,

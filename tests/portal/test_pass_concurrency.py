@@ -251,3 +251,18 @@ def test_it_runs_no_pass_inside_a_pass_when_its_own_changes_ask_for_one(monkeypa
     result = allocation.allocation_pass(now=now)
     assert result.finished == 2
     assert snapshots == [now]
+
+
+def test_it_skips_a_start_whose_booking_was_extended_after_the_snapshot(user, project):
+    make_node("node-a", gpus=1)
+    (waiting,) = _queue(user, project, 1)
+    now = timezone.now()
+    snap = snapshot_take(now=now)
+    plan = scheduler.plan(snap.state, scheduler_policy())
+    Booking.objects.filter(pk=waiting.pk).update(duration_s=waiting.duration_s + 600)
+
+    assert allocation._apply_starts(plan, snap, now) == (0, 1)
+    started = allocation.allocation_pass(now=now)  # the next pass plans its new length
+    allocation_ = Allocation.objects.get(booking=waiting)
+    assert started.started == 1
+    assert (allocation_.end - allocation_.start).total_seconds() == waiting.duration_s + 600
