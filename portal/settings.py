@@ -159,17 +159,16 @@ if not 0 < DB_POOL_TIMEOUT_S <= 60:
     raise RuntimeError("DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds.")
 
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    # With the pool, CONN_HEALTH_CHECKS makes Django hand the pool its connection check: one that
+    # PostgreSQL dropped (restart, pg_terminate_backend) is replaced before a request gets it.
+    DATABASES = {
+        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
+    }
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        from psycopg_pool import ConnectionPool
-
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": DB_POOL_MIN_SIZE,
             "max_size": DB_POOL_MAX_SIZE,
             "timeout": DB_POOL_TIMEOUT_S,
-            # A connection PostgreSQL dropped (restart, pg_terminate_backend) is replaced before
-            # a request gets it, instead of failing that request.
-            "check": ConnectionPool.check_connection,
         }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
