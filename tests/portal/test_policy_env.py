@@ -23,7 +23,7 @@ VALUES = {
     "size_width_share": ("none", None),
     "size_fades_with_age": ("false", False),
     "size_by": ("seconds", "seconds"),
-    "protect_after_runs": ("none", None),
+    "protect_after_runs": ("2", 2.0),
     "protect_after_max_s": ("3600", 3600.0),
     "protect_oldest": ("3", 3),
     "age_max_s": ("86400", 86400.0),
