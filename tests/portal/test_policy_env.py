@@ -16,7 +16,7 @@ VALUES = {
     "weight_fairshare": ("0", 0.0),
     "weight_size": ("2.5", 2.5),
     "weight_qos": ("7", 7.0),
-    "run_quantile": ("0.5", 0.5),
+    "run_quantile": ("0.75", 0.75),
     "run_floor_s": ("60", 60.0),
     "age_max_runs": ("3", 3.0),
     "size_scale_share": ("2", 2.0),
