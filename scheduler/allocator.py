@@ -66,8 +66,13 @@ class _Pass:
             a.end - a.start for a in state.allocations if a.running and a.start <= self.now < a.end
         ]
         self.scales = site_scales(policy, self.capacity, running)
+        # Protection never overrides QOS (the site's own precedence): it applies among the
+        # pending bookings of the highest QOS level present.
+        self.top_qos = max((policy.qos_level(r.qos) for r in state.pending), default=0)
         by_age = heapq.nsmallest(
-            policy.protect_oldest, state.pending, key=lambda r: (r.submit_time, r.booking_id)
+            policy.protect_oldest,
+            (r for r in state.pending if policy.qos_level(r.qos) == self.top_qos),
+            key=lambda r: (r.submit_time, r.booking_id),
         )
         self.oldest = {request.booking_id for request in by_age}
         self.fixed = [_copy(node.timeline) for node in self.nodes]
@@ -135,12 +140,14 @@ class _Pass:
         Protected bookings are walked first, in arrival order, so each one's reservation is
         planned against running allocations, advance reservations and older protected bookings
         only: a booking submitted after it can never take its place (docs/scheduling.md, "The
-        no-starvation bound").
+        no-starvation bound"). Only bookings of the highest QOS pending are protected.
         """
         if request.booking_id in self.oldest:
             return True
         after = self.scales.protect_after_s
-        return after is not None and self.now - request.submit_time >= after
+        if after is None or self.now - request.submit_time < after:
+            return False
+        return self.policy.qos_level(request.qos) == self.top_qos
 
     def run(self) -> Plan:
         """The whole pass."""

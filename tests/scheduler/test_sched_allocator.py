@@ -341,12 +341,26 @@ def test_it_runs_a_short_whole_node_job_before_an_older_one_many_times_longer():
     assert by_id(plan(state(devices, pending, busy, now=86_400.0), old_scale))["long"].position == 1
 
 
+def test_it_never_lets_protection_override_qos():
+    pending = [
+        req("old-low", 8, duration=9000, submit=0, qos="low"),
+        req("new-high", 8, submit=900, qos="high"),
+    ]
+    lines = by_id(
+        plan(
+            state(NODE, pending, SIX_BUSY, now=1000.0),
+            Policy(protect_after_runs=1e3, protect_after_max_s=1.0),
+        )
+    )
+    assert lines["new-high"].position == 1
+
+
 def test_it_puts_protected_bookings_first_in_arrival_order():
-    policy = Policy(protect_after_max_s=500.0, protect_oldest=0)
+    policy = Policy(protect_after_runs=1e3, protect_after_max_s=500.0, protect_oldest=0)
     pending = [
         req("big-old", 8, duration=9000, submit=0),
         req("mid-old", 4, duration=9000, submit=100),
-        req("small-new", 1, duration=10, submit=900, qos="high"),
+        req("small-new", 1, duration=10, submit=900),
     ]
     lines = by_id(plan(state(NODE, pending, SIX_BUSY, now=1000.0), policy))
     assert [lines[b].position for b in ("big-old", "mid-old", "small-new")] == [1, 2, 3]
@@ -360,9 +374,12 @@ def test_it_protects_an_old_booking_of_any_width(gpus_):
     busy = [alloc("run", [d.id for d in devices], 400_000.0)]
     pending = [
         req("old", gpus_, duration=86_400, submit=0),
-        req("new", 1, duration=60, submit=199_000, qos="high"),
+        req("new", 1, duration=60, submit=199_000),
     ]
-    for policy in (Policy(protect_after_max_s=100_000.0, protect_oldest=0), Policy()):
+    for policy in (
+        Policy(protect_after_runs=1e3, protect_after_max_s=100_000.0, protect_oldest=0),
+        Policy(),
+    ):
         lines = by_id(plan(state(devices, pending, busy, now=200_000.0), policy))
         assert lines["old"].position == 1
         assert lines["old"].start == 400_000.0 and lines["old"].device_ids
