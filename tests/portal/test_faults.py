@@ -128,9 +128,24 @@ def test_it_runs_a_pass_again_when_the_worker_process_running_it_is_killed(worke
 def test_it_answers_through_postgresql_dropping_its_connections(api, project, cluster):
     assert api.get("/api/v1/bookings/").status_code == 200
     with _admin_connection() as admin:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        admin.autocommit = True  # sees pg_stat_activity live
+        killed = [
+            pid
+            for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        ]
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [killed])
+        # pg_terminate_backend only signals: wait until the sessions are really gone.
+        _wait(
+            lambda: (
+                not admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [killed]
+                ).fetchone()
+            ),
+            30,
+            "the terminated sessions to end",
         )
     statuses = []
     for _ in range(3):
