@@ -147,11 +147,17 @@ def test_it_answers_through_postgresql_dropping_its_connections(api, project, cl
             30,
             "the terminated sessions to end",
         )
-    statuses = []
-    for _ in range(3):
+    # The pool checks a connection before handing it out and replaces a dead one, backing off
+    # about a second between tries: with several dead at once a request may wait out the pool's
+    # timeout, and that answer is a 503 with Retry-After, never a 500; then service is back.
+    answers = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and [s for s, _ in answers[-3:]] != [200, 200, 200]:
         close_old_connections()  # what the request_started signal does (the test client skips it)
-        statuses.append(api.get("/api/v1/bookings/").status_code)
-    assert statuses == [200, 200, 200]  # a dead connection is replaced before it is used
+        response = api.get("/api/v1/bookings/")
+        answers.append((response.status_code, response.get("Retry-After")))
+    assert all(status == 200 or (status == 503 and retry) for status, retry in answers), answers
+    assert [s for s, _ in answers[-3:]] == [200, 200, 200], answers
 
 
 @pytest.fixture
