@@ -155,7 +155,9 @@ def _store_plans(plan, snap: Snapshot, now: datetime) -> int:
             continue
         stored = snap.pending[int(planned.booking_id)]
         values = _plan_values(planned)
-        if values != stored.plan_values:
+        if values[:4] != stored.plan_values[:4] or not _same_priority(
+            stored.plan_values[4], values[4]
+        ):
             changed.append((stored.pk, *values))
     _bulk_store(changed)
     if changed:
@@ -179,6 +181,21 @@ def _plan_values(planned) -> tuple:
         "qos": round(p.qos),
     }
     return (start, planned.position, planned.reason[:16], planned.detail[:300], priority)
+
+
+# How PostgreSQL prints the priority's jsonb: keys shortest first, then in byte order.
+_JSONB_PRIORITY = (
+    '{{"age": {age}, "qos": {qos}, "size": {size}, "total": {total}, "fairshare": {fairshare}}}'
+)
+
+
+def _same_priority(stored: str | None, priority: dict) -> bool:
+    """Whether the stored priority (the database's JSON text) is this one."""
+    if stored is None:
+        return False
+    # Comparing text spares decoding ten thousand JSON values a pass; any other spelling of
+    # the same values (SQLite keeps the text it was given) is decoded and compared.
+    return stored == _JSONB_PRIORITY.format(**priority) or json.loads(stored) == priority
 
 
 _STORE_CHUNK = 1000
