@@ -172,30 +172,19 @@ def _plan_values(planned) -> tuple:
     start = round(planned.start) if planned.start is not None else None
     p = planned.priority
     # Whole points, as the pages show them: an age that grows by a fraction each pass is not
-    # a change worth a write.
-    priority = {
-        "total": round(p.total),
-        "age": round(p.age),
-        "fairshare": round(p.fairshare),
-        "size": round(p.size),
-        "qos": round(p.qos),
-    }
+    # a change worth a write. Written as PostgreSQL prints the jsonb (keys shortest first, then
+    # in byte order), so an unchanged priority compares equal as text, with no JSON decoded.
+    priority = (
+        f'{{"age": {round(p.age)}, "qos": {round(p.qos)}, "size": {round(p.size)},'
+        f' "total": {round(p.total)}, "fairshare": {round(p.fairshare)}}}'
+    )
     return (start, planned.position, planned.reason[:16], planned.detail[:300], priority)
 
 
-# How PostgreSQL prints the priority's jsonb: keys shortest first, then in byte order.
-_JSONB_PRIORITY = (
-    '{{"age": {age}, "qos": {qos}, "size": {size}, "total": {total}, "fairshare": {fairshare}}}'
-)
-
-
-def _same_priority(stored: str | None, priority: dict) -> bool:
-    """Whether the stored priority (the database's JSON text) is this one."""
-    if stored is None:
-        return False
-    # Comparing text spares decoding ten thousand JSON values a pass; any other spelling of
-    # the same values (SQLite keeps the text it was given) is decoded and compared.
-    return stored == _JSONB_PRIORITY.format(**priority) or json.loads(stored) == priority
+def _same_priority(stored: str | None, priority: str) -> bool:
+    """Whether the stored priority (the database's JSON text) has these values."""
+    # Any other spelling of the same values (SQLite keeps the text it was given) is decoded.
+    return stored == priority or (stored is not None and json.loads(stored) == json.loads(priority))
 
 
 _STORE_CHUNK = 1000
@@ -230,7 +219,7 @@ def _bulk_store(rows: list[tuple]) -> None:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
             cursor.execute(
                 sql,
-                [ids, starts, positions, reasons, details, [json.dumps(p) for p in priorities]],
+                [ids, starts, positions, reasons, details, priorities],
             )
 
 
@@ -243,7 +232,7 @@ def _bulk_store_portable(rows: list[tuple]) -> None:
             queue_position=position,
             pending_reason=reason,
             state_detail=detail,
-            priority=priority,
+            priority=json.loads(priority),
         )
         for pk, start, position, reason, detail, priority in rows
     ]

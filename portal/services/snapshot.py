@@ -8,6 +8,7 @@ and GPU-hour use come from one query each, not one per user.
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -51,8 +52,7 @@ class DeviceRow:
     fraction: float
 
 
-@dataclass(frozen=True)
-class PendingRow:
+class PendingRow(NamedTuple):
     """A pending booking as read, with its stored plan (to write only what changes).
 
     ``plan_values`` is (planned start in epoch seconds, position, reason, detail, priority as
