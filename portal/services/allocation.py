@@ -155,7 +155,9 @@ def _store_plans(plan, snap: Snapshot, now: datetime) -> int:
             continue
         stored = snap.pending[int(planned.booking_id)]
         values = _plan_values(planned)
-        if values != stored.plan_values:
+        if values[:4] != stored.plan_values[:4] or not _same_priority(
+            stored.plan_values[4], values[4]
+        ):
             changed.append((stored.pk, *values))
     _bulk_store(changed)
     if changed:
@@ -170,15 +172,19 @@ def _plan_values(planned) -> tuple:
     start = round(planned.start) if planned.start is not None else None
     p = planned.priority
     # Whole points, as the pages show them: an age that grows by a fraction each pass is not
-    # a change worth a write.
-    priority = {
-        "total": round(p.total),
-        "age": round(p.age),
-        "fairshare": round(p.fairshare),
-        "size": round(p.size),
-        "qos": round(p.qos),
-    }
+    # a change worth a write. Written as PostgreSQL prints the jsonb (keys shortest first, then
+    # in byte order), so an unchanged priority compares equal as text, with no JSON decoded.
+    priority = (
+        f'{{"age": {round(p.age)}, "qos": {round(p.qos)}, "size": {round(p.size)},'
+        f' "total": {round(p.total)}, "fairshare": {round(p.fairshare)}}}'
+    )
     return (start, planned.position, planned.reason[:16], planned.detail[:300], priority)
+
+
+def _same_priority(stored: str | None, priority: str) -> bool:
+    """Whether the stored priority (the database's JSON text) has these values."""
+    # Any other spelling of the same values (SQLite keeps the text it was given) is decoded.
+    return stored == priority or (stored is not None and json.loads(stored) == json.loads(priority))
 
 
 _STORE_CHUNK = 1000
@@ -213,7 +219,7 @@ def _bulk_store(rows: list[tuple]) -> None:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
             cursor.execute(
                 sql,
-                [ids, starts, positions, reasons, details, [json.dumps(p) for p in priorities]],
+                [ids, starts, positions, reasons, details, priorities],
             )
 
 
@@ -226,7 +232,7 @@ def _bulk_store_portable(rows: list[tuple]) -> None:
             queue_position=position,
             pending_reason=reason,
             state_detail=detail,
-            priority=priority,
+            priority=json.loads(priority),
         )
         for pk, start, position, reason, detail, priority in rows
     ]

@@ -122,7 +122,10 @@ class EpochSeconds(Func):
     output_field = FloatField()
 
     def as_postgresql(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)")
+        # EXTRACT gives numeric, which the driver would build a Decimal from for every row.
+        return self.as_sql(
+            compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::float8"
+        )
 
     def as_sqlite(self, compiler, connection, **extra):
         return self.as_sql(compiler, connection, template="(julianday(%(expressions)s) * 86400.0)")

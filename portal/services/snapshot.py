@@ -8,10 +8,12 @@ and GPU-hour use come from one query each, not one per user.
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Max, TextField
+from django.db.models.functions import Cast
 
 import scheduler
 from portal.models import Allocation, Booking, Gpu, MigInstance
@@ -50,9 +52,12 @@ class DeviceRow:
     fraction: float
 
 
-@dataclass(frozen=True)
-class PendingRow:
-    """A pending booking as read, with its stored plan (to write only what changes)."""
+class PendingRow(NamedTuple):
+    """A pending booking as read, with its stored plan (to write only what changes).
+
+    ``plan_values`` is (planned start in epoch seconds, position, reason, detail, priority as
+    the database's JSON text).
+    """
 
     pk: int
     project_id: int
@@ -87,7 +92,7 @@ _PENDING_FIELDS = (
     "queue_position",
     "pending_reason",
     "state_detail",
-    "priority",
+    "priority_text",
 )
 
 
@@ -102,7 +107,10 @@ def snapshot_take(*, now: datetime) -> Snapshot:
         rows = list(
             Booking.objects.filter(state=State.PENDING)
             .annotate(
-                submitted_ts=EpochSeconds("submitted_at"), planned_ts=EpochSeconds("planned_start")
+                submitted_ts=EpochSeconds("submitted_at"),
+                planned_ts=EpochSeconds("planned_start"),
+                # The stored priority only to compare with the new one: text, not decoded.
+                priority_text=Cast("priority", TextField()),
             )
             .order_by("submitted_at", "id")
             .values_list(*_PENDING_FIELDS)

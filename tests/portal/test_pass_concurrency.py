@@ -142,6 +142,20 @@ def test_it_writes_only_the_pending_bookings_whose_plan_changed(user, project):
     assert moved.stored == 4  # everyone behind the cancelled booking moved up one place
 
 
+def test_it_compares_stored_priorities_without_decoding_them(user, project, monkeypatch):
+    make_node("node-a", gpus=1)
+    now = timezone.now()
+    _queue(user, project, 1, duration_s=7200)
+    assert allocation.allocation_pass(now=now).started == 1  # it holds the node
+    _queue(user, project, 2)
+    assert allocation.allocation_pass(now=now).stored == 2
+    # The pass reads each stored priority as PostgreSQL prints it; an unchanged one matches
+    # that text as is, so no JSON is decoded for it.
+    monkeypatch.setattr(allocation.json, "loads", None)
+    again = allocation.allocation_pass(now=now)
+    assert again.pending == 2 and again.stored == 0
+
+
 def test_it_coalesces_a_burst_of_submissions_into_a_few_passes(
     user, project, settings, django_capture_on_commit_callbacks
 ):
