@@ -23,11 +23,11 @@ from portal.errors import (
     ValidationFailed,
 )
 from portal.models import Allocation, Booking, Membership
-from portal.services import events, inventory
+from portal.services import events, inventory, placement
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
-from portal.services.placement import FreeDevice
 from portal.services.quotas import peak_use_in_window, scheduler_quota, usage_current
+from scheduler.reserve import Slot
 
 State = Booking.State
 
@@ -116,7 +116,7 @@ def _reserve(user, request: BookingRequest, now: datetime) -> Booking:
 
 
 def allocations_write(
-    *, booking: Booking, devices: list[FreeDevice], start: datetime, end: datetime
+    *, booking: Booking, devices: list[Slot], start: datetime, end: datetime
 ) -> bool:
     """Give `booking` these devices over [start, end) in a savepoint; False if the database
     refused because another booking holds one of them (the constraint or a deadlock)."""
@@ -125,8 +125,8 @@ def allocations_write(
             Allocation.objects.bulk_create(
                 Allocation(
                     booking=booking,
-                    gpu_id=d.gpu_id,
-                    mig_instance_id=d.mig_id,
+                    gpu_id=d.gpu,
+                    mig_instance_id=d.mig,
                     start=start,
                     end=end,
                     fraction=d.fraction,
@@ -140,7 +140,7 @@ def allocations_write(
     return True
 
 
-def check_reservation(user, request: BookingRequest, now: datetime) -> list[FreeDevice]:
+def check_reservation(user, request: BookingRequest, now: datetime) -> list[Slot]:
     """The devices a reservation would get now, or the refusal (quota, no capacity). Reads only."""
     _check_window_quota(user, request, now)
     return _place(request)
@@ -183,8 +183,8 @@ def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
     )
 
 
-def _place(request: BookingRequest) -> list[FreeDevice]:
-    devices, free = inventory.devices_for_window(
+def _place(request: BookingRequest) -> list[Slot]:
+    devices, free = placement.devices_for_window(
         start=request.start,
         end=request.end,
         gpus=request.gpus,

@@ -1,12 +1,10 @@
 """Inventory selectors: which devices exist, which are bookable, which are free in a window."""
 
 from dataclasses import dataclass
-from datetime import datetime
 
-from django.db.models import Count, Q
+from django.db.models import Count
 
-from portal.models import Allocation, Gpu, MigInstance, Node
-from portal.services.placement import FreeDevice, place_gpus, place_mig
+from portal.models import Gpu, MigInstance, Node
 
 
 @dataclass(frozen=True)
@@ -56,63 +54,6 @@ def _model_filter(qs, field: str, gpu_model: str, allowed_models: tuple[str, ...
     return qs
 
 
-def free_devices(
-    *,
-    start: datetime,
-    end: datetime,
-    gpu_model: str = "",
-    allowed_models: tuple[str, ...] = (),
-    mig_profile: str = "",
-    node_ids: list[int] | None = None,
-) -> list[FreeDevice]:
-    """Bookable devices of up nodes with no live allocation overlapping [start, end)."""
-    busy = Allocation.objects.filter(live=True, start__lt=end, end__gt=start)
-    up = Q(node__state=Node.State.UP)
-    if mig_profile:
-        qs = MigInstance.objects.filter(profile=mig_profile, gpu__mig_mode=True).filter(
-            Q(gpu__node__state=Node.State.UP)
-        )
-        qs = _model_filter(qs, "gpu__model", gpu_model, allowed_models)
-        if node_ids is not None:
-            qs = qs.filter(gpu__node_id__in=node_ids)
-        qs = qs.exclude(id__in=busy.filter(mig_instance__isnull=False).values("mig_instance_id"))
-        return [
-            FreeDevice(
-                node_id=m.gpu.node_id,
-                gpu_id=m.gpu_id,
-                mig_id=m.id,
-                fraction=m.fraction,
-                node_gpus=1,
-            )
-            for m in qs.select_related("gpu")
-        ]
-    qs = _model_filter(Gpu.objects.filter(up, mig_mode=False), "model", gpu_model, allowed_models)
-    if node_ids is not None:
-        qs = qs.filter(node_id__in=node_ids)
-    node_sizes = dict(qs.values("node").annotate(n=Count("id")).values_list("node", "n"))
-    qs = qs.exclude(id__in=busy.filter(mig_instance__isnull=True).values("gpu_id"))
-    return [
-        FreeDevice(
-            node_id=g.node_id,
-            gpu_id=g.id,
-            mig_id=None,
-            fraction=1.0,
-            node_gpus=node_sizes[g.node_id],
-        )
-        for g in qs
-    ]
-
-
-def busy_slices_by_gpu(*, start: datetime, end: datetime) -> dict[int, float]:
-    """MIG slices (as GPU fractions) already held per GPU during the window, for packing."""
-    totals: dict[int, float] = {}
-    for gpu_id, fraction in Allocation.objects.filter(
-        live=True, mig_instance__isnull=False, start__lt=end, end__gt=start
-    ).values_list("gpu_id", "fraction"):
-        totals[gpu_id] = totals.get(gpu_id, 0.0) + fraction
-    return totals
-
-
 def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[int]:
     """Up nodes that could hold the request at all: the rows the booking path locks."""
     qs = Node.objects.filter(state=Node.State.UP)
@@ -123,26 +64,3 @@ def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[in
     if gpu_model:
         qs = qs.filter(gpus__model=gpu_model)
     return sorted(set(qs.values_list("id", flat=True)))
-
-
-def devices_for_window(
-    *,
-    start: datetime,
-    end: datetime,
-    gpus: int,
-    mig_profile: str = "",
-    gpu_model: str = "",
-    allowed_models: tuple[str, ...] = (),
-) -> tuple[list[FreeDevice] | None, int]:
-    """Devices for a fixed window by the placement rules, or None; and how many matched free."""
-    free = free_devices(
-        start=start,
-        end=end,
-        gpu_model=gpu_model,
-        allowed_models=allowed_models,
-        mig_profile=mig_profile,
-    )
-    if mig_profile:
-        chosen = place_mig(free, busy_slices_by_gpu(start=start, end=end))
-        return ([chosen] if chosen else None), len(free)
-    return place_gpus(free, gpus), len(free)

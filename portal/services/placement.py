@@ -1,48 +1,76 @@
-"""Choosing devices for an advance reservation among those free for its whole window.
+"""Reservation placement, read from the database and decided by ``scheduler.reserve``.
 
-Pure functions over plain tuples so the rules read in one place: one node when the request fits
-on one, whole free nodes when it does not, best fit (the fullest node that still fits) to keep
-whole nodes free for large requests, MIG slices packed onto GPUs already partly used.
+The callers hold the node locks; this reads the candidate devices on up nodes and the live
+allocations that overlap the window on their GPUs, asks the pure rule, and hands back its slots.
 """
 
-from collections import defaultdict
-from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Q
+
+from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
+from scheduler.reserve import Hold, Slot, Wanted, reserve
 
 
-@dataclass(frozen=True)
-class FreeDevice:
-    """A device free for the window: gpu id, MIG instance id (None for a whole GPU), node id."""
-
-    node_id: int
-    gpu_id: int
-    mig_id: int | None
-    fraction: float
-    node_gpus: int  # whole GPUs of this model the node has at all
-
-
-def place_gpus(free: list[FreeDevice], gpus: int) -> list[FreeDevice] | None:
-    """Pick `gpus` whole GPUs: best-fit node when they fit on one, else whole free nodes."""
-    by_node: dict[int, list[FreeDevice]] = defaultdict(list)
-    for device in sorted(free, key=lambda d: (d.node_id, d.gpu_id)):
-        by_node[device.node_id].append(device)
-    fitting = [(len(devs), node) for node, devs in by_node.items() if len(devs) >= gpus]
-    if fitting:
-        _, node = min(fitting)
-        return by_node[node][:gpus]
-    whole = [devs for devs in by_node.values() if len(devs) == devs[0].node_gpus]
-    whole.sort(key=lambda devs: (-len(devs), devs[0].node_id))
-    chosen: list[FreeDevice] = []
-    for devs in whole:
-        if len(chosen) >= gpus:
-            break
-        chosen += devs[: gpus - len(chosen)]
-    return chosen if len(chosen) == gpus else None
-
-
-def place_mig(free: list[FreeDevice], busy_slices_by_gpu: dict[int, float]) -> FreeDevice | None:
-    """Pick one free MIG instance, on the GPU with the most slices already in use."""
-    if not free:
-        return None
-    return min(
-        free, key=lambda d: (-busy_slices_by_gpu.get(d.gpu_id, 0.0), d.node_id, d.gpu_id, d.mig_id)
+def devices_for_window(
+    *,
+    start: datetime,
+    end: datetime,
+    gpus: int,
+    mig_profile: str = "",
+    gpu_model: str = "",
+    allowed_models: tuple[str, ...] = (),
+) -> tuple[list[Slot] | None, int]:
+    """Devices for a fixed window by the placement rules, or None; and how many matched free."""
+    slots = _slots(mig_profile=mig_profile, gpu_model=gpu_model, allowed_models=allowed_models)
+    wanted = Wanted(
+        gpus=gpus,
+        start=start.timestamp(),
+        end=end.timestamp(),
+        mig_profile=mig_profile or None,
+        gpu_model=gpu_model or None,
     )
+    placement = reserve(
+        wanted, slots, holds_on(gpu_ids={s.gpu for s in slots}, start=start, end=end)
+    )
+    return (list(placement.slots) or None), placement.free
+
+
+def holds_on(
+    *, gpu_ids, start: datetime, end: datetime, exclude_booking: int | None = None
+) -> tuple[Hold, ...]:
+    """Live allocations on these GPUs (whole or MIG) that overlap [start, end)."""
+    qs = Allocation.objects.filter(live=True, start__lt=end, end__gt=start, gpu_id__in=gpu_ids)
+    if exclude_booking is not None:
+        qs = qs.exclude(booking_id=exclude_booking)
+    rows = qs.values_list("gpu_id", "mig_instance_id", "start", "end", "fraction")
+    return tuple(Hold(g, m, s.timestamp(), e.timestamp(), f) for g, m, s, e, f in rows)
+
+
+def _slots(
+    *, mig_profile: str, gpu_model: str, allowed_models: tuple[str, ...]
+) -> tuple[Slot, ...]:
+    if mig_profile:
+        qs = MigInstance.objects.filter(
+            profile=mig_profile, gpu__mig_mode=True, gpu__node__state=Node.State.UP
+        )
+        qs = _model_filter(qs, "gpu__model", gpu_model, allowed_models)
+        rows = qs.values_list("gpu__node_id", "gpu_id", "id", "gpu__model", "slices")
+        return tuple(
+            Slot(node, gpu, mig, model, mig_profile, mig_fraction(slices))
+            for node, gpu, mig, model, slices in rows
+        )
+    qs = Gpu.objects.filter(Q(node__state=Node.State.UP), mig_mode=False)
+    qs = _model_filter(qs, "model", gpu_model, allowed_models)
+    return tuple(
+        Slot(node, gpu, None, model)
+        for node, gpu, model in qs.values_list("node_id", "id", "model")
+    )
+
+
+def _model_filter(qs, field: str, gpu_model: str, allowed_models: tuple[str, ...]):
+    if gpu_model:
+        return qs.filter(**{field: gpu_model})
+    if allowed_models:
+        return qs.filter(**{f"{field}__in": allowed_models})
+    return qs
