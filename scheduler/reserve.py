@@ -30,13 +30,17 @@ class Slot:
 
 @dataclass(frozen=True)
 class Hold:
-    """A live allocation of GPU ``gpu`` (of its MIG instance ``mig``) over [start, end)."""
+    """A live allocation of GPU ``gpu`` (of its MIG instance ``mig``) over [start, end).
+
+    ``id`` is the caller's own id for it, so a refusal can name what is in the way.
+    """
 
     gpu: int
     mig: int | None
     start: float
     end: float
     fraction: float = 1.0
+    id: int = 0
 
 
 @dataclass(frozen=True)

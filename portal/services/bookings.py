@@ -366,14 +366,7 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
 def _extend_allocations(booking: Booking, by: timedelta) -> None:
     allocations = list(Allocation.objects.filter(booking=booking, live=True))
     old_end = max(a.end for a in allocations)
-    clash = Allocation.objects.filter(live=True, start__lt=old_end + by, end__gt=old_end).exclude(
-        booking=booking
-    )
-    clash = clash.filter(
-        Q(gpu_id__in=[a.gpu_id for a in allocations if not a.mig_instance_id])
-        | Q(mig_instance_id__in=[a.mig_instance_id for a in allocations if a.mig_instance_id])
-    )
-    other = clash.order_by("start").first()
+    other = placement.first_clash(allocations, start=old_end, end=old_end + by)
     if other:
         raise NoCapacity(
             f"{other.device_label} is booked from {other.start:%Y-%m-%d %H:%M} UTC by another "

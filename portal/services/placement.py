@@ -9,7 +9,7 @@ from datetime import datetime
 from django.db.models import Q
 
 from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
-from scheduler.reserve import Hold, Slot, Wanted, reserve
+from scheduler.reserve import Hold, Slot, Wanted, clashes, reserve
 
 
 def devices_for_window(
@@ -36,6 +36,22 @@ def devices_for_window(
     return (list(placement.slots) or None), placement.free
 
 
+def first_clash(allocations: list[Allocation], *, start: datetime, end: datetime):
+    """The earliest live allocation of another booking on these allocations' devices within
+    [start, end) (what keeps an extension from fitting), or None."""
+    mine = tuple(Slot(0, a.gpu_id, a.mig_instance_id) for a in allocations)
+    holds = holds_on(
+        gpu_ids={a.gpu_id for a in allocations},
+        start=start,
+        end=end,
+        exclude_booking=allocations[0].booking_id,
+    )
+    found = clashes(mine, holds, start.timestamp(), end.timestamp())
+    if not found:
+        return None
+    return Allocation.objects.select_related("gpu", "mig_instance").get(pk=found[0].id)
+
+
 def holds_on(
     *, gpu_ids, start: datetime, end: datetime, exclude_booking: int | None = None
 ) -> tuple[Hold, ...]:
@@ -43,8 +59,8 @@ def holds_on(
     qs = Allocation.objects.filter(live=True, start__lt=end, end__gt=start, gpu_id__in=gpu_ids)
     if exclude_booking is not None:
         qs = qs.exclude(booking_id=exclude_booking)
-    rows = qs.values_list("gpu_id", "mig_instance_id", "start", "end", "fraction")
-    return tuple(Hold(g, m, s.timestamp(), e.timestamp(), f) for g, m, s, e, f in rows)
+    rows = qs.values_list("gpu_id", "mig_instance_id", "start", "end", "fraction", "id")
+    return tuple(Hold(g, m, s.timestamp(), e.timestamp(), f, i) for g, m, s, e, f, i in rows)
 
 
 def _slots(

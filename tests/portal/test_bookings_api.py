@@ -246,6 +246,39 @@ def test_it_refuses_an_extension_into_another_booking_with_409(api, project, clu
     assert "by_s" in error_of(response)["fields"]
 
 
+def _mig_window(api, hours_from_now, hours):
+    start = timezone.now() + timedelta(hours=hours_from_now)
+    body = {"mig_profile": "1g.10gb", "start": start.isoformat()}
+    body["end"] = (start + timedelta(hours=hours)).isoformat()
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def _slice_of(booking) -> int:
+    return Allocation.objects.get(booking_id=booking["id"]).mig_instance_id
+
+
+def test_it_refuses_to_extend_a_mig_slice_into_the_next_booking_of_that_slice(api, project, db):
+    make_mig_gpu(make_node("mig-node", gpus=0), 0, profiles=("1g.10gb", "1g.10gb"))
+    first = _mig_window(api, 1, 2)
+    later = _mig_window(api, 3, 1)  # the same slice: it is free again by then
+    assert _slice_of(later) == _slice_of(first)
+    response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 1800}, format="json")
+    assert response.status_code == 409
+    error = error_of(response)
+    assert "by_s" in error["fields"] and "1g.10gb" in error["message"]
+
+
+def test_it_extends_a_mig_slice_while_its_sibling_slice_is_booked(api, project, db):
+    make_mig_gpu(make_node("mig-node", gpus=0), 0, profiles=("1g.10gb", "1g.10gb"))
+    first = _mig_window(api, 1, 2)
+    sibling = _mig_window(api, 1, 5)  # the other slice of the same GPU
+    assert _slice_of(sibling) != _slice_of(first)
+    response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 3600}, format="json")
+    assert response.status_code == 200, response.json()
+
+
 def test_it_rejects_a_bad_extension_amount(api, project, cluster):
     booking = _reserve(api).json()
     response = api.post(f"/api/v1/bookings/{booking['id']}/extend/", {"by_s": -5}, format="json")
