@@ -1,18 +1,9 @@
 """Inventory selectors: which devices exist, which are bookable, which are free in a window."""
 
-from dataclasses import dataclass
-
 from django.db.models import Count
 
-from portal.models import Gpu, MigInstance, Node
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """How much of a device kind the cluster has: in all, and the most on one node."""
-
-    total: int
-    largest_node: int
+import scheduler
+from portal.models import Gpu, MigInstance, Node, mig_fraction
 
 
 def gpu_models() -> list[str]:
@@ -35,23 +26,27 @@ def mig_profile_slices(profile: str) -> int | None:
     return MigInstance.objects.filter(profile=profile).values_list("slices", flat=True).first()
 
 
-def whole_gpu_capacity(*, gpu_model: str = "", allowed_models: tuple[str, ...] = ()) -> Capacity:
-    """Whole GPUs (MIG off) of the model in the inventory, down or draining nodes included.
-
-    A request that fits only once a node is back is queued (reason node_down), not refused.
-    """
-    qs = Gpu.objects.filter(mig_mode=False)
-    qs = _model_filter(qs, "model", gpu_model, allowed_models)
-    per_node = list(qs.values("node").annotate(n=Count("id")).values_list("n", flat=True))
-    return Capacity(total=sum(per_node), largest_node=max(per_node, default=0))
-
-
-def _model_filter(qs, field: str, gpu_model: str, allowed_models: tuple[str, ...]):
-    if gpu_model:
-        return qs.filter(**{field: gpu_model})
-    if allowed_models:
-        return qs.filter(**{f"{field}__in": allowed_models})
-    return qs
+def admission_devices() -> tuple[scheduler.Device, ...]:
+    """The inventory as the admission check needs it, from two grouped counts: per node, its
+    whole GPUs by model and its MIG instances by model and profile. Down nodes count too: a
+    request that fits only once a node is back is queued (reason node_down), not refused."""
+    whole = Gpu.objects.filter(mig_mode=False).values_list("node_id", "model")
+    migs = MigInstance.objects.filter(gpu__mig_mode=True).values_list(
+        "gpu__node_id", "gpu__model", "profile", "slices"
+    )
+    devices = []
+    for node, model, count in whole.annotate(n=Count("id")).order_by():
+        devices += [
+            scheduler.Device(f"gpu:{node}/{model}/{i}", str(node), model) for i in range(count)
+        ]
+    for node, model, profile, slices, count in migs.annotate(n=Count("id")).order_by():
+        devices += [
+            scheduler.Device(
+                f"mig:{node}/{model}/{profile}/{i}", str(node), model, profile, mig_fraction(slices)
+            )
+            for i in range(count)
+        ]
+    return tuple(devices)
 
 
 def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[int]:

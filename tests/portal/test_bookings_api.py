@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from portal.models import Allocation, Booking, Membership
 from tests.conftest import error_of
-from tests.factories import UserFactory, make_mig_gpu, make_node, member
+from tests.factories import GpuFactory, UserFactory, make_mig_gpu, make_node, member
 
 pytestmark = pytest.mark.django_db
 
@@ -128,6 +128,46 @@ def test_it_rejects_bad_input_naming_the_field(api, project, cluster, body, fiel
     assert field in error["fields"], error
     assert reason in error["fields"][field], error
     assert Booking.objects.count() == 0 and Allocation.objects.count() == 0
+
+
+@pytest.fixture
+def mixed(db):
+    """node-a: 8 A100-80GB; node-b: 4 A100-80GB and 4 H100 (not a whole node of either)."""
+    make_node("node-a")
+    node_b = make_node("node-b", gpus=4)
+    for index in range(4, 8):
+        GpuFactory(node=node_b, index=index, model="H100")
+
+
+@pytest.mark.parametrize(("gpus", "status"), [(8, 201), (10, 400), (12, 400)])
+def test_it_refuses_a_queued_booking_no_node_set_could_ever_hold(api, project, mixed, gpus, status):
+    body = {"gpus": gpus, "gpu_model": "A100-80GB", "duration_s": 3600}
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == status, response.json()
+    if status == 400:
+        assert (
+            "the cluster has 8 A100-80GB GPUs for one queued booking"
+            in (error_of(response)["fields"]["gpus"])
+        )
+        assert not Booking.objects.exists()
+
+
+@pytest.mark.parametrize(("gpus", "status"), [(12, 201), (13, 400)])
+def test_it_admits_a_reservation_by_the_reservation_rules(api, project, mixed, gpus, status):
+    response = _reserve(api, gpus=gpus, gpu_model="A100-80GB")
+    assert response.status_code == status, response.json()
+    if status == 400:
+        assert "the cluster has 12 A100-80GB GPUs" in error_of(response)["fields"]["gpus"]
+
+
+def test_it_refuses_a_window_that_ended_within_the_past_slack(api, project, cluster):
+    now = timezone.now()
+    body = {"gpus": 1, "start": (now - timedelta(seconds=40)).isoformat()}
+    body["end"] = (now - timedelta(seconds=20)).isoformat()
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert "positive duration" in error_of(response)["fields"]["end"]
+    assert not Booking.objects.exists()
 
 
 def test_it_rejects_malformed_json_with_400(api, project, cluster):
