@@ -6,12 +6,11 @@ dispatch, notifications, live updates) to on_commit. PostgreSQL's exclusion cons
 allocations is the backstop: if two writers still collide, the loser's IntegrityError becomes 409.
 """
 
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import F, Q
+from django.db.models import F, Max, Q
 from django.db.models.functions import Least
 
 import scheduler
@@ -352,15 +351,36 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
             f"would make the booking {new_duration} s long; "
             f"your quota allows {quota.max_duration_s} s.",
         )
-    # The booking's own length against the budget (the period rolls), by the one quota rule.
+    # By the one quota rule: the booking's own length against the budget (the period rolls),
+    # and its width against the concurrency limit over the added time, where it holds devices.
     hours = booking.gpu_equivalents * new_duration / 3600
-    budget_only = scheduler_quota(replace(quota, max_gpus=None))
-    if scheduler.quota_refusal(budget_only, gpus=0.0, gpu_hours=hours):
-        raise ValidationFailed.field(
-            "by_s",
-            f"would make the booking need {hours:.1f} GPU-hours; "
-            f"your budget is {quota.gpu_hours_budget:g} per period.",
+    width = held = 0.0
+    old_end = Allocation.objects.filter(booking=booking, live=True).aggregate(end=Max("end"))["end"]
+    if booking.state != State.PENDING and old_end is not None:
+        width = booking.gpu_equivalents
+        held = peak_use_in_window(
+            project=booking.project,
+            user=booking.owner,
+            start=old_end,
+            end=old_end + timedelta(seconds=by_s),
         )
+    refusal = scheduler.quota_refusal(
+        scheduler_quota(quota), gpus=width, gpu_hours=hours, held=held
+    )
+    if refusal is None:
+        return
+    if refusal.limit == "max_gpus":
+        raise QuotaExceeded(
+            f"Quota max_gpus: you already hold up to {held:g} of {refusal.limit_value:g} GPUs "
+            "in the added time.",
+            fields={"by_s": "over the concurrent-GPU quota"},
+            extra={"limit": refusal.limit, "limit_value": refusal.limit_value, "usage": held},
+        )
+    raise ValidationFailed.field(
+        "by_s",
+        f"would make the booking need {hours:.1f} GPU-hours; "
+        f"your budget is {quota.gpu_hours_budget:g} per period.",
+    )
 
 
 def _extend_allocations(booking: Booking, by: timedelta) -> None:

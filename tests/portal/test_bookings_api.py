@@ -319,6 +319,32 @@ def test_it_extends_a_mig_slice_while_its_sibling_slice_is_booked(api, project, 
     assert response.status_code == 200, response.json()
 
 
+def test_it_refuses_an_extension_over_the_concurrent_gpu_quota(api, project, cluster):
+    from portal.services.bookings import booking_submit
+    from tests.factories import ProjectFactory, QuotaFactory
+
+    other, elsewhere = UserFactory(), ProjectFactory(slug="other")
+    member(other, elsewhere)
+    QuotaFactory(project=elsewhere)
+    project.quotas.update(max_gpus=4)
+    start = timezone.now() + timedelta(hours=1)
+    # Someone else fills node-a first, so this user's two bookings hold different GPUs.
+    booking_submit(
+        user=other, now=timezone.now(), gpus=8, start=start, end=start + timedelta(hours=2)
+    )
+    first = _reserve(
+        api, gpus=4, start=start.isoformat(), end=(start + timedelta(hours=2)).isoformat()
+    ).json()  # node-b
+    later = start + timedelta(hours=2)
+    body = {"gpus": 4, "start": later.isoformat(), "end": (later + timedelta(hours=1)).isoformat()}
+    assert api.post("/api/v1/bookings/", body, format="json").status_code == 201  # node-a
+    response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 1800}, format="json")
+    assert response.status_code == 409, response.json()
+    error = error_of(response)
+    assert error["code"] == "quota_exceeded" and "by_s" in error["fields"]
+    assert Booking.objects.get(pk=first["id"]).duration_s == first["duration_s"]
+
+
 def test_it_rejects_a_bad_extension_amount(api, project, cluster):
     booking = _reserve(api).json()
     response = api.post(f"/api/v1/bookings/{booking['id']}/extend/", {"by_s": -5}, format="json")
