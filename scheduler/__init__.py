@@ -1,6 +1,6 @@
 """Pure GPU allocator: frozen dataclasses in, a plan out (see docs/scheduling.md)."""
 
-from scheduler.admission import never_fits
+from scheduler.admission import Refusal, admission_refusal, never_fits
 from scheduler.allocator import plan
 from scheduler.priority import decay_usage, predict_run
 from scheduler.quota import QuotaRefusal, quota_refusal
@@ -30,9 +30,11 @@ __all__ = [
     "Priority",
     "Quota",
     "QuotaRefusal",
+    "Refusal",
     "Request",
     "Start",
     "State",
+    "admission_refusal",
     "decay_usage",
     "never_fits",
     "plan",

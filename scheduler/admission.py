@@ -1,40 +1,110 @@
-"""Submission-time check the portal may use to refuse bookings that could never run."""
+"""Submission-time check the portal uses to refuse bookings that could never run."""
 
 from __future__ import annotations
 
-from scheduler.placement import build_nodes, fits_window, is_multi_node
+from dataclasses import dataclass
+
+from scheduler.placement import Node, build_nodes, fits_window, is_multi_node
 from scheduler.priority import profile_fractions, request_size
 from scheduler.quota import quota_refusal
+from scheduler.reserve import Slot, Wanted, reserve
 from scheduler.timeline import NodeTimeline
 from scheduler.types import Device, Quota, Request
 
 
-def never_fits(
-    request: Request, devices: tuple[Device, ...], quota: Quota | None = None
-) -> str | None:
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request could never run, for the caller to word.
+
+    ``limit`` is "request" (no GPU or no duration), "inventory" (``limit_value``: the most
+    matching devices one booking could ever get), "max_gpus" or "gpu_hours_budget" (the quota's
+    value); ``asks`` is what the request asks in the same unit; ``text`` a plain wording.
+    """
+
+    limit: str
+    limit_value: float
+    asks: float
+    text: str
+
+
+def admission_refusal(
+    request: Request,
+    devices: tuple[Device, ...],
+    quota: Quota | None = None,
+    *,
+    fixed_window: bool = False,
+) -> Refusal | None:
     """Why ``request`` could never run on ``devices`` under ``quota`` (None: it could).
 
-    Node state is ignored (a down node may come back); only the inventory and the limits count.
+    The rules that would place it decide: the allocator's (one node when the request fits on
+    one, else whole nodes of whole GPUs of the model), or with ``fixed_window`` those of an
+    advance reservation (``reserve()`` with nothing held). Node state is ignored (a down node may
+    come back); only the inventory and the limits count, not what is used so far (a budget
+    period rolls).
     """
     if request.gpus <= 0 or request.duration_s <= 0:
-        return "a booking needs at least one GPU and a positive duration"
-    nodes = build_nodes(devices, 0.0)
-    multi = is_multi_node(request, nodes)
-    empty = [NodeTimeline(0.0, node.full) for node in nodes]
-    if not fits_window(nodes, empty, request, multi, 0.0, 0.0):
-        return _inventory_reason(request)
+        text = "a booking needs at least one GPU and a positive duration"
+        return Refusal("request", 0.0, float(request.gpus), text)
+    most = _most_reserved(request, devices) if fixed_window else _most_queued(request, devices)
+    if most is not None:
+        return Refusal("inventory", float(most), float(request.gpus), _inventory_text(request))
     size = request_size(request, profile_fractions(devices))
     hours = size * request.duration_s / 3600.0
     refusal = quota_refusal(quota, gpus=size, gpu_hours=hours) if quota is not None else None
     if refusal is None:
         return None
     if refusal.limit == "max_gpus":
-        return f"asks {size:g} GPUs at once, the limit is {refusal.limit_value:g}"
+        text = f"asks {size:g} GPUs at once, the limit is {refusal.limit_value:g}"
+        return Refusal("max_gpus", refusal.limit_value, size, text)
     left = refusal.limit_value - refusal.usage
-    return f"asks {hours:g} GPU-hours, {left:g} left in the budget"
+    text = f"asks {hours:g} GPU-hours, {left:g} left in the budget"
+    return Refusal("gpu_hours_budget", refusal.limit_value, hours, text)
 
 
-def _inventory_reason(request: Request) -> str:
+def never_fits(
+    request: Request, devices: tuple[Device, ...], quota: Quota | None = None
+) -> str | None:
+    """Why ``request`` could never run on ``devices`` under ``quota``, in words (None: it could)."""
+    refusal = admission_refusal(request, devices, quota)
+    return refusal.text if refusal is not None else None
+
+
+def _most_queued(request: Request, devices: tuple[Device, ...]) -> int | None:
+    """None when the allocator could place ``request`` on an empty cluster; else the most
+    matching devices one booking could hold there."""
+    nodes = build_nodes(devices, 0.0)
+    multi = is_multi_node(request, nodes)
+    empty = [NodeTimeline(0.0, node.full) for node in nodes]
+    if fits_window(nodes, empty, request, multi, 0.0, 0.0):
+        return None
+    return _most_for_one(request, nodes)
+
+
+def _most_reserved(request: Request, devices: tuple[Device, ...]) -> int | None:
+    """None when ``reserve()`` could place ``request`` with nothing held; else how many matching
+    devices the cluster has (a reservation may take them on several nodes)."""
+    nodes = {name: i for i, name in enumerate(sorted({d.node for d in devices}))}
+    slots = tuple(
+        Slot(nodes[d.node], i, i if d.profile else None, d.model, d.profile, d.fraction)
+        for i, d in enumerate(sorted(devices, key=lambda d: d.id))
+    )
+    wanted = Wanted(request.gpus, 0.0, 1.0, request.mig_profile, request.gpu_model)
+    placement = reserve(wanted, slots, ())
+    return None if placement.slots else placement.free
+
+
+def _most_for_one(request: Request, nodes: list[Node]) -> int:
+    """The most matching devices one booking could hold: on one node, or on whole nodes."""
+    one = max(
+        (n.need(request.mig_profile, request.gpu_model).bit_count() for n in nodes), default=0
+    )
+    if request.mig_profile is not None:
+        return one
+    whole = [n for n in nodes if n.whole and n.need(None, request.gpu_model) == n.full]
+    return max(one, sum(n.full.bit_count() for n in whole))
+
+
+def _inventory_text(request: Request) -> str:
     kind = f"MIG {request.mig_profile} instances" if request.mig_profile else "whole GPUs"
     model = f" of model {request.gpu_model}" if request.gpu_model else ""
     return f"the cluster never has {request.gpus} {kind}{model} for one booking"

@@ -156,14 +156,6 @@ def _check_what(request: BookingRequest, *, gpus: int | None, mig_profile: str) 
         )
     if gpus < 1:
         raise ValidationFailed.field("gpus", "must be at least 1.")
-    capacity = inventory.whole_gpu_capacity(
-        gpu_model=request.gpu_model, allowed_models=request.quota.allowed_models
-    )
-    if gpus > capacity.total:
-        kind = f" {request.gpu_model}" if request.gpu_model else ""
-        raise ValidationFailed.field(
-            "gpus", f"asks for {gpus} but the cluster has {capacity.total}{kind} GPUs."
-        )
     return replace(request, gpus=gpus, gpu_equivalents=float(gpus))
 
 
@@ -188,20 +180,58 @@ def _check_limits(request: BookingRequest) -> None:
         raise ValidationFailed.field(
             field, f"your quota allows bookings of at most {quota.max_duration_s} s."
         )
-    # Could it ever run under the limits? Use so far does not count: the budget period rolls.
-    hours = request.gpu_equivalents * request.duration_s / 3600
-    refusal = scheduler.quota_refusal(
-        scheduler_quota(quota), gpus=request.gpu_equivalents, gpu_hours=hours
+    _check_admission(request)
+
+
+def _check_admission(request: BookingRequest) -> None:
+    """Could it ever run, on this inventory under these limits? The scheduler's rules answer
+    (those of the allocator, or of reservation placement for a fixed window); use so far does
+    not count: the budget period rolls."""
+    asked = scheduler.Request(
+        booking_id="new",
+        user="",
+        project="",
+        submit_time=0.0,
+        duration_s=float(request.duration_s),
+        gpus=request.gpus or 1,
+        mig_profile=request.mig_profile or None,
+        gpu_model=request.gpu_model or None,
+    )
+    refusal = scheduler.admission_refusal(
+        asked,
+        inventory.admission_devices(),
+        scheduler_quota(request.quota),
+        fixed_window=request.start is not None,
     )
     if refusal is None:
         return
+    what = "gpus" if request.gpus else "mig_profile"
+    when = "end" if request.start else "duration_s"
+    if refusal.limit == "request":
+        raise ValidationFailed.field(when, "must leave the booking a positive duration.")
+    if refusal.limit == "inventory":
+        raise ValidationFailed.field(what, _inventory_refusal(request, refusal))
     if refusal.limit == "max_gpus":
         raise ValidationFailed.field(
-            "gpus" if request.gpus else "mig_profile",
+            what,
             f"asks for {request.gpu_equivalents:g} GPUs but your quota allows "
             f"{refusal.limit_value:g} at once.",
         )
     raise ValidationFailed.field(
-        field,
-        f"needs {hours:.1f} GPU-hours but your budget is {refusal.limit_value:g} per period.",
+        when,
+        f"needs {refusal.asks:.1f} GPU-hours but your budget is {refusal.limit_value:g} "
+        "per period.",
+    )
+
+
+def _inventory_refusal(request: BookingRequest, refusal: scheduler.Refusal) -> str:
+    model = f" {request.gpu_model}" if request.gpu_model else ""
+    if request.mig_profile:
+        return f"no{model} GPU of the cluster has a {request.mig_profile} instance to book."
+    most = int(refusal.limit_value)
+    if request.start is not None:
+        return f"asks for {request.gpus} but the cluster has {most}{model} GPUs."
+    return (
+        f"asks for {request.gpus} but the cluster has {most}{model} GPUs for one queued "
+        "booking (on one node, or on whole nodes of whole GPUs of one model)."
     )

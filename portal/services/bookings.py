@@ -6,12 +6,11 @@ dispatch, notifications, live updates) to on_commit. PostgreSQL's exclusion cons
 allocations is the backstop: if two writers still collide, the loser's IntegrityError becomes 409.
 """
 
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import F, Q
+from django.db.models import F, Max, Q
 from django.db.models.functions import Least
 
 import scheduler
@@ -23,11 +22,11 @@ from portal.errors import (
     ValidationFailed,
 )
 from portal.models import Allocation, Booking, Membership
-from portal.services import events, inventory
+from portal.services import events, inventory, placement
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
-from portal.services.placement import FreeDevice
 from portal.services.quotas import peak_use_in_window, scheduler_quota, usage_current
+from scheduler.reserve import Slot
 
 State = Booking.State
 
@@ -113,7 +112,7 @@ def _reserve(booking: Booking, request: BookingRequest, now: datetime) -> None:
 
 
 def allocations_write(
-    *, booking: Booking, devices: list[FreeDevice], start: datetime, end: datetime
+    *, booking: Booking, devices: list[Slot], start: datetime, end: datetime
 ) -> bool:
     """Give `booking` these devices over [start, end) in a savepoint; False if the database
     refused because another booking holds one of them (the constraint or a deadlock)."""
@@ -122,8 +121,8 @@ def allocations_write(
             Allocation.objects.bulk_create(
                 Allocation(
                     booking=booking,
-                    gpu_id=d.gpu_id,
-                    mig_instance_id=d.mig_id,
+                    gpu_id=d.gpu,
+                    mig_instance_id=d.mig,
                     start=start,
                     end=end,
                     fraction=d.fraction,
@@ -137,7 +136,7 @@ def allocations_write(
     return True
 
 
-def check_reservation(user, request: BookingRequest, now: datetime) -> list[FreeDevice]:
+def check_reservation(user, request: BookingRequest, now: datetime) -> list[Slot]:
     """The devices a reservation would get now, or the refusal (quota, no capacity). Reads only."""
     _check_window_quota(user, request, now)
     return _place(request)
@@ -180,8 +179,8 @@ def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
     )
 
 
-def _place(request: BookingRequest) -> list[FreeDevice]:
-    devices, free = inventory.devices_for_window(
+def _place(request: BookingRequest) -> list[Slot]:
+    devices, free = placement.devices_for_window(
         start=request.start,
         end=request.end,
         gpus=request.gpus,
@@ -353,28 +352,42 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
             f"would make the booking {new_duration} s long; "
             f"your quota allows {quota.max_duration_s} s.",
         )
-    # The booking's own length against the budget (the period rolls), by the one quota rule.
+    # By the one quota rule: the booking's own length against the budget (the period rolls),
+    # and its width against the concurrency limit over the added time, where it holds devices.
     hours = booking.gpu_equivalents * new_duration / 3600
-    budget_only = scheduler_quota(replace(quota, max_gpus=None))
-    if scheduler.quota_refusal(budget_only, gpus=0.0, gpu_hours=hours):
-        raise ValidationFailed.field(
-            "by_s",
-            f"would make the booking need {hours:.1f} GPU-hours; "
-            f"your budget is {quota.gpu_hours_budget:g} per period.",
+    width = held = 0.0
+    old_end = Allocation.objects.filter(booking=booking, live=True).aggregate(end=Max("end"))["end"]
+    if booking.state != State.PENDING and old_end is not None:
+        width = booking.gpu_equivalents
+        held = peak_use_in_window(
+            project=booking.project,
+            user=booking.owner,
+            start=old_end,
+            end=old_end + timedelta(seconds=by_s),
         )
+    refusal = scheduler.quota_refusal(
+        scheduler_quota(quota), gpus=width, gpu_hours=hours, held=held
+    )
+    if refusal is None:
+        return
+    if refusal.limit == "max_gpus":
+        raise QuotaExceeded(
+            f"Quota max_gpus: you already hold up to {held:g} of {refusal.limit_value:g} GPUs "
+            "in the added time.",
+            fields={"by_s": "over the concurrent-GPU quota"},
+            extra={"limit": refusal.limit, "limit_value": refusal.limit_value, "usage": held},
+        )
+    raise ValidationFailed.field(
+        "by_s",
+        f"would make the booking need {hours:.1f} GPU-hours; "
+        f"your budget is {quota.gpu_hours_budget:g} per period.",
+    )
 
 
 def _extend_allocations(booking: Booking, by: timedelta) -> None:
     allocations = list(Allocation.objects.filter(booking=booking, live=True))
     old_end = max(a.end for a in allocations)
-    clash = Allocation.objects.filter(live=True, start__lt=old_end + by, end__gt=old_end).exclude(
-        booking=booking
-    )
-    clash = clash.filter(
-        Q(gpu_id__in=[a.gpu_id for a in allocations if not a.mig_instance_id])
-        | Q(mig_instance_id__in=[a.mig_instance_id for a in allocations if a.mig_instance_id])
-    )
-    other = clash.order_by("start").first()
+    other = placement.first_clash(allocations, start=old_end, end=old_end + by)
     if other:
         raise NoCapacity(
             f"{other.device_label} is booked from {other.start:%Y-%m-%d %H:%M} UTC by another "

@@ -1,48 +1,112 @@
-"""Choosing devices for an advance reservation among those free for its whole window.
+"""Reservation placement, read from the database and decided by ``scheduler.reserve``.
 
-Pure functions over plain tuples so the rules read in one place: one node when the request fits
-on one, whole free nodes when it does not, best fit (the fullest node that still fits) to keep
-whole nodes free for large requests, MIG slices packed onto GPUs already partly used.
+The callers hold the node locks; this reads the candidate devices on up nodes and the live
+allocations that overlap the window on their GPUs, asks the pure rule, and hands back its slots.
 """
 
-from collections import defaultdict
-from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Q
+
+from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
+from scheduler.reserve import Hold, Slot, Wanted, clashes, reserve
 
 
-@dataclass(frozen=True)
-class FreeDevice:
-    """A device free for the window: gpu id, MIG instance id (None for a whole GPU), node id."""
-
-    node_id: int
-    gpu_id: int
-    mig_id: int | None
-    fraction: float
-    node_gpus: int  # whole GPUs of this model the node has at all
-
-
-def place_gpus(free: list[FreeDevice], gpus: int) -> list[FreeDevice] | None:
-    """Pick `gpus` whole GPUs: best-fit node when they fit on one, else whole free nodes."""
-    by_node: dict[int, list[FreeDevice]] = defaultdict(list)
-    for device in sorted(free, key=lambda d: (d.node_id, d.gpu_id)):
-        by_node[device.node_id].append(device)
-    fitting = [(len(devs), node) for node, devs in by_node.items() if len(devs) >= gpus]
-    if fitting:
-        _, node = min(fitting)
-        return by_node[node][:gpus]
-    whole = [devs for devs in by_node.values() if len(devs) == devs[0].node_gpus]
-    whole.sort(key=lambda devs: (-len(devs), devs[0].node_id))
-    chosen: list[FreeDevice] = []
-    for devs in whole:
-        if len(chosen) >= gpus:
-            break
-        chosen += devs[: gpus - len(chosen)]
-    return chosen if len(chosen) == gpus else None
-
-
-def place_mig(free: list[FreeDevice], busy_slices_by_gpu: dict[int, float]) -> FreeDevice | None:
-    """Pick one free MIG instance, on the GPU with the most slices already in use."""
-    if not free:
-        return None
-    return min(
-        free, key=lambda d: (-busy_slices_by_gpu.get(d.gpu_id, 0.0), d.node_id, d.gpu_id, d.mig_id)
+def devices_for_window(
+    *,
+    start: datetime,
+    end: datetime,
+    gpus: int,
+    mig_profile: str = "",
+    gpu_model: str = "",
+    allowed_models: tuple[str, ...] = (),
+) -> tuple[list[Slot] | None, int]:
+    """Devices for a fixed window by the placement rules, or None; and how many matched free."""
+    slots = _slots(mig_profile=mig_profile, gpu_model=gpu_model, allowed_models=allowed_models)
+    wanted = Wanted(
+        gpus=gpus,
+        start=start.timestamp(),
+        end=end.timestamp(),
+        mig_profile=mig_profile or None,
+        gpu_model=gpu_model or None,
     )
+    placement = reserve(
+        wanted, slots, holds_on(gpu_ids={s.gpu for s in slots}, start=start, end=end)
+    )
+    return (list(placement.slots) or None), placement.free
+
+
+def first_clash(allocations: list[Allocation], *, start: datetime, end: datetime):
+    """The earliest live allocation of another booking on these allocations' devices within
+    [start, end) (what keeps an extension from fitting), or None."""
+    mine = tuple(Slot(0, a.gpu_id, a.mig_instance_id) for a in allocations)
+    holds = holds_on(
+        gpu_ids={a.gpu_id for a in allocations},
+        start=start,
+        end=end,
+        exclude_booking=allocations[0].booking_id,
+    )
+    found = clashes(mine, holds, start.timestamp(), end.timestamp())
+    if not found:
+        return None
+    return Allocation.objects.select_related("gpu", "mig_instance").get(pk=found[0].id)
+
+
+def holds_on(
+    *, gpu_ids, start: datetime, end: datetime, exclude_booking: int | None = None
+) -> tuple[Hold, ...]:
+    """Live allocations on these GPUs (whole or MIG) that overlap [start, end)."""
+    qs = Allocation.objects.filter(live=True, start__lt=end, end__gt=start, gpu_id__in=gpu_ids)
+    if exclude_booking is not None:
+        qs = qs.exclude(booking_id=exclude_booking)
+    rows = qs.values_list(
+        "gpu_id", "mig_instance_id", "start", "end", "fraction", "id", "slot_start", "slot_end"
+    )
+    return tuple(
+        Hold(g, m, s.timestamp(), e.timestamp(), f, i, _compute(first, end))
+        for g, m, s, e, f, i, first, end in rows
+    )
+
+
+def _compute(first: int | None, end: int | None) -> tuple[int, int] | None:
+    # The database records the compute slices an allocation holds (PostgreSQL; None elsewhere).
+    return None if first is None or end is None else (first, end)
+
+
+def _slots(
+    *, mig_profile: str, gpu_model: str, allowed_models: tuple[str, ...]
+) -> tuple[Slot, ...]:
+    if mig_profile:
+        qs = MigInstance.objects.filter(
+            profile=mig_profile, gpu__mig_mode=True, gpu__node__state=Node.State.UP
+        )
+        qs = _model_filter(qs, "gpu__model", gpu_model, allowed_models)
+        rows = qs.values_list(
+            "gpu__node_id", "gpu_id", "id", "gpu__model", "slices", "placement_start"
+        )
+        return tuple(
+            Slot(
+                node,
+                gpu,
+                mig,
+                model,
+                mig_profile,
+                mig_fraction(slices),
+                _compute(first, None if first is None else first + slices),
+            )
+            for node, gpu, mig, model, slices, first in rows
+        )
+    qs = Gpu.objects.filter(Q(node__state=Node.State.UP), mig_mode=False)
+    qs = _model_filter(qs, "model", gpu_model, allowed_models)
+    return tuple(
+        Slot(node, gpu, None, model)
+        for node, gpu, model in qs.values_list("node_id", "id", "model")
+    )
+
+
+def _model_filter(qs, field: str, gpu_model: str, allowed_models: tuple[str, ...]):
+    if gpu_model:
+        return qs.filter(**{field: gpu_model})
+    if allowed_models:
+        return qs.filter(**{f"{field}__in": allowed_models})
+    return qs

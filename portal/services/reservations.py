@@ -11,7 +11,7 @@ from django.db import transaction
 
 from portal.errors import Busy
 from portal.models import Allocation, Booking, Node
-from portal.services import events, inventory
+from portal.services import events, inventory, placement
 from portal.services.bookings import allocations_write, booking_transition
 from portal.services.locking import lock_nodes
 
@@ -71,7 +71,7 @@ def _move(booking: Booking, now: datetime, down: list[str]) -> bool:
     # new live allocations are written for it (a cancelled booking would hold devices).
     if not Booking.objects.select_for_update().filter(pk=booking.pk, state=State.PLANNED).exists():
         return False
-    devices, _ = inventory.devices_for_window(
+    devices, _ = placement.devices_for_window(
         start=now,
         end=booking.end,
         gpus=booking.gpus,

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from portal.models import Allocation, Booking, Membership
 from tests.conftest import error_of
-from tests.factories import UserFactory, make_mig_gpu, make_node, member
+from tests.factories import GpuFactory, UserFactory, make_mig_gpu, make_node, member
 
 pytestmark = pytest.mark.django_db
 
@@ -130,6 +130,46 @@ def test_it_rejects_bad_input_naming_the_field(api, project, cluster, body, fiel
     assert Booking.objects.count() == 0 and Allocation.objects.count() == 0
 
 
+@pytest.fixture
+def mixed(db):
+    """node-a: 8 A100-80GB; node-b: 4 A100-80GB and 4 H100 (not a whole node of either)."""
+    make_node("node-a")
+    node_b = make_node("node-b", gpus=4)
+    for index in range(4, 8):
+        GpuFactory(node=node_b, index=index, model="H100")
+
+
+@pytest.mark.parametrize(("gpus", "status"), [(8, 201), (10, 400), (12, 400)])
+def test_it_refuses_a_queued_booking_no_node_set_could_ever_hold(api, project, mixed, gpus, status):
+    body = {"gpus": gpus, "gpu_model": "A100-80GB", "duration_s": 3600}
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == status, response.json()
+    if status == 400:
+        assert (
+            "the cluster has 8 A100-80GB GPUs for one queued booking"
+            in (error_of(response)["fields"]["gpus"])
+        )
+        assert not Booking.objects.exists()
+
+
+@pytest.mark.parametrize(("gpus", "status"), [(12, 201), (13, 400)])
+def test_it_admits_a_reservation_by_the_reservation_rules(api, project, mixed, gpus, status):
+    response = _reserve(api, gpus=gpus, gpu_model="A100-80GB")
+    assert response.status_code == status, response.json()
+    if status == 400:
+        assert "the cluster has 12 A100-80GB GPUs" in error_of(response)["fields"]["gpus"]
+
+
+def test_it_refuses_a_window_that_ended_within_the_past_slack(api, project, cluster):
+    now = timezone.now()
+    body = {"gpus": 1, "start": (now - timedelta(seconds=40)).isoformat()}
+    body["end"] = (now - timedelta(seconds=20)).isoformat()
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert "positive duration" in error_of(response)["fields"]["end"]
+    assert not Booking.objects.exists()
+
+
 def test_it_rejects_malformed_json_with_400(api, project, cluster):
     response = api.post("/api/v1/bookings/", '{"gpus": 1,', content_type="application/json")
     assert response.status_code == 400
@@ -244,6 +284,65 @@ def test_it_refuses_an_extension_into_another_booking_with_409(api, project, clu
     response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 3600}, format="json")
     assert response.status_code == 409
     assert "by_s" in error_of(response)["fields"]
+
+
+def _mig_window(api, hours_from_now, hours):
+    start = timezone.now() + timedelta(hours=hours_from_now)
+    body = {"mig_profile": "1g.10gb", "start": start.isoformat()}
+    body["end"] = (start + timedelta(hours=hours)).isoformat()
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def _slice_of(booking) -> int:
+    return Allocation.objects.get(booking_id=booking["id"]).mig_instance_id
+
+
+def test_it_refuses_to_extend_a_mig_slice_into_the_next_booking_of_that_slice(api, project, db):
+    make_mig_gpu(make_node("mig-node", gpus=0), 0, profiles=("1g.10gb", "1g.10gb"))
+    first = _mig_window(api, 1, 2)
+    later = _mig_window(api, 3, 1)  # the same slice: it is free again by then
+    assert _slice_of(later) == _slice_of(first)
+    response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 1800}, format="json")
+    assert response.status_code == 409
+    error = error_of(response)
+    assert "by_s" in error["fields"] and "1g.10gb" in error["message"]
+
+
+def test_it_extends_a_mig_slice_while_its_sibling_slice_is_booked(api, project, db):
+    make_mig_gpu(make_node("mig-node", gpus=0), 0, profiles=("1g.10gb", "1g.10gb"))
+    first = _mig_window(api, 1, 2)
+    sibling = _mig_window(api, 1, 5)  # the other slice of the same GPU
+    assert _slice_of(sibling) != _slice_of(first)
+    response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 3600}, format="json")
+    assert response.status_code == 200, response.json()
+
+
+def test_it_refuses_an_extension_over_the_concurrent_gpu_quota(api, project, cluster):
+    from portal.services.bookings import booking_submit
+    from tests.factories import ProjectFactory, QuotaFactory
+
+    other, elsewhere = UserFactory(), ProjectFactory(slug="other")
+    member(other, elsewhere)
+    QuotaFactory(project=elsewhere)
+    project.quotas.update(max_gpus=4)
+    start = timezone.now() + timedelta(hours=1)
+    # Someone else fills node-a first, so this user's two bookings hold different GPUs.
+    booking_submit(
+        user=other, now=timezone.now(), gpus=8, start=start, end=start + timedelta(hours=2)
+    )
+    first = _reserve(
+        api, gpus=4, start=start.isoformat(), end=(start + timedelta(hours=2)).isoformat()
+    ).json()  # node-b
+    later = start + timedelta(hours=2)
+    body = {"gpus": 4, "start": later.isoformat(), "end": (later + timedelta(hours=1)).isoformat()}
+    assert api.post("/api/v1/bookings/", body, format="json").status_code == 201  # node-a
+    response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 1800}, format="json")
+    assert response.status_code == 409, response.json()
+    error = error_of(response)
+    assert error["code"] == "quota_exceeded" and "by_s" in error["fields"]
+    assert Booking.objects.get(pk=first["id"]).duration_s == first["duration_s"]
 
 
 def test_it_rejects_a_bad_extension_amount(api, project, cluster):

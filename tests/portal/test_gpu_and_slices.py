@@ -158,7 +158,7 @@ def test_it_places_existing_slices_and_fills_existing_allocations_when_migrating
 @pytest.mark.django_db
 def test_it_offers_no_device_that_shares_compute_slices_with_a_held_one():
     from portal.models import Gpu
-    from portal.services.inventory import free_devices
+    from portal.services.placement import devices_for_window
 
     node = make_node("n1", gpus=0)
     node.state = "up"
@@ -175,7 +175,8 @@ def test_it_offers_no_device_that_shares_compute_slices_with_a_held_one():
         for i in range(3)
     ]
     node_inventory_update(node=node, gpus=[{**layout, "mig_instances": new}])
-    offered = free_devices(mig_profile="2g.20gb", **window)
-    assert [MigInstance.objects.get(pk=d.mig_id).uuid for d in offered] == ["MIG-new-2"]
+    offered, free = devices_for_window(gpus=1, mig_profile="2g.20gb", **window)
+    assert [MigInstance.objects.get(pk=d.mig).uuid for d in offered] == ["MIG-new-2"]
+    assert free == 1
     Gpu.objects.filter(pk=held.gpu_id).update(mig_mode=False)  # the GPU leaves MIG mode
-    assert free_devices(**window) == []  # not while a slice of it is still held
+    assert devices_for_window(gpus=1, **window) == (None, 0)  # not while a slice of it is held

@@ -211,7 +211,7 @@ def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkey
 def test_it_leaves_a_reservation_cancelled_while_the_pass_moves_it_holding_nothing(monkeypatch):
     from portal.models import Node
     from portal.services import bookings as services
-    from portal.services import inventory
+    from portal.services import placement
     from portal.services.allocation import allocation_pass
     from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
 
@@ -225,7 +225,7 @@ def test_it_leaves_a_reservation_cancelled_while_the_pass_moves_it_holding_nothi
         user=user, now=timezone.now(), gpus=1, start=start, end=start + timedelta(hours=1)
     )
     Node.objects.filter(gpus__allocations__booking=booking).update(state=Node.State.DOWN)
-    devices_for_window = inventory.devices_for_window
+    devices_for_window = placement.devices_for_window
     cancels: list[threading.Thread] = []
 
     def cancel_meanwhile(**kwargs):
@@ -233,7 +233,7 @@ def test_it_leaves_a_reservation_cancelled_while_the_pass_moves_it_holding_nothi
         cancels.append(_cancel_in_a_thread(user, booking.pk, wait_s=2))
         return devices_for_window(**kwargs)
 
-    monkeypatch.setattr(inventory, "devices_for_window", cancel_meanwhile)
+    monkeypatch.setattr(placement, "devices_for_window", cancel_meanwhile)
     allocation_pass(now=start + timedelta(seconds=1))
     cancels[0].join(timeout=10)
     booking.refresh_from_db()

@@ -31,6 +31,6 @@ def backwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("portal", "0003_telemetry")]
+    dependencies = [("portal", "0004_allocation_slots")]
 
     operations = [migrations.RunPython(forwards, backwards, elidable=False)]

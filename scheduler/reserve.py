@@ -1,0 +1,141 @@
+"""Placing an advance reservation: the devices a fixed window gets, decided at submission.
+
+The caller reads the candidate devices and the live holds that overlap the window (under its own
+locks) and asks here; the same overlap rule says whether an extension's devices stay free.
+
+Rules: a request that fits on one node goes on one node, the fullest that still fits (best fit,
+so whole nodes stay free for large requests); a larger one takes whole free nodes, largest first;
+a MIG slice goes on the GPU with the most slices already held in the window. Ids are the
+inventory's own integers and every remaining tie goes to the lowest.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A bookable device on an up node: a whole GPU (``mig`` None) or a MIG instance of GPU
+    ``gpu``. ``profile`` is the MIG profile (None for a whole GPU), ``fraction`` its share."""
+
+    node: int
+    gpu: int
+    mig: int | None = None
+    model: str = ""
+    profile: str | None = None
+    fraction: float = 1.0
+    compute: tuple[int, int] | None = None  # a MIG instance's compute slices [first, end)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A live allocation of GPU ``gpu`` (of its MIG instance ``mig``) over [start, end).
+
+    ``id`` is the caller's own id for it, so a refusal can name what is in the way.
+    """
+
+    gpu: int
+    mig: int | None
+    start: float
+    end: float
+    fraction: float = 1.0
+    id: int = 0
+    compute: tuple[int, int] | None = None  # the compute slices it holds [first, end), if known
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A reservation request: ``gpus`` whole GPUs, or one MIG instance of ``mig_profile``."""
+
+    gpus: int
+    start: float
+    end: float
+    mig_profile: str | None = None
+    gpu_model: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The slots a reservation takes (empty: none fit) and how many matching slots were free."""
+
+    slots: tuple[Slot, ...]
+    free: int
+
+
+def blocks(hold: Hold, slot: Slot) -> bool:
+    """Whether ``hold`` uses ``slot``'s device: a hold on a GPU takes all of it, a hold on a
+    MIG instance takes that instance (and so the GPU as a whole) and, where both compute-slice
+    ranges are known, any instance of another layout on the same compute slices."""
+    if slot.mig is None:
+        return hold.gpu == slot.gpu
+    if hold.gpu != slot.gpu:
+        return False
+    if hold.mig is None or hold.mig == slot.mig:
+        return True
+    if hold.compute is None or slot.compute is None:
+        return False
+    return hold.compute[0] < slot.compute[1] and slot.compute[0] < hold.compute[1]
+
+
+def clashes(
+    slots: tuple[Slot, ...], holds: tuple[Hold, ...], start: float, end: float
+) -> tuple[Hold, ...]:
+    """The holds that keep any of ``slots`` from being free over [start, end), earliest first."""
+    found = [
+        hold
+        for hold in holds
+        if hold.start < end and hold.end > start and any(blocks(hold, s) for s in slots)
+    ]
+    return tuple(sorted(found, key=lambda h: (h.start, h.gpu, h.mig or 0)))
+
+
+def reserve(wanted: Wanted, slots: tuple[Slot, ...], holds: tuple[Hold, ...]) -> Placement:
+    """The slots ``wanted`` gets among ``slots`` given ``holds``, by the rules above."""
+    matching = [s for s in slots if _matches(s, wanted)]
+    window = [h for h in holds if h.start < wanted.end and h.end > wanted.start]
+    free = [s for s in matching if not any(blocks(h, s) for h in window)]
+    if wanted.mig_profile is not None:
+        chosen = _one_slice(free, window)
+        return Placement((chosen,) if chosen else (), len(free))
+    return Placement(_whole_gpus(matching, free, wanted.gpus), len(free))
+
+
+def _matches(slot: Slot, wanted: Wanted) -> bool:
+    if slot.profile != wanted.mig_profile:
+        return False
+    return not wanted.gpu_model or slot.model == wanted.gpu_model
+
+
+def _whole_gpus(matching: list[Slot], free: list[Slot], gpus: int) -> tuple[Slot, ...]:
+    """Best-fit node when ``gpus`` fit on one, else whole free nodes, largest first."""
+    sizes: dict[int, int] = defaultdict(int)
+    for slot in matching:
+        sizes[slot.node] += 1
+    by_node: dict[int, list[Slot]] = defaultdict(list)
+    for slot in sorted(free, key=lambda s: (s.node, s.gpu)):
+        by_node[slot.node].append(slot)
+    fitting = [(len(devs), node) for node, devs in by_node.items() if len(devs) >= gpus]
+    if fitting:
+        _, node = min(fitting)
+        return tuple(by_node[node][:gpus])
+    whole = [devs for node, devs in by_node.items() if len(devs) == sizes[node]]
+    whole.sort(key=lambda devs: (-len(devs), devs[0].node))
+    chosen: list[Slot] = []
+    for devs in whole:
+        if len(chosen) >= gpus:
+            break
+        chosen += devs[: gpus - len(chosen)]
+    return tuple(chosen) if len(chosen) == gpus else ()
+
+
+def _one_slice(free: list[Slot], window: list[Hold]) -> Slot | None:
+    """The free instance on the GPU with the most MIG slices held in the window (packing)."""
+    if not free:
+        return None
+    held: dict[int, float] = defaultdict(float)
+    for hold in window:
+        if hold.mig is not None:
+            held[hold.gpu] += hold.fraction
+    return min(free, key=lambda s: (-held[s.gpu], s.node, s.gpu, s.mig))

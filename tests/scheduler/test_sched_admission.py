@@ -1,0 +1,52 @@
+"""Admission: what could never run, by the rules that would place it (queue or fixed window)."""
+
+from __future__ import annotations
+
+import pytest
+from sched_factories import MIG_1G, MIG_3G, gpus, mig, req
+
+from scheduler import Device, Quota, admission_refusal
+
+# a: 8 A100; b: 4 A100 and 4 H100 (a whole node of neither); c: 1 GPU in MIG mode.
+MIXED = (
+    gpus("a")
+    + gpus("b", 4)
+    + tuple(Device(f"b-h{i}", "b", "H100") for i in range(4))
+    + mig("c", {0: [MIG_3G, MIG_1G]})
+)
+
+
+QUOTA_LIMITS = ("max_gpus", "gpu_hours_budget")
+
+
+@pytest.mark.parametrize(
+    ("request_", "fixed_window", "limit", "most"),
+    [
+        (req("x", 8, gpu_model="A100"), False, None, None),
+        (req("x", 9, gpu_model="A100"), False, "inventory", 8),  # b is not whole A100: only a
+        (req("x", 9, gpu_model="A100"), True, None, None),  # a reservation takes b's four too
+        (req("x", 12, gpu_model="A100"), True, None, None),
+        (req("x", 13, gpu_model="A100"), True, "inventory", 12),
+        (req("x", 16), False, None, None),  # no model asked: b is whole GPUs of any model
+        (req("x", 17), False, "inventory", 16),
+        (req("x", 5, gpu_model="H100"), False, "inventory", 4),
+        (req("x", mig_profile=MIG_3G), False, None, None),
+        (req("x", mig_profile="7g.80gb"), False, "inventory", 0),
+        (req("x", mig_profile="7g.80gb"), True, "inventory", 0),
+        (req("x", 4), False, "max_gpus", 2),
+        (req("x", 2, duration=6 * 3600), True, "gpu_hours_budget", 10),
+    ],
+)
+def test_it_admits_by_the_rules_that_would_place_the_booking(request_, fixed_window, limit, most):
+    quota = Quota(max_gpus=2, gpu_hours_budget=10) if limit in QUOTA_LIMITS else None
+    refusal = admission_refusal(request_, MIXED, quota, fixed_window=fixed_window)
+    assert (refusal and refusal.limit) == limit
+    if refusal is not None:
+        assert refusal.limit_value == most
+
+
+def test_it_counts_a_mig_slice_by_its_fraction_against_the_quota():
+    quota = Quota(max_gpus=0.4)
+    assert admission_refusal(req("x", mig_profile=MIG_1G), MIXED, quota) is None
+    refusal = admission_refusal(req("x", mig_profile=MIG_3G), MIXED, quota)
+    assert refusal.limit == "max_gpus" and refusal.asks == pytest.approx(3 / 7)

@@ -1,0 +1,118 @@
+"""Advance reservations placed at submission: best fit, whole nodes, MIG packing, overlap."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.reserve import Hold, Slot, Wanted, clashes, reserve
+
+
+def _node(node: int, count: int, first_gpu: int, model: str = "A100") -> tuple[Slot, ...]:
+    return tuple(Slot(node, first_gpu + i, None, model) for i in range(count))
+
+
+def _slices(node: int, gpu: int, migs: list[int], profile: str = "1g.10gb") -> tuple[Slot, ...]:
+    return tuple(Slot(node, gpu, m, "A100", profile, 1 / 7) for m in migs)
+
+
+def _busy(*gpu_ids: int, start: float = 0.0, end: float = 1000.0) -> tuple[Hold, ...]:
+    return tuple(Hold(g, None, start, end) for g in gpu_ids)
+
+
+# Node 1: GPUs 10-17, node 2: GPUs 20-27, node 3: GPUs 30-33.
+CLUSTER = _node(1, 8, 10) + _node(2, 8, 20) + _node(3, 4, 30)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "holds", "expected"),
+    [
+        # Best fit: the smallest node with room, lowest GPU ids on it.
+        (2, (), [30, 31]),
+        (4, (), [30, 31, 32, 33]),
+        # The fullest node that still fits wins over emptier ones.
+        (2, _busy(10, 11, 12, 13, 14), [15, 16]),
+        # Equal free counts: the lowest node id.
+        (6, (), [10, 11, 12, 13, 14, 15]),
+        (2, _busy(30, 31, 32), [10, 11]),
+        # Larger than any node: whole free nodes, largest first, the last one partly.
+        (12, (), [10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22, 23]),
+        (20, (), list(range(10, 18)) + list(range(20, 28)) + [30, 31, 32, 33]),
+        # A node with one GPU taken is not whole: it is skipped.
+        (12, _busy(20), list(range(10, 18)) + [30, 31, 32, 33]),
+        # Not enough whole free nodes: refused.
+        (13, _busy(20), []),
+        (21, (), []),
+        # Holds outside the window do not count; one overlapping by a second does.
+        (8, _busy(10, start=200.0, end=300.0), list(range(10, 18))),
+        (8, _busy(10, start=199.0, end=300.0), list(range(20, 28))),
+        (8, _busy(10, start=-50.0, end=100.0), list(range(10, 18))),
+        (8, _busy(10, start=-50.0, end=101.0), list(range(20, 28))),
+    ],
+)
+def test_it_places_whole_gpus_by_best_fit_then_whole_nodes(gpus, holds, expected):
+    wanted = Wanted(gpus=gpus, start=100.0, end=200.0)
+    placement = reserve(wanted, CLUSTER, holds)
+    assert [slot.gpu for slot in placement.slots] == expected
+
+
+def test_it_counts_the_matching_devices_free_for_the_window():
+    placement = reserve(Wanted(gpus=30, start=0.0, end=10.0), CLUSTER, _busy(10, 20, 30))
+    assert placement.slots == () and placement.free == 17
+
+
+def test_it_takes_only_the_asked_model():
+    slots = _node(1, 8, 10, model="A100") + _node(2, 2, 20, model="H100")
+    wanted = Wanted(gpus=1, start=0.0, end=10.0, gpu_model="A100")
+    assert [s.gpu for s in reserve(wanted, slots, ()).slots] == [10]
+    assert reserve(Wanted(gpus=3, start=0.0, end=10.0, gpu_model="H100"), slots, ()).slots == ()
+
+
+@pytest.mark.parametrize(
+    ("holds", "expected"),
+    [
+        # Nothing held: lowest node, GPU, instance.
+        ((), (5, 50)),
+        # The GPU with the most slices already held in the window is packed first.
+        ((Hold(6, 61, 0.0, 10.0, 2 / 7),), (6, 62)),
+        ((Hold(6, 61, 0.0, 10.0, 1 / 7), Hold(5, 51, 0.0, 10.0, 3 / 7)), (5, 50)),
+        # A held instance is not free; holds outside the window neither pack nor block.
+        ((Hold(5, 50, 0.0, 10.0, 1 / 7),), (5, 51)),
+        ((Hold(6, 61, 10.0, 20.0, 2 / 7), Hold(5, 50, 10.0, 20.0, 1 / 7)), (5, 50)),
+    ],
+)
+def test_it_packs_a_mig_slice_onto_the_gpu_most_in_use(holds, expected):
+    slots = _slices(1, 5, [50, 51]) + _slices(1, 6, [62, 63]) + _slices(2, 7, [70], "3g.40gb")
+    placement = reserve(Wanted(1, 0.0, 10.0, mig_profile="1g.10gb"), slots, holds)
+    assert [(s.gpu, s.mig) for s in placement.slots] == [expected]
+
+
+def test_it_refuses_a_mig_slice_when_every_matching_one_is_held():
+    slots = _slices(1, 5, [50]) + _slices(2, 7, [70], "3g.40gb")
+    placement = reserve(Wanted(1, 0.0, 10.0, mig_profile="1g.10gb"), slots, (Hold(5, 50, 5, 6),))
+    assert placement.slots == () and placement.free == 0
+
+
+def test_it_finds_the_earliest_hold_in_the_way_of_an_extension():
+    mine = (Slot(1, 10), Slot(1, 5, 50, "A100", "1g.10gb"))
+    holds = (
+        Hold(10, None, 300.0, 400.0),
+        Hold(5, 50, 150.0, 160.0),
+        Hold(5, 51, 100.0, 200.0),  # another instance on the same GPU: not in the way
+        Hold(11, None, 100.0, 200.0),  # another GPU
+        Hold(10, None, 50.0, 100.0),  # ends when the extension begins
+    )
+    found = clashes(mine, holds, 100.0, 350.0)
+    assert [(h.gpu, h.mig, h.start) for h in found] == [(5, 50, 150.0), (10, None, 300.0)]
+    assert clashes(mine, holds, 100.0, 150.0) == ()
+
+
+def test_it_skips_an_instance_sharing_compute_slices_with_a_held_one_of_another_layout():
+    # The GPU was re-split: instance 40 (old layout, slices 0..2) is still held; of the new
+    # layout's 2g instances 41 (0..1) and 42 (2..3) overlap it, 43 (4..5) does not.
+    slots = tuple(
+        Slot(1, 4, mig, "A100", "2g.20gb", 2 / 7, (first, first + 2))
+        for mig, first in ((41, 0), (42, 2), (43, 4))
+    )
+    held = (Hold(4, 40, 0.0, 10.0, 3 / 7, compute=(0, 3)),)
+    placement = reserve(Wanted(1, 0.0, 10.0, mig_profile="2g.20gb"), slots, held)
+    assert [s.mig for s in placement.slots] == [43] and placement.free == 1
