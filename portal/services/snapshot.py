@@ -16,7 +16,7 @@ from django.db.models import Max, TextField
 from django.db.models.functions import Cast
 
 import scheduler
-from portal.models import Allocation, Booking, Gpu, MigInstance
+from portal.models import Allocation, Booking, Gpu, MigInstance, mig_fraction
 from portal.services.quotas import (
     EffectiveQuota,
     EpochSeconds,
@@ -208,36 +208,52 @@ def _quota(effective: EffectiveQuota, used: dict, key: tuple):
 
 def _devices() -> dict[str, tuple]:
     """Scheduler devices keyed by id, with the rows to write their allocations."""
-    gpus = list(Gpu.objects.select_related("node").filter(mig_mode=False))
-    migs = list(MigInstance.objects.select_related("gpu__node").filter(gpu__mig_mode=True))
-    readings = latest_by_uuid([g.uuid for g in gpus])
+    # Rows, not model instances: one query per table and nothing built per device but the
+    # scheduler's own objects.
+    gpus = list(
+        Gpu.objects.filter(mig_mode=False).values_list(
+            "pk", "uuid", "model", "node_id", "node__hostname", "node__state"
+        )
+    )
+    migs = MigInstance.objects.filter(gpu__mig_mode=True).values_list(
+        "pk",
+        "profile",
+        "slices",
+        "gpu_id",
+        "gpu__model",
+        "gpu__node_id",
+        "gpu__node__hostname",
+        "gpu__node__state",
+    )
+    readings = latest_by_uuid([row[1] for row in gpus])
     devices: dict[str, tuple] = {}
-    for gpu in gpus:
-        reading = readings.get(gpu.uuid, {})
-        devices[f"gpu:{gpu.pk}"] = (
+    for pk, uuid, model, node_id, hostname, node_state in gpus:
+        reading = readings.get(uuid, {})
+        devices[f"gpu:{pk}"] = (
             scheduler.Device(
-                id=f"gpu:{gpu.pk}",
-                node=gpu.node.hostname,
-                model=gpu.model,
+                id=f"gpu:{pk}",
+                node=hostname,
+                model=model,
                 fraction=1.0,
-                node_state=gpu.node.state,
+                node_state=node_state,
                 temperature_c=reading.get("temperature_c"),
                 utilization=reading.get("utilization_gpu"),
             ),
-            DeviceRow(gpu.node_id, gpu.pk, None, 1.0),
+            DeviceRow(node_id, pk, None, 1.0),
         )
-    for mig in migs:
-        devices[f"mig:{mig.pk}"] = (
+    for pk, profile, slices, gpu_id, model, node_id, hostname, node_state in migs:
+        fraction = mig_fraction(slices)
+        devices[f"mig:{pk}"] = (
             scheduler.Device(
-                id=f"mig:{mig.pk}",
-                node=mig.gpu.node.hostname,
-                model=mig.gpu.model,
-                profile=mig.profile,
-                fraction=mig.fraction,
-                node_state=mig.gpu.node.state,
-                parent=f"gpu:{mig.gpu_id}",
+                id=f"mig:{pk}",
+                node=hostname,
+                model=model,
+                profile=profile,
+                fraction=fraction,
+                node_state=node_state,
+                parent=f"gpu:{gpu_id}",
             ),
-            DeviceRow(mig.gpu.node_id, mig.gpu_id, mig.pk, mig.fraction),
+            DeviceRow(node_id, gpu_id, pk, fraction),
         )
     return devices
 
