@@ -130,17 +130,25 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
                 )
             )
     gpus = Gpu.objects.bulk_create(gpu_rows)
-    migs = MigInstance.objects.bulk_create(
-        MigInstance(
-            gpu=gpus[seen[(d.node, d.gpu)]],
-            profile=d.profile,
-            uuid=f"MIG-bench-{d.node}-{d.gpu}-{d.mig}",
-            slices=d.slices,
-            memory_mib=10240 * d.slices,
+    # Packed in listing order on each GPU, as registration places them (services/nodes.py).
+    packed: dict[tuple, int] = {}
+    mig_rows = []
+    for d in site.devices:
+        if d.profile is None:
+            continue
+        first = packed.get((d.node, d.gpu), 0)
+        packed[(d.node, d.gpu)] = first + d.slices
+        mig_rows.append(
+            MigInstance(
+                gpu=gpus[seen[(d.node, d.gpu)]],
+                profile=d.profile,
+                uuid=f"MIG-bench-{d.node}-{d.gpu}-{d.mig}",
+                slices=d.slices,
+                placement_start=min(first, 7 - d.slices),
+                memory_mib=10240 * d.slices,
+            )
         )
-        for d in site.devices
-        if d.profile is not None
-    )
+    migs = MigInstance.objects.bulk_create(mig_rows)
     mig_of = iter(migs)
     where = {}
     for d in site.devices:
