@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MIN_UID,
         help="refuse to run jobs as users below this uid (root, system accounts)",
     )
+    p.add_argument(
+        "--confine",
+        choices=["auto", "systemd", "cgroup", "off"],
+        default="auto",
+        help="how jobs are held to their devices' /dev nodes (see docs/agent.md)",
+    )
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             grace_s=args.grace,
             push=not args.no_push,
             min_uid=args.min_uid,
+            confine=args.confine,
         )
     except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
         logging.error("cannot start: %s", exc)

@@ -18,6 +18,8 @@ from pathlib import Path
 from agents import __version__
 from agents.backend import Backend
 from agents.backoff import Backoff
+from agents.confine import NoConfinement
+from agents.confine import choose as choose_confinement
 from agents.dispatch import DEFAULT_MIN_UID, Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
@@ -60,13 +62,30 @@ class Agent:
         push_url: str | None = None,
         max_queued_events: int = 10_000,
         min_uid: int = DEFAULT_MIN_UID,
+        confine: str = "auto",
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self.hostname = hostname or socket.gethostname()
         self.backend = backend
         self.portal = PortalClient(portal_url, token)
-        self.dispatcher = Dispatcher(state_dir, user_map, grace_s, clock, min_uid)
+        self.confinement = choose_confinement(confine)
+        if isinstance(self.confinement, NoConfinement) and confine != "off":
+            log.warning(
+                "jobs are not confined to their devices (CUDA_VISIBLE_DEVICES only): %s",
+                self.confinement.reason,
+            )
+        else:
+            log.info("job confinement: %s", self.confinement.how)
+        self.dispatcher = Dispatcher(
+            state_dir,
+            user_map,
+            grace_s,
+            clock,
+            min_uid,
+            confinement=self.confinement,
+            device_files=backend.device_files,
+        )
         self.enforcer = Enforcer(grace_s, clock)
         self.events: deque[Event] = deque(maxlen=max_queued_events)
         self.desired: DesiredState | None = None

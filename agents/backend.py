@@ -22,6 +22,11 @@ class Backend(Protocol):
         """One reading per whole GPU and per MIG instance, with the processes on each."""
         ...
 
+    def device_files(self, uuids: list[str]) -> list[str]:
+        """The /dev nodes a job on these GPUs or MIG instances must open (besides nvidiactl and
+        nvidia-uvm); agents.confine allows these and no other GPU's."""
+        ...
+
     def close(self) -> None:
         """Release whatever the backend holds open."""
         ...

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 
+from agents import confine
 from agents.procfs import is_alive, read_stat
 from agents.protocol import DesiredBooking, Event
 
@@ -29,6 +31,8 @@ LOG_TAIL_BYTES = 4096
 # Jobs never run as root or a system account, whatever the user map says (--min-uid).
 DEFAULT_MIN_UID = 1000
 _STATE_FILE = "state.json"
+_SHELL = "/bin/sh"
+_EXEC_WAIT_S = 10.0
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Job:
     stop_reason: str | None = None
     kill_at: float | None = None
     relaunch: bool = False  # stopped because its booking moved: launch it again once gone
+    confinement: str | None = None  # its cgroup or scope (agents.confine.release), if any
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
@@ -71,9 +76,13 @@ class Dispatcher:
         grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         min_uid: int = DEFAULT_MIN_UID,
+        confinement: confine.NoConfinement | confine.SystemdScope | confine.CgroupV1 | None = None,
+        device_files: Callable[[list[str]], list[str]] = lambda uuids: [],
     ) -> None:
         self._state_dir = Path(state_dir)
         self._min_uid = min_uid
+        self._confinement = confinement or confine.NoConfinement("switched off")
+        self._device_files = device_files
         self._log_dir = self._state_dir / "logs"
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._user_map = user_map or {}
@@ -173,6 +182,7 @@ class Dispatcher:
 
     def _finished(self, job: Job, code: int | None, now: datetime) -> Event:
         del self.jobs[job.booking_id]
+        confine.release(job.confinement)  # what the job left behind in its cgroup dies with it
         if not job.relaunch:
             self._done.add(job.booking_id)
         if job.stop_reason is not None:
@@ -213,32 +223,47 @@ class Dispatcher:
             log.warning("booking %s %s", booking.booking_id, detail)
             return Event("exited", now, detail, booking.booking_id, user=unix_user)
         try:
-            job = self._spawn(booking, account)
-        except OSError as exc:
+            job, note = self._spawn(booking, account)
+        except (OSError, confine.ConfinementError) as exc:
             self._done.add(booking.booking_id)
             detail = f"not launched: {exc}"
+            log.warning("booking %s %s", booking.booking_id, detail)
             return Event("exited", now, detail, booking.booking_id, user=unix_user)
         self.jobs[booking.booking_id] = job
-        detail = f"launched as {unix_user} on {','.join(booking.device_uuids)}"
+        detail = f"launched as {unix_user} on {','.join(booking.device_uuids)}; {note}"
         return Event("started", now, detail, booking.booking_id, pid=job.pid, user=unix_user)
 
-    def _spawn(self, booking: DesiredBooking, account: pwd.struct_passwd) -> Job:
+    def _spawn(self, booking: DesiredBooking, account: pwd.struct_passwd) -> tuple[Job, str]:
         log_path = self._log_dir / f"booking-{booking.booking_id}.log"
-        with open(log_path, "ab") as log_file:
-            if os.geteuid() == 0:
-                os.chown(log_path, account.pw_uid, account.pw_gid)  # the owner may read it
-            popen = subprocess.Popen(
-                ["/bin/sh", "-c", booking.command or ""],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=_job_environment(booking, account),
-                cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
-                start_new_session=True,
-                **_identity(account),
-            )
+        launch = self._confinement.wrap(
+            booking.booking_id,
+            [_SHELL, "-c", booking.command or ""],
+            account,
+            self._device_files(list(booking.device_uuids)),
+        )
+        try:
+            with open(log_path, "ab") as log_file:
+                if os.geteuid() == 0:
+                    os.chown(log_path, account.pw_uid, account.pw_gid)  # the owner may read it
+                popen = subprocess.Popen(
+                    launch.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=_job_environment(booking, account),
+                    cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
+                    start_new_session=True,
+                    **(_identity(account) if launch.drop_privileges else {}),
+                )
+        except OSError:
+            confine.release(launch.handle)
+            raise
+        if launch.argv[0] != _SHELL:
+            # A wrapper (jail, systemd-run) runs as root first: report the job, and let the
+            # enforcer see it, only once it is the command, as its user, in its cgroup.
+            _await_exec(popen, launch.argv[0])
         stat = read_stat(popen.pid)
-        return Job(
+        job = Job(
             booking.booking_id,
             account.pw_name,
             list(booking.device_uuids),
@@ -248,7 +273,9 @@ class Dispatcher:
             stat.start_ticks if stat else 0,
             str(log_path),
             popen,
+            confinement=launch.handle,
         )
+        return job, launch.note
 
     def save(self) -> None:
         """Write the state file (after every change, and on agent shutdown)."""
@@ -282,6 +309,22 @@ def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dic
         "SHELL": account.pw_shell or "/bin/sh",
         "PATH": "/usr/local/bin:/usr/bin:/bin",
     }
+
+
+def _await_exec(popen: subprocess.Popen, wrapper: str) -> None:
+    # /proc/<pid>/exe names the running program: wait until it is no longer the wrapper.
+    program = shutil.which(wrapper) or wrapper
+    target = os.path.realpath(program)
+    deadline = time.monotonic() + _EXEC_WAIT_S
+    while popen.poll() is None and time.monotonic() < deadline:
+        try:
+            if os.path.realpath(os.readlink(f"/proc/{popen.pid}/exe")) != target:
+                return
+        except OSError:
+            return  # gone (or exiting) already
+        time.sleep(0.002)
+    if popen.poll() is None:
+        log.warning("pid %s still runs %s after %.0f s", popen.pid, wrapper, _EXEC_WAIT_S)
 
 
 def _signal_group(job: Job, signum: int) -> None:

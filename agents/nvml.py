@@ -24,8 +24,10 @@ _MIB = 1024 * 1024
 class NvmlBackend:
     """The Backend interface over NVML; `nvml` is the pynvml module (tests pass a fake)."""
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Any = None, proc_root: str = "/proc") -> None:
         self._nvml = nvml or pynvml
+        self._proc_root = proc_root
+        self._nodes: dict[str, list[str]] = {}  # uuid -> the /dev nodes a job on it opens
         if self._nvml is None:
             raise RuntimeError("nvidia-ml-py is not installed: pip install 'gpu-portal[agent]'")
         self._nvml.nvmlInit()
@@ -50,6 +52,8 @@ class NvmlBackend:
         handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
         uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
         self._handles[uuid] = handle
+        minor = self._read("nvmlDeviceGetMinorNumber", handle)
+        self._nodes[uuid] = [] if minor is None else [f"/dev/nvidia{minor}"]
         mode = self._read("nvmlDeviceGetMigMode", handle)
         mig_on = bool(mode) and mode[0] == self._nvml.NVML_DEVICE_MIG_ENABLE
         memory = self._read("nvmlDeviceGetMemoryInfo", handle)
@@ -59,21 +63,22 @@ class NvmlBackend:
             model=_text(self._read("nvmlDeviceGetName", handle) or "unknown"),
             memory_total_mib=memory.total // _MIB if memory else 0,
             mig_mode=mig_on,
-            mig_instances=self._discover_migs(handle) if mig_on else [],
+            mig_instances=self._discover_migs(handle, minor) if mig_on else [],
         )
 
-    def _discover_migs(self, parent: Any) -> list[MigInventory]:
+    def _discover_migs(self, parent: Any, minor: int | None) -> list[MigInventory]:
         instances = []
         for i in range(self._read("nvmlDeviceGetMaxMigDeviceCount", parent) or 0):
             # Empty slots raise NotFound: skip them, the layout may have holes.
             handle = self._read("nvmlDeviceGetMigDeviceHandleByIndex", parent, i)
             if handle is not None:
-                instances.append(self._discover_mig(parent, handle))
+                instances.append(self._discover_mig(parent, handle, minor))
         return instances
 
-    def _discover_mig(self, parent: Any, handle: Any) -> MigInventory:
+    def _discover_mig(self, parent: Any, handle: Any, minor: int | None) -> MigInventory:
         uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
         self._handles[uuid] = handle
+        self._nodes[uuid] = self._mig_nodes(handle, minor)
         attrs = self._read("nvmlDeviceGetAttributes", handle)
         slices = attrs.gpuInstanceSliceCount if attrs else 0
         memory_mib = int(attrs.memorySizeMB) if attrs else 0
@@ -90,6 +95,28 @@ class NvmlBackend:
         profile = self._read("nvmlDeviceGetGpuInstanceProfileInfoById", parent, info.profileId)
         name = _text(getattr(profile, "name", b"")) if profile else ""
         return name.removeprefix("MIG ").strip() or None
+
+    def _mig_nodes(self, handle: Any, minor: int | None) -> list[str]:
+        # A MIG slice is opened through its parent's node plus the capability files of its GPU
+        # instance and compute instance; the driver names their minors under /proc.
+        gi = self._read("nvmlDeviceGetGpuInstanceId", handle)
+        ci = self._read("nvmlDeviceGetComputeInstanceId", handle)
+        if minor is None or gi is None or ci is None:
+            return []
+        caps = f"{self._proc_root}/driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}"
+        nodes = [f"/dev/nvidia{minor}"]
+        for access in (f"{caps}/access", f"{caps}/ci{ci}/access"):
+            cap_minor = _device_file_minor(access)
+            if cap_minor is not None:
+                nodes.append(f"/dev/nvidia-caps/nvidia-cap{cap_minor}")
+        return nodes
+
+    def device_files(self, uuids: list[str]) -> list[str]:
+        """/dev/nvidiaN per GPU; for a MIG slice its parent's node and its capability files."""
+        files: list[str] = []
+        for uuid in uuids:
+            files += [node for node in self._nodes.get(uuid, []) if node not in files]
+        return files
 
     def sample(self) -> list[DeviceReading]:
         """Read every GPU and MIG instance; unreadable fields are None."""
@@ -155,6 +182,19 @@ class NvmlBackend:
     def close(self) -> None:
         """Shut NVML down."""
         self._read("nvmlShutdown")
+
+
+def _device_file_minor(access_path: str) -> int | None:
+    # /proc/driver/nvidia/capabilities/.../access holds "DeviceFileMinor: 12" among other lines.
+    try:
+        with open(access_path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "DeviceFileMinor":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _text(value: str | bytes) -> str:

@@ -118,8 +118,11 @@ class SimulatedBackend:
         seed: int = 0,
         procs: ProcTable | None = None,
         site: str = "",
+        device_dir: str | None = None,
     ):
         self._gpus = parse_spec(spec)
+        # Simulated GPUs have no /dev nodes; a test may make some (mknod) to check confinement.
+        self._device_dir = device_dir
         self._hostname = hostname
         # UUIDs depend on the site (one portal install) too: two demos on one machine must not
         # report the same devices, or each would see the other's jobs as its own or foreign.
@@ -189,6 +192,19 @@ class SimulatedBackend:
             left -= used
             readings.append(ProcessReading(info.pid, info.user, used, info.name))
         return readings
+
+    def device_files(self, uuids: list[str]) -> list[str]:
+        """Under `device_dir`: nvidia<i> per GPU, plus nvidia-caps/gpu<i>-mig<j> per MIG
+        instance (as a real MIG slice needs its parent's node and its capability files)."""
+        if not self._device_dir:
+            return []
+        wanted, files = set(uuids), []
+        for i, gpu in enumerate(self._inventory):
+            slices = [j for j, mig in enumerate(gpu.mig_instances) if mig.uuid in wanted]
+            if gpu.uuid in wanted or slices:
+                files.append(f"{self._device_dir}/nvidia{i}")
+            files += [f"{self._device_dir}/nvidia-caps/gpu{i}-mig{j}" for j in slices]
+        return files
 
     def close(self) -> None:
         """Nothing to release."""

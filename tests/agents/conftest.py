@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agents import protocol
+from agents import confine, protocol
 from agents.agent import Agent
 from agents.simulate import SimulatedBackend
 from tests import agent_cycles
@@ -144,10 +144,12 @@ def make_agent(portal, tmp_path, request):
     """Build agents on simulated GPUs against the stand-in portal; cleans up after them.
 
     Each test gets its own hostname, hence its own device UUIDs, so a process another
-    test left behind can never show up on this test's devices.
+    test left behind can never show up on this test's devices; the checkout's path is part of
+    it, so two checkouts' suites running side by side never see each other's jobs either.
     """
     agents = []
-    hostname = f"{HOSTNAME}-{zlib.crc32(request.node.nodeid.encode()):08x}"
+    key = f"{request.config.rootpath}:{request.node.nodeid}"
+    hostname = f"{HOSTNAME}-{zlib.crc32(key.encode()):08x}"
 
     def make(spec="2xH100-80GB", **kwargs):
         kwargs.setdefault("state_dir", tmp_path / "state")
@@ -155,7 +157,9 @@ def make_agent(portal, tmp_path, request):
         kwargs.setdefault("push", False)
         kwargs.setdefault("grace_s", 1.0)
         kwargs.setdefault("min_uid", 0)  # the suite may run as root; its own test sets one
-        backend = SimulatedBackend(spec, kwargs["hostname"], seed=1)
+        backend = SimulatedBackend(
+            spec, kwargs["hostname"], seed=1, device_dir=kwargs.pop("device_dir", None)
+        )
         agent = Agent(portal.url, kwargs.pop("token", TOKEN), backend, **kwargs)
         agent.start()
         agents.append(agent)
@@ -167,6 +171,7 @@ def make_agent(portal, tmp_path, request):
         for job in agent.dispatcher.jobs.values():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(job.pgid, signal.SIGKILL)
+            confine.release(job.confinement)
 
 
 @pytest.fixture

@@ -79,6 +79,12 @@ class FakeNvml:
             raise NVMLError("No Permission")
         return h[2] + 1
 
+    def nvmlDeviceGetComputeInstanceId(self, h):
+        return 0
+
+    def nvmlDeviceGetMinorNumber(self, h):
+        return 4 + h[1]  # minors need not follow the NVML index
+
     def nvmlDeviceGetGpuInstanceById(self, parent, gi_id):
         return ("gi", gi_id)
 
@@ -124,6 +130,24 @@ def test_it_discovers_gpus_and_mig_instances():
         ("MIG-1-2", "3g.40gb", 3, 40192),
     ]
     assert fake.setters_called == []
+
+
+def test_it_names_the_device_nodes_a_job_on_a_gpu_or_a_mig_slice_needs(tmp_path):
+    # As the driver lays out MIG capabilities: gpu<minor>/mig/gi<id>[/ci<id>]/access.
+    caps = tmp_path / "driver/nvidia/capabilities/gpu5/mig"
+    for rel, minor in (("gi1", 21), ("gi1/ci0", 22), ("gi3", 39), ("gi3/ci0", 40)):
+        (caps / rel).mkdir(parents=True, exist_ok=True)
+        (caps / rel / "access").write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\n")
+    backend = NvmlBackend(nvml=FakeNvml(), proc_root=str(tmp_path))
+    assert backend.device_files(["GPU-0"]) == ["/dev/nvidia4"]
+    assert backend.device_files(["MIG-1-0"]) == [
+        "/dev/nvidia5",
+        "/dev/nvidia-caps/nvidia-cap21",
+        "/dev/nvidia-caps/nvidia-cap22",
+    ]
+    both = backend.device_files(["MIG-1-0", "MIG-1-2"])
+    assert both.count("/dev/nvidia5") == 1 and "/dev/nvidia-caps/nvidia-cap40" in both
+    assert backend.device_files(["GPU-unknown"]) == []
 
 
 def test_it_derives_profile_names_when_nvml_will_not_say():

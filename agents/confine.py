@@ -1,0 +1,262 @@
+"""Confining each job to the device nodes of its booking, so CUDA_VISIBLE_DEVICES is not all.
+
+A job runs in a cgroup of its own whose device list is the standard pseudo devices (/dev/null,
+/dev/zero, /dev/tty, ...), the NVIDIA control nodes (/dev/nvidiactl, /dev/nvidia-uvm) and the
+booked devices' nodes (a whole GPU: /dev/nvidiaN; a MIG slice: its parent's node and the slice's
+GPU- and compute-instance capability files). Opening any other GPU fails with EPERM, whatever the
+job sets CUDA_VISIBLE_DEVICES to. The agent picks the way once at start (`--confine`):
+
+- `systemd`: `systemd-run --scope` with `DevicePolicy=closed` and a `DeviceAllow=` per node. Works
+  on cgroup v1 and v2 (on v2 systemd installs the eBPF device filter). Needs systemd as init.
+- `cgroup`: the cgroup v1 devices controller, written directly (hosts and containers without
+  systemd as init). The job joins its cgroup before it execs (agents/jail.py), so it never runs
+  unconfined. cgroup v2 without systemd is not done by hand: its device filter is an eBPF program.
+- `auto` (the default): `systemd`, else `cgroup`, else none: jobs run as before, with
+  CUDA_VISIBLE_DEVICES only, and the log says why at start and in every launch event.
+- `off`: none, on purpose.
+
+When a job ends, whatever it left in its cgroup is killed and the cgroup removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "systemd", "cgroup", "off")
+CGROUP_V1_DEVICES = Path("/sys/fs/cgroup/devices")
+SYSTEMD_RUN_DIR = Path("/run/systemd/system")  # exists when systemd is the init (sd_booted)
+JAIL = Path(__file__).with_name("jail.py")
+_PARENT = "gpu-portal"
+
+# What systemd's DevicePolicy=closed allows, as cgroup v1 rules: null, zero, full, random,
+# urandom, tty, ptmx and the pseudo-terminals.
+PSEUDO_DEVICE_RULES = (
+    "c 1:3 rwm",
+    "c 1:5 rwm",
+    "c 1:7 rwm",
+    "c 1:8 rwm",
+    "c 1:9 rwm",
+    "c 5:0 rwm",
+    "c 5:2 rwm",
+    "c 136:* rwm",
+)
+# Every CUDA process needs these besides its GPUs' own nodes; the ones present are allowed.
+SHARED_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+class ConfinementError(RuntimeError):
+    """A confinement that was asked for cannot be set up (at start, or for one job)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What to run for one job: `argv` (already wrapped), who drops privileges, how to undo it."""
+
+    argv: list[str]
+    drop_privileges: bool  # True: Popen switches user itself; False: the wrapper does
+    handle: str | None  # "cgroup:<dir>" or "systemd:<unit>", for release()
+    note: str  # said in the job's "started" event
+
+
+class NoConfinement:
+    """Jobs see every GPU of the node; only CUDA_VISIBLE_DEVICES points them at theirs."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.how = "none"
+
+    def wrap(self, booking_id: int, argv: list[str], account, nodes: list[str]) -> Launch:
+        return Launch(argv, True, None, f"not confined: {self.reason}")
+
+
+class SystemdScope:
+    """A transient scope per job with DevicePolicy=closed and the booked nodes allowed."""
+
+    how = "systemd scope"
+
+    def wrap(self, booking_id: int, argv: list[str], account, nodes: list[str]) -> Launch:
+        unit = f"gpu-portal-booking-{booking_id}-{secrets.token_hex(3)}.scope"
+        allowed = _present(list(SHARED_NODES) + nodes)
+        return Launch(
+            systemd_run_argv(unit, allowed, account, argv),
+            False,
+            f"systemd:{unit}",
+            f"confined by {self.how} {unit} to {_listing(allowed)}",
+        )
+
+
+def systemd_run_argv(unit: str, nodes: list[str], account, argv: list[str]) -> list[str]:
+    """`systemd-run --scope` that runs argv as the account with only `nodes` (and pseudo
+    devices) openable."""
+    wrapped = ["systemd-run", "--scope", "--quiet", "--collect", f"--unit={unit}"]
+    wrapped += ["-p", "DevicePolicy=closed", "-p", "DeviceAllow=char-pts rw"]
+    for node in nodes:
+        wrapped += ["-p", f"DeviceAllow={node} rw"]
+    if account.pw_uid != os.geteuid():
+        wrapped += [f"--uid={account.pw_uid}", f"--gid={account.pw_gid}"]
+    return [*wrapped, "--", *argv]
+
+
+class CgroupV1:
+    """A cgroup per job in the v1 devices controller: deny all, allow pseudo + booked nodes."""
+
+    how = "cgroup v1 devices"
+
+    def __init__(self, root: Path = CGROUP_V1_DEVICES) -> None:
+        self.root = Path(root)
+
+    def wrap(self, booking_id: int, argv: list[str], account, nodes: list[str]) -> Launch:
+        group = self.root / _PARENT / f"booking-{booking_id}-{secrets.token_hex(3)}"
+        allowed = _present(list(SHARED_NODES) + nodes)
+        try:
+            group.mkdir(parents=True)
+            _write(group / "devices.deny", "a")
+            for rule in PSEUDO_DEVICE_RULES:
+                try:
+                    _write(group / "devices.allow", rule)
+                except OSError:
+                    pass  # the agent's own cgroup lacks it: the job goes without, as we do
+            for node in allowed:
+                _write(group / "devices.allow", device_rule(node))
+        except OSError as exc:
+            release(f"cgroup:{group}")
+            raise ConfinementError(f"cannot set up {group}: {exc}") from exc
+        jail = [sys.executable, "-I", str(JAIL), "--cgroup", str(group)]
+        if account.pw_uid != os.geteuid():
+            groups = os.getgrouplist(account.pw_name, account.pw_gid)
+            jail += [f"--uid={account.pw_uid}", f"--gid={account.pw_gid}"]
+            jail += [f"--groups={','.join(map(str, groups))}"]
+        return Launch(
+            [*jail, "--", *argv],
+            False,
+            f"cgroup:{group}",
+            f"confined by {self.how} to {_listing(allowed)}",
+        )
+
+
+def choose(
+    mode: str,
+    *,
+    systemd_dir: Path = SYSTEMD_RUN_DIR,
+    cgroup_root: Path = CGROUP_V1_DEVICES,
+) -> NoConfinement | SystemdScope | CgroupV1:
+    """The confinement for `mode`; a mode that was asked for by name and cannot work raises."""
+    if mode not in MODES:
+        raise ConfinementError(f"--confine {mode!r}: choose one of {', '.join(MODES)}")
+    if mode == "off":
+        return NoConfinement("switched off (--confine off)")
+    no_systemd = _systemd_missing(Path(systemd_dir))
+    if mode in ("auto", "systemd") and not no_systemd:
+        return SystemdScope()
+    no_cgroup = _cgroup_v1_missing(Path(cgroup_root))
+    if mode in ("auto", "cgroup") and not no_cgroup:
+        return CgroupV1(cgroup_root)
+    if mode == "systemd":
+        raise ConfinementError(f"--confine systemd: {no_systemd}")
+    if mode == "cgroup":
+        raise ConfinementError(f"--confine cgroup: {no_cgroup}")
+    return NoConfinement(f"{no_systemd}; {no_cgroup}")
+
+
+def _systemd_missing(systemd_dir: Path) -> str | None:
+    if os.geteuid() != 0:
+        return "no systemd scope: the agent is not root"
+    if not shutil.which("systemd-run"):
+        return "no systemd scope: systemd-run is not installed"
+    if not systemd_dir.is_dir():
+        return f"no systemd scope: systemd is not the init system (no {systemd_dir})"
+    return None
+
+
+def _cgroup_v1_missing(root: Path) -> str | None:
+    if os.geteuid() != 0:
+        return "no cgroup: the agent is not root"
+    if not (root / "devices.allow").exists():
+        return (
+            f"no cgroup v1 devices controller at {root} (cgroup v2 alone needs systemd, "
+            "which installs its eBPF device filter)"
+        )
+    try:
+        (root / _PARENT).mkdir(exist_ok=True)
+    except OSError as exc:
+        return f"no cgroup: cannot create {root / _PARENT}: {exc}"
+    return None
+
+
+def device_rule(node: str) -> str:
+    """The cgroup v1 rule that lets a job read and write one device node, e.g. 'c 195:0 rw'."""
+    st = os.stat(node)
+    if stat.S_ISCHR(st.st_mode):
+        kind = "c"
+    elif stat.S_ISBLK(st.st_mode):
+        kind = "b"
+    else:
+        raise ConfinementError(f"{node} is not a device node")
+    return f"{kind} {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} rw"
+
+
+def release(handle: str | None, wait_s: float = 2.0) -> None:
+    """After a job: kill what it left behind in its cgroup or scope, then remove that."""
+    if not handle:
+        return
+    scheme, _, name = handle.partition(":")
+    if scheme == "systemd":
+        try:
+            subprocess.run(["systemctl", "stop", "--quiet", name], timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("could not stop %s: %s", name, exc)
+        return
+    group = Path(name)
+    deadline = time.monotonic() + wait_s
+    while group.exists():
+        for pid in _pids(group):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                log.warning("could not remove %s: %s", group, exc)
+                return
+            time.sleep(0.05)
+
+
+def _pids(group: Path) -> list[int]:
+    try:
+        return [int(line) for line in (group / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _present(nodes: list[str]) -> list[str]:
+    seen: list[str] = []
+    for node in nodes:
+        if node not in seen and os.path.exists(node):
+            seen.append(node)
+    return seen
+
+
+def _listing(nodes: list[str]) -> str:
+    return ", ".join(nodes) if nodes else "no GPU device nodes"
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
