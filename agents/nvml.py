@@ -146,6 +146,7 @@ class NvmlBackend:
             temperature_c=None if temperature is None else float(temperature),
             power_w=None if power_mw is None else power_mw / 1000.0,
             processes=processes,
+            energy_mj=self._read("nvmlDeviceGetTotalEnergyConsumption", handle),
         )
 
     def _sample_mig(self, mig: MigInventory) -> DeviceReading:

@@ -135,6 +135,8 @@ class DeviceReading:
     temperature_c: float | None = bounded()
     power_w: float | None = bounded(low=0)
     processes: list[ProcessReading] = field(default_factory=list)
+    # Energy used since the driver loaded (NVML's total energy counter), in millijoules.
+    energy_mj: int | None = bounded(low=0, ints=INT64, default=None)
 
 
 @dataclass(frozen=True)

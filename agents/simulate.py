@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import time
 from dataclasses import dataclass
 
 from agents.procfs import ProcInfo, ProcTable
@@ -100,6 +101,14 @@ class _Walk:
         self._rng = rng
         self.utilization = rng.uniform(0.0, 5.0)
         self.temperature = 30.0 + rng.uniform(0.0, 5.0)
+        self.energy_mj = 0.0  # as NVML's counter: power integrated over the time sampled
+        self._last_sample: float | None = None
+
+    def add_energy(self, power_w: float) -> None:
+        now = time.monotonic()
+        if self._last_sample is not None:
+            self.energy_mj += power_w * (now - self._last_sample) * 1000.0
+        self._last_sample = now
 
     def step(self, busy: bool) -> None:
         target = 85.0 if busy else 2.0
@@ -168,6 +177,8 @@ class SimulatedBackend:
         # NVML refuses utilization on a GPU in MIG mode, so the simulator does too.
         util = None if gpu.mig_mode else round(walk.utilization, 1)
         max_power = _MAX_POWER_W.get(gpu.model.split()[-1].split("-")[0], 300.0)
+        power_w = round(_IDLE_POWER_W + (max_power - _IDLE_POWER_W) * walk.utilization / 100, 1)
+        walk.add_energy(power_w)
         whole = DeviceReading(
             uuid=gpu.uuid,
             utilization_gpu=util,
@@ -175,8 +186,9 @@ class SimulatedBackend:
             memory_used_mib=min(used, gpu.memory_total_mib),
             memory_total_mib=gpu.memory_total_mib,
             temperature_c=round(walk.temperature, 1),
-            power_w=round(_IDLE_POWER_W + (max_power - _IDLE_POWER_W) * walk.utilization / 100, 1),
+            power_w=power_w,
             processes=own,
+            energy_mj=int(walk.energy_mj),
         )
         return [whole, *instances]
 

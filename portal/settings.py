@@ -5,6 +5,7 @@ cache and an in-process scheduler loop. With DATABASE_URL and REDIS_URL set: Pos
 channel layer, cache and Celery broker.
 """
 
+import ipaddress
 from pathlib import Path
 
 import dj_database_url
@@ -228,6 +229,17 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": envfloat("NODE_HEARTBEAT_CHECK_INTERVAL_S", 15.0),
     },
 }
+
+# Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
+# comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.
+METRICS_TOKEN = env("METRICS_TOKEN")
+METRICS_ALLOWED_NETWORKS = envlist("METRICS_ALLOWED_NETWORKS")
+for _net in METRICS_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_net, strict=False)
+    except ValueError as _exc:
+        raise RuntimeError(f"METRICS_ALLOWED_NETWORKS: {_net!r} is not a network: {_exc}") from None
+READY_PASS_MAX_AGE_S = envfloat("READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S))
 
 # Node agents: what the portal tells them at register, and when a silent node counts as down.
 AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0)

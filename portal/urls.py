@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from portal.web import ops
 from portal.web.forms import ThrottledAdminAuthenticationForm, ThrottledAuthenticationForm
 
 
@@ -23,6 +24,9 @@ def status_429_when_throttled(view):
 admin.site.login_form = ThrottledAdminAuthenticationForm
 
 urlpatterns = [
+    path("metrics", ops.prometheus_metrics, name="metrics"),
+    path("healthz", ops.healthz, name="healthz"),
+    path("readyz", ops.readyz, name="readyz"),
     path("admin/login/", status_429_when_throttled(admin.site.login)),
     path("admin/", admin.site.urls),
     path(

@@ -7,6 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.errors import ApplicationError, Busy
+from portal.services import metrics
 from portal.services.locking import is_contention
 
 
@@ -42,6 +43,7 @@ def exception_handler(exc, context):
     if is_contention(exc):
         # Every write is one transaction, so nothing was written: say "busy, retry" (not 500).
         exc = Busy("The booking system is busy; try again in a few seconds.")
+        metrics.counter_add("lock_timeouts")
         response = Response(error_body(exc.code, exc.message), status=exc.status)
         response["Retry-After"] = str(exc.retry_after_s)
         return response

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 
 import scheduler
 from portal.models import Booking
-from portal.services import events, live
+from portal.services import events, live, metrics
 from portal.services.bookings import booking_stop, booking_transition
 from portal.services.locking import advisory_unlock, try_session_advisory_lock
 from portal.services.pass_start import start_planned
@@ -59,8 +59,11 @@ def allocation_pass(*, now: datetime) -> PassResult:
     if getattr(_local, "running", False) or not try_session_advisory_lock(PASS_LOCK_KEY):
         return PassResult(ran=False)
     _local.running = True
+    started = time.perf_counter()
     try:
-        return _run(now)
+        result = _run(now)
+        metrics.pass_observe(time.perf_counter() - started)
+        return result
     finally:
         _local.running = False
         advisory_unlock(PASS_LOCK_KEY)

@@ -14,6 +14,7 @@ from django.db import IntegrityError, OperationalError, connection
 
 from portal.errors import Busy
 from portal.models import Node, Project
+from portal.services import metrics
 
 
 def lock_project(project_id: int) -> None:
@@ -26,6 +27,7 @@ def lock_project(project_id: int) -> None:
     try:
         list(Project.objects.select_for_update().filter(id=project_id).values_list("id"))
     except OperationalError as exc:
+        metrics.counter_add("lock_timeouts")
         raise Busy("The booking system is busy; try again in a few seconds.") from exc
 
 
@@ -47,6 +49,7 @@ def lock_nodes(node_ids: Iterable[int]) -> list[int]:
             .values_list("id", flat=True)
         )
     except OperationalError as exc:
+        metrics.counter_add("lock_timeouts")
         raise Busy("The booking system is busy; try again in a few seconds.") from exc
 
 

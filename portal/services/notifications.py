@@ -9,6 +9,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 
 from portal.models import Booking, NodeAlert
+from portal.services import metrics
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,15 @@ def booking_notify(*, booking: Booking, event: str) -> bool:
     )
     link = f"{settings.SITE_URL}/bookings/{booking.pk}/"
     if booking.owner.email:
-        send_mail(
+        sent = send_mail(
             text,
             f"{text}\n\n{link}\n",
             settings.DEFAULT_FROM_EMAIL,
             [booking.owner.email],
             fail_silently=True,
         )
+        if not sent:
+            metrics.counter_add("notification_failures:email")
     slack_post(f"{booking.owner.username} ({booking.project.slug}): {text} <{link}|open>")
     return True
 
@@ -57,9 +60,11 @@ def alert_notify(*, alert_id: int) -> bool:
     subject = f"GPU alert on {alert.node}: {alert.get_kind_display()}"
     body = f"{alert.detail}\n\nAction taken by the agent: {alert.action or 'report'}.\n"
     if alert.owner and alert.owner.email:
-        send_mail(
+        sent = send_mail(
             subject, body, settings.DEFAULT_FROM_EMAIL, [alert.owner.email], fail_silently=True
         )
+        if not sent:
+            metrics.counter_add("notification_failures:email")
     slack_post(f"{subject}: {alert.detail}")
     return True
 
@@ -76,3 +81,4 @@ def slack_post(text: str) -> None:
         urllib.request.urlopen(request, timeout=5).close()
     except OSError as exc:
         log.warning("Slack notification failed: %s", exc)
+        metrics.counter_add("notification_failures:slack")

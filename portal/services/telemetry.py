@@ -19,7 +19,7 @@ from django.utils import timezone
 from agents.protocol import DeviceReading, ReadingsRequest, to_json
 from portal.errors import ValidationFailed
 from portal.models import Gpu, MigInstance, Node, Sample, SampleMinute
-from portal.services import telemetry_cache
+from portal.services import metrics, telemetry_cache
 from portal.services.live_nowait import live_send_nowait
 from portal.services.nodes import node_check_hostname
 
@@ -117,6 +117,7 @@ def _publish(hostname: str, request: ReadingsRequest) -> None:
     telemetry_cache.latest_store(
         {r["uuid"]: {**r, "node": hostname, "time": when} for r in readings}
     )
+    metrics.counter_add("readings_ingested", len(readings))
     live_send_nowait(
         TELEMETRY_GROUP,
         {"type": "telemetry.readings", "node": hostname, "time": when, "readings": readings},

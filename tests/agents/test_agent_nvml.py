@@ -109,6 +109,11 @@ class FakeNvml:
             raise NVMLError("Not Supported")
         return 212_500
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        if h[0] == "mig" or h[1] == 1:
+            raise NVMLError("Not Supported")
+        return 123_456_789
+
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         me = SimpleNamespace(pid=os.getpid(), usedGpuMemory=300 * MIB)
         if h == ("gpu", 1) or h == ("mig", 1, 0):
@@ -160,6 +165,7 @@ def test_it_reads_fields_and_nulls_the_unsupported_ones(me):
     whole, mig_gpu, mig0, mig2 = backend.sample()
     assert (whole.utilization_gpu, whole.utilization_memory) == (37.0, 12.0)
     assert (whole.temperature_c, whole.power_w, whole.memory_used_mib) == (55.0, 212.5, 512)
+    assert (whole.energy_mj, mig_gpu.energy_mj, mig0.energy_mj) == (123_456_789, None, None)
     assert mig_gpu.utilization_gpu is None and mig_gpu.temperature_c == 55.0
     assert mig0.uuid == "MIG-1-0"
     assert (mig0.utilization_gpu, mig0.temperature_c, mig0.power_w) == (None, None, None)

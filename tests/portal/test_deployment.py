@@ -46,7 +46,7 @@ def test_it_migrates_once_before_web_worker_and_beat_start():
 def test_it_checks_web_health_and_starts_the_simulated_node_after_it():
     services = _compose()["services"]
     probe = services["web"]["healthcheck"]["test"]
-    assert probe[:2] == ["CMD", "python"] and "/accounts/login/" in probe[-1]
+    assert probe[:2] == ["CMD", "python"] and "/readyz" in probe[-1]
     assert services["simnode"]["depends_on"]["web"]["condition"] == "service_healthy"
     assert "python -m agents --portal http://web:8000" in services["simnode"]["command"]
     assert "web" in services["web"]["environment"]["ALLOWED_HOSTS"].split(",")
