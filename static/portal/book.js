@@ -6,6 +6,8 @@
   var out = document.getElementById("estimate");
   var timer = null;
   var seq = 0;
+  var busyRetries = 0;
+  var MAX_BUSY_RETRIES = 5;
 
   function value(name) {
     var checked = form.querySelector('[name="' + name + '"]:checked');
@@ -70,11 +72,12 @@
     return span.innerHTML;
   }
 
-  function estimate() {
+  function estimate(retrying) {
     var body = payload();
     if (!body) { show('<span class="muted">Earliest start: fill in the form to see an estimate.</span>', "idle"); return; }
+    if (!retrying) busyRetries = 0;
     var mine = ++seq;
-    show('<span class="muted">Estimating the earliest start…</span>', "loading");
+    if (!retrying) show('<span class="muted">Estimating the earliest start…</span>', "loading");
     fetch(form.dataset.estimateUrl, {
       method: "POST",
       credentials: "same-origin",
@@ -82,6 +85,15 @@
       body: JSON.stringify(body)
     }).then(function (response) {
       if (mine !== seq) return;
+      // Busy (503) or rate-limited (429): ask again after Retry-After, a few times.
+      if ((response.status === 503 || response.status === 429) && busyRetries < MAX_BUSY_RETRIES) {
+        busyRetries++;
+        var wait = Math.min(10, Math.max(1, parseFloat(response.headers.get("Retry-After")) || 1));
+        show('<span class="muted">The portal is busy; estimating again in ' + wait + " s…</span>", "busy");
+        clearTimeout(timer);
+        timer = setTimeout(function () { estimate(true); }, wait * 1000);
+        return;
+      }
       if (response.status === 404 || response.status === 405 || response.status >= 500) { show('<span class="muted">Estimate unavailable.</span>', "unavailable"); return; }
       return response.json().then(function (data) {
         if (mine !== seq) return;
@@ -101,10 +113,11 @@
     });
   }
 
-  form.addEventListener("input", function () { toggle(); clearTimeout(timer); timer = setTimeout(estimate, 400); });
-  form.addEventListener("change", function () { toggle(); clearTimeout(timer); timer = setTimeout(estimate, 400); });
+  function later() { toggle(); clearTimeout(timer); timer = setTimeout(function () { estimate(false); }, 400); }
+  form.addEventListener("input", later);
+  form.addEventListener("change", later);
   toggle();
-  estimate();
+  estimate(false);
   var firstError = form.querySelector('[aria-invalid="true"]');
   if (firstError) firstError.focus();
 })();

@@ -129,3 +129,26 @@ def test_it_catches_up_after_the_line_drops(alice, asgi_server, browser_page):
         page, "document.querySelector('[data-fragment=mine]')?.textContent.includes('position 3')"
     )
     assert page.get_attribute("body", "data-live-state") == "open"
+
+
+def test_it_asks_for_the_estimate_again_when_the_portal_answers_busy(
+    alice, asgi_server, browser_page
+):
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    refused = []
+
+    def busy_once(route):
+        # The server's own answer when it sheds load: 503 with Retry-After.
+        if not refused:
+            refused.append(route.request.url)
+            route.fulfill(status=503, headers={"Retry-After": "1"}, json={"error": {}})
+        else:
+            route.continue_()
+
+    page.route("**/estimate/", busy_once)
+    page.goto(f"{asgi_server}/book/")
+    wait_for(page, 'document.getElementById("estimate").dataset.state === "busy"')
+    assert "estimating again in 1 s" in page.inner_text("#estimate")
+    wait_for(page, 'document.getElementById("estimate").textContent.includes("Earliest start: ")')
+    assert page.get_attribute("#estimate", "data-state") == "ok" and len(refused) == 1
