@@ -10,8 +10,9 @@ from collections import defaultdict
 
 from django.utils import timezone
 
-from portal.api.serializers import iso
+from portal.api.serializers import iso, reading_json
 from portal.models import Allocation, Booking, MigInstance
+from portal.services import telemetry_cache
 
 BOOKING_FIELDS = (
     "id",
@@ -99,7 +100,9 @@ def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:
 
 
 def gpu_rows(page: list[dict]) -> list[dict]:
-    """GpuOutput's JSON for a page of `.values(*GPU_FIELDS)` rows, in one more query."""
+    """GpuOutput's JSON for a page of `.values(*GPU_FIELDS)` rows, in one more query and one
+    multi-get of the latest readings."""
+    readings = telemetry_cache.latest_by_uuid([row["uuid"] for row in page])
     migs = defaultdict(list)
     instances = (
         MigInstance.objects.filter(gpu_id__in=[row["id"] for row in page])
@@ -118,6 +121,7 @@ def gpu_rows(page: list[dict]) -> list[dict]:
             "memory_mib": row["memory_mib"],
             "mig_mode": row["mig_mode"],
             "mig_instances": migs.get(row["id"], []),
+            "reading": reading_json(readings.get(row["uuid"])),
         }
         for row in page
     ]

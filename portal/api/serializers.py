@@ -5,6 +5,8 @@ of their cost; so the output serializers declare their fields (for validation of
 OpenAPI schema) and render with a plain function, checked to match the generic rendering.
 """
 
+from datetime import timedelta
+
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -184,26 +186,139 @@ class NodeOutput(serializers.ModelSerializer):
         ]
 
 
+READING_FIELDS = (
+    "utilization_gpu",
+    "utilization_memory",
+    "memory_used_mib",
+    "memory_total_mib",
+    "temperature_c",
+    "power_w",
+    "energy_mj",
+)
+
+
+class ReadingOutput(serializers.Serializer):
+    """A device's latest reading (kept 5 minutes); null where NVML gives no value."""
+
+    time = serializers.DateTimeField()
+    utilization_gpu = serializers.FloatField(allow_null=True, help_text="%")
+    utilization_memory = serializers.FloatField(allow_null=True, help_text="%")
+    memory_used_mib = serializers.IntegerField(allow_null=True)
+    memory_total_mib = serializers.IntegerField(allow_null=True)
+    temperature_c = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    energy_mj = serializers.IntegerField(allow_null=True, help_text="since the driver loaded")
+    processes = serializers.IntegerField(help_text="processes on the device")
+
+
+def reading_json(reading: dict | None) -> dict | None:
+    """ReadingOutput's JSON from a cached reading (agents.protocol's JSON plus node and time)."""
+    if not reading:
+        return None
+    out = {"time": reading.get("time")}
+    out.update({name: reading.get(name) for name in READING_FIELDS})
+    out["processes"] = len(reading.get("processes") or ())
+    return out
+
+
 class MigInstanceOutput(serializers.ModelSerializer):
     gpu = serializers.CharField(source="gpu.uuid")
     node = serializers.CharField(source="gpu.node.hostname")
     model = serializers.CharField(source="gpu.model")
+    reading = serializers.SerializerMethodField()
 
     class Meta:
         model = MigInstance
-        fields = ["id", "uuid", "profile", "slices", "memory_mib", "gpu", "node", "model"]
+        fields = [
+            "id",
+            "uuid",
+            "profile",
+            "slices",
+            "memory_mib",
+            "gpu",
+            "node",
+            "model",
+            "reading",
+        ]
+
+    def get_reading(self, obj) -> ReadingOutput(allow_null=True):
+        return reading_json(self.context.get("readings", {}).get(obj.uuid))
+
+
+class HistoryQuery(StrictSerializer):
+    """?from=&to=&resolution=&max_points= of a history endpoint."""
+
+    from_ = serializers.DateTimeField(required=False, help_text="default: 1 hour before `to`")
+    to = serializers.DateTimeField(required=False, help_text="default: now")
+    resolution = serializers.ChoiceField(
+        choices=["auto", "raw", "minute"],
+        default="auto",
+        help_text="raw samples (kept TELEMETRY_RAW_RETENTION_H), minute averages, or auto: raw "
+        "when the range lies within raw retention",
+    )
+    max_points = serializers.IntegerField(min_value=1, max_value=10000, default=1500)
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")  # `from` is a keyword in Python
+        return fields
+
+    def validate(self, data):
+        data = dict(data)
+        until = data.get("to") or timezone.now()
+        since = data.pop("from", None) or until - timedelta(hours=1)
+        if since >= until:
+            raise serializers.ValidationError({"from": ["Must be before `to`."]})
+        return {**data, "since": since, "until": until}
+
+
+class HistoryPointOutput(serializers.Serializer):
+    time = serializers.DateTimeField()
+    utilization_gpu = serializers.FloatField(allow_null=True)
+    utilization_memory = serializers.FloatField(allow_null=True)
+    memory_used_mib = serializers.FloatField(allow_null=True)
+    memory_total_mib = serializers.FloatField(allow_null=True)
+    temperature_c = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+
+
+class DeviceHistoryOutput(serializers.Serializer):
+    uuid = serializers.CharField()
+    device = serializers.CharField()
+    resolution = serializers.ChoiceField(choices=["raw", "minute"])
+    points = HistoryPointOutput(many=True)
+
+
+class BookingHistoryOutput(serializers.Serializer):
+    booking = serializers.IntegerField()
+    resolution = serializers.ChoiceField(choices=["raw", "minute"])
+    devices = DeviceHistoryOutput(many=True)
 
 
 class GpuOutput(serializers.ModelSerializer):
     node = serializers.CharField(source="node.hostname")
     mig_instances = serializers.SerializerMethodField()
+    reading = serializers.SerializerMethodField()
 
     class Meta:
         model = Gpu
-        fields = ["id", "uuid", "node", "index", "model", "memory_mib", "mig_mode", "mig_instances"]
+        fields = [
+            "id",
+            "uuid",
+            "node",
+            "index",
+            "model",
+            "memory_mib",
+            "mig_mode",
+            "mig_instances",
+            "reading",
+        ]
 
     def get_mig_instances(self, obj) -> list[dict]:
         return [{"id": m.id, "uuid": m.uuid, "profile": m.profile} for m in obj.mig_instances.all()]
+
+    def get_reading(self, obj) -> ReadingOutput(allow_null=True):
+        return reading_json(self.context.get("readings", {}).get(obj.uuid))
 
     def to_representation(self, obj):
         return {
@@ -215,6 +330,7 @@ class GpuOutput(serializers.ModelSerializer):
             "memory_mib": obj.memory_mib,
             "mig_mode": obj.mig_mode,
             "mig_instances": self.get_mig_instances(obj),
+            "reading": self.get_reading(obj),
         }
 
 

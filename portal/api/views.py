@@ -3,6 +3,7 @@
 from django.contrib.auth import authenticate
 from django.db.models import Count, Prefetch
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -18,7 +19,7 @@ from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterS
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
 from portal.models.tokens import hash_token, new_token
 from portal.services import bookings as booking_services
-from portal.services import login_throttle
+from portal.services import login_throttle, telemetry, telemetry_cache
 from portal.services.estimate import booking_estimate
 from portal.services.quotas import quota_effective, usage_current
 
@@ -79,8 +80,42 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = Node.objects.annotate(gpu_count=Count("gpus")).order_by("hostname", "id")
 
 
+_HISTORY_PARAMETERS = [
+    OpenApiParameter("from", OpenApiTypes.DATETIME, description="default: 1 hour before `to`"),
+    OpenApiParameter("to", OpenApiTypes.DATETIME, description="default: now"),
+    OpenApiParameter(
+        "resolution",
+        str,
+        enum=["auto", "raw", "minute"],
+        description="raw samples, minute averages, or auto (raw within raw retention)",
+    ),
+    OpenApiParameter("max_points", int, description="1-10000, default 1500 (runs averaged)"),
+]
+
+
+def _history_query(request) -> dict:
+    return _valid(s.HistoryQuery, {k: v for k, v in request.query_params.items()})
+
+
+def _device_history(uuid: str, label: str, query: dict) -> dict:
+    resolution = telemetry.history_resolution(since=query["since"], resolution=query["resolution"])
+    points = telemetry.samples_history(
+        uuid=uuid,
+        since=query["since"],
+        until=query["until"],
+        max_points=query["max_points"],
+        resolution=resolution,
+    )
+    return {
+        "uuid": uuid,
+        "device": label,
+        "resolution": resolution,
+        "points": s.HistoryPointOutput(points, many=True).data,
+    }
+
+
 class GpuViewSet(viewsets.ReadOnlyModelViewSet):
-    """Physical GPUs; those in MIG mode list their instances."""
+    """Physical GPUs, with their latest reading; those in MIG mode list their instances."""
 
     serializer_class = s.GpuOutput
     filterset_class = GpuFilterSet
@@ -96,15 +131,50 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         )
         return self.get_paginated_response(lists.gpu_rows(page))
 
+    def retrieve(self, request, *args, **kwargs):
+        gpu = self.get_object()
+        readings = telemetry_cache.latest_by_uuid([gpu.uuid])
+        return Response(s.GpuOutput(gpu, context={"readings": readings}).data)
+
+    @extend_schema(parameters=_HISTORY_PARAMETERS, responses={200: s.DeviceHistoryOutput})
+    @action(detail=True, methods=["get"])
+    def history(self, request, pk=None):
+        """The GPU's readings over a time range, raw or as minute averages."""
+        gpu = self.get_object()
+        label = f"{gpu.node.hostname}/gpu{gpu.index}"
+        return Response(_device_history(gpu.uuid, label, _history_query(request)))
+
 
 class MigInstanceViewSet(viewsets.ReadOnlyModelViewSet):
-    """MIG instances, each a bookable device."""
+    """MIG instances, each a bookable device, with their latest reading."""
 
     serializer_class = s.MigInstanceOutput
     filterset_class = MigInstanceFilterSet
     queryset = MigInstance.objects.select_related("gpu__node").order_by(
         "gpu__node__hostname", "gpu__index", "id"
     )
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "readings": getattr(self, "_readings", {})}
+
+    def list(self, request, *args, **kwargs):
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        self._readings = telemetry_cache.latest_by_uuid([m.uuid for m in page])
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def retrieve(self, request, *args, **kwargs):
+        instance = self.get_object()
+        self._readings = telemetry_cache.latest_by_uuid([instance.uuid])
+        return Response(self.get_serializer(instance).data)
+
+    @extend_schema(parameters=_HISTORY_PARAMETERS, responses={200: s.DeviceHistoryOutput})
+    @action(detail=True, methods=["get"])
+    def history(self, request, pk=None):
+        """The instance's readings over a time range (memory and processes: NVML gives no
+        utilization, temperature or power per MIG instance)."""
+        mig = self.get_object()
+        label = f"{mig.gpu.node.hostname}/gpu{mig.gpu.index}/{mig.profile}"
+        return Response(_device_history(mig.uuid, label, _history_query(request)))
 
 
 def _valid(serializer_class, data) -> dict:
@@ -196,6 +266,26 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             user=request.user, booking_id=_pk(pk), now=timezone.now()
         )
         return self._render(booking)
+
+    @extend_schema(parameters=_HISTORY_PARAMETERS, responses={200: s.BookingHistoryOutput})
+    @action(detail=True, methods=["get"])
+    def history(self, request, pk=None):
+        """Readings of the booking's devices; the range defaults to when it held them."""
+        booking = self.get_queryset().filter(pk=_pk(pk)).first()
+        if booking is None:
+            raise NotFound(f"No booking {pk} among yours.")
+        allocations = [a for a in booking.allocations.all() if a.live or booking.ended_at]
+        params = dict(request.query_params.items())
+        if allocations and "from" not in params:
+            params["from"] = min(a.start for a in allocations).isoformat()
+        if allocations and "to" not in params:
+            params["to"] = min(timezone.now(), max(a.end for a in allocations)).isoformat()
+        query = _valid(s.HistoryQuery, params)
+        devices = [_device_history(a.device_uuid, a.device_label, query) for a in allocations]
+        resolution = telemetry.history_resolution(
+            since=query["since"], resolution=query["resolution"]
+        )
+        return Response({"booking": booking.pk, "resolution": resolution, "devices": devices})
 
     @extend_schema(request=s.BookingExtendInput, responses={200: s.BookingOutput})
     @action(detail=True, methods=["post"])

@@ -206,8 +206,27 @@ def telemetry_maintain(*, now: datetime) -> dict:
     return {"rolled_up": rolled, "raw_pruned": raw, "rollups_pruned": minutes}
 
 
+def history_resolution(*, since: datetime, resolution: str = "auto") -> str:
+    """ "raw" or "minute" for a history from `since`; raw before raw retention is an error."""
+    hours = settings.TELEMETRY_RAW_RETENTION_H
+    within_raw = since >= timezone.now() - timedelta(hours=hours)
+    if resolution == "auto":
+        return "raw" if within_raw else "minute"
+    if resolution == "raw" and not within_raw:
+        raise ValidationFailed.field(
+            "from",
+            f"raw samples are kept for {hours:g} h; ask for resolution=minute or a later `from`",
+        )
+    return resolution
+
+
 def samples_history(
-    *, uuid: str, since: datetime, until: datetime, max_points: int = 1500
+    *,
+    uuid: str,
+    since: datetime,
+    until: datetime,
+    max_points: int = 1500,
+    resolution: str = "auto",
 ) -> list[dict]:
     """A device's readings over [since, until), oldest first, at most `max_points` of them.
 
@@ -216,8 +235,7 @@ def samples_history(
     utilization_memory, memory_used_mib, memory_total_mib, temperature_c, power_w; a value not
     measured (MIG utilization) stays None.
     """
-    raw_from = timezone.now() - timedelta(hours=settings.TELEMETRY_RAW_RETENTION_H)
-    if since >= raw_from:
+    if history_resolution(since=since, resolution=resolution) == "raw":
         points = list(
             Sample.objects.filter(uuid=uuid, time__gte=since, time__lt=until)
             .order_by("time", "id")
