@@ -42,9 +42,14 @@ from scheduler.types import (
 )
 
 
-def plan(state: State, policy: Policy) -> Plan:
-    """Decide which pending bookings start now, plan the rest, and list the preemptions to make."""
-    return _Pass(state, policy).run()
+def plan(state: State, policy: Policy, *, starts_only: bool = False) -> Plan:
+    """Decide which pending bookings start now, plan the rest, and list the preemptions to make.
+
+    ``starts_only`` (the trace replay, which needs only the starts) stops the walk once no
+    device of an up node is free now: nothing later in the order could start, so the starts and
+    preemptions are the same, and ``planned`` lists only the bookings walked.
+    """
+    return _Pass(state, policy).run(starts_only)
 
 
 class _Pass:
@@ -149,18 +154,23 @@ class _Pass:
             return False
         return self.policy.qos_level(request.qos) == self.top_qos
 
-    def run(self) -> Plan:
+    def run(self, starts_only: bool = False) -> Plan:
         """The whole pass."""
         ranked = self.ordered()
         preemptions, preempting = preempt_phase(self, ranked)
         walk = _Walk(self, preempting)
-        planned = [
-            walk.place(position, request, prio)
-            for position, (request, prio) in enumerate(ranked, 1)
-        ]
+        planned = []
+        for position, (request, prio) in enumerate(ranked, 1):
+            if starts_only and not self.free_now():
+                break
+            planned.append(walk.place(position, request, prio))
         return Plan(
             starts=tuple(walk.starts), planned=tuple(planned), preemptions=tuple(preemptions)
         )
+
+    def free_now(self) -> bool:
+        """Some device of an up node is free at this instant (timelines start at now)."""
+        return any(node.timeline.masks[0] for node in self.nodes)
 
     def device_ids(self, fit: Fit) -> tuple[str, ...]:
         """Device ids of a fit, in node then bit order."""

@@ -243,7 +243,8 @@ class Replay:
             project_shares={project: 1.0 for project in self.projects},
             project_usage=self._running_usage(now) if self.policy.weight_fairshare else {},
         )
-        result = plan(state, self.policy)
+        # Only the starts matter here, unless the planned starts shown are being measured.
+        result = plan(state, self.policy, starts_only=not self.track_planned)
         if self.track_planned and submitted:
             fresh = set(submitted)
             for line in result.planned:

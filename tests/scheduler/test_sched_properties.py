@@ -125,3 +125,14 @@ def test_it_never_double_books_a_device_or_exceeds_a_quota(scenario):
                 else:
                     assert before == used
     assert started <= {line.booking_id for line in result.planned if line.start == state.now}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_it_starts_and_preempts_the_same_when_asked_for_the_starts_only(scenario):
+    # The replay's shortcut: the walk stops once no device is free now.
+    state, policy = scenario
+    full, quick = plan(state, policy), plan(state, policy, starts_only=True)
+    assert quick.starts == full.starts
+    assert quick.preemptions == full.preemptions
+    assert quick.planned == full.planned[: len(quick.planned)]
