@@ -3,7 +3,7 @@
 from portal.models.bookings import Allocation, Booking, Qos
 from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
 from portal.models.projects import Membership, Project, Quota
-from portal.models.telemetry import NodeAlert, Sample, SampleMinute
+from portal.models.telemetry import NodeAlert, ProcessUsage, Sample, SampleMinute
 from portal.models.tokens import ApiToken
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "MigInstance",
     "Node",
     "NodeAlert",
+    "ProcessUsage",
     "Project",
     "Qos",
     "Quota",

@@ -100,3 +100,40 @@ class NodeAlert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} on {self.node}: pid {self.pid}"
+
+
+class ProcessUsage(models.Model):
+    """One process seen on one device during one booking (or on no booking): a rollup of the
+    agent's per-process readings, one row per process rather than one per sample.
+
+    `booking_key` is the booking's id, 0 for none, so the uniqueness holds on every database.
+    `foreign` is set when the process ran on a device no booking held; the pages also mark a
+    process the agent reported as someone else's (NodeAlert with the same device and pid).
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
+    device_uuid = models.CharField(max_length=96)
+    booking = models.ForeignKey(
+        Booking, on_delete=models.SET_NULL, null=True, blank=True, related_name="processes"
+    )
+    booking_key = models.BigIntegerField(default=0)
+    pid = models.IntegerField()
+    user = models.CharField(max_length=64, blank=True)
+    name = models.CharField(max_length=64, blank=True)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+    peak_memory_mib = models.IntegerField(null=True)
+    samples = models.PositiveIntegerField(default=1)
+    foreign = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["device_uuid", "booking_key", "pid", "user", "name"],
+                name="%(app_label)s_%(class)s_one_per_process",
+            )
+        ]
+        indexes = [models.Index(fields=["last_seen"], name="portal_processusage_last_seen")]
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} ({self.name}) of {self.user} on {self.device_uuid}"

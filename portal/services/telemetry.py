@@ -13,12 +13,12 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Avg, Count, Max, Min
-from django.db.models.functions import TruncMinute
+from django.db.models.functions import Coalesce, TruncMinute
 from django.utils import timezone
 
 from agents.protocol import DeviceReading, ReadingsRequest, to_json
 from portal.errors import ValidationFailed
-from portal.models import Gpu, MigInstance, Node, Sample, SampleMinute
+from portal.models import Allocation, Gpu, MigInstance, Node, ProcessUsage, Sample, SampleMinute
 from portal.services import metrics, telemetry_cache
 from portal.services.live_nowait import live_send_nowait
 from portal.services.nodes import node_check_hostname
@@ -87,7 +87,47 @@ def samples_ingest(*, node: Node, request: ReadingsRequest) -> int:
     rows = [(node.pk, r.uuid, request.time, *_values(r)) for r in request.readings]
     with transaction.atomic():
         _write(rows)
+        processes_rollup(node=node, request=request)
         transaction.on_commit(lambda: _publish(node.hostname, request), robust=True)
+    return len(rows)
+
+
+def processes_rollup(*, node: Node, request: ReadingsRequest) -> int:
+    """Fold the batch's per-process readings into one ProcessUsage row per process and booking
+    (first and last seen, peak memory, sample count). Returns the processes seen."""
+    seen = [(r.uuid, p) for r in request.readings for p in r.processes]
+    if not seen:
+        return 0
+    holders = dict(
+        Allocation.objects.filter(
+            gpu__node=node, live=True, start__lte=request.time, end__gt=request.time
+        ).values_list(Coalesce("mig_instance__uuid", "gpu__uuid"), "booking_id")
+    )
+    rows = {}
+    for uuid, p in seen:
+        booking_id = holders.get(uuid)
+        key = (uuid, booking_id or 0, p.pid, p.user or "", (p.name or "")[:64])
+        rows[key] = (*key, booking_id, p.used_memory_mib, booking_id is None)
+    table = ProcessUsage._meta.db_table
+    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+    sql = f"""
+        INSERT INTO {table} (node_id, device_uuid, booking_key, pid, "user", name, booking_id,
+                             peak_memory_mib, "foreign", first_seen, last_seen, samples)
+        VALUES {", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 1)"] * len(rows))}
+        ON CONFLICT (device_uuid, booking_key, pid, "user", name) DO UPDATE SET
+            last_seen = {greatest}({table}.last_seen, EXCLUDED.last_seen),
+            first_seen = CASE WHEN {table}.first_seen < EXCLUDED.first_seen
+                              THEN {table}.first_seen ELSE EXCLUDED.first_seen END,
+            peak_memory_mib = COALESCE({greatest}({table}.peak_memory_mib,
+                                                  EXCLUDED.peak_memory_mib),
+                                       {table}.peak_memory_mib, EXCLUDED.peak_memory_mib),
+            samples = {table}.samples + 1
+    """
+    params = []
+    for row in rows.values():
+        params += [node.pk, *row, request.time, request.time]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
     return len(rows)
 
 
@@ -203,7 +243,15 @@ def telemetry_maintain(*, now: datetime) -> dict:
     """The periodic job: roll up first (so nothing is pruned unrolled), then prune."""
     rolled = samples_rollup(now=now)
     raw, minutes = samples_prune(now=now)
-    return {"rolled_up": rolled, "raw_pruned": raw, "rollups_pruned": minutes}
+    # Process rollups live as long as the minute rollups.
+    before = now - timedelta(days=settings.TELEMETRY_ROLLUP_RETENTION_D)
+    processes, _ = ProcessUsage.objects.filter(last_seen__lt=before).delete()
+    return {
+        "rolled_up": rolled,
+        "raw_pruned": raw,
+        "rollups_pruned": minutes,
+        "processes_pruned": processes,
+    }
 
 
 def history_resolution(*, since: datetime, resolution: str = "auto") -> str:

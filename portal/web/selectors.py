@@ -14,6 +14,7 @@ from portal.services.telemetry_cache import latest_by_uuid
 
 # A device whose reading shows processes, or more than this utilization, is "in use".
 IN_USE_UTILIZATION = 5.0
+STATE_LABELS = {"in_use": "in use", "unbooked": "in use, unbooked"}
 
 PENDING_REASONS = {
     "resources": "Waiting for enough free devices of the kind asked for.",
@@ -45,15 +46,16 @@ class DeviceRow:
 
     @property
     def state_label(self) -> str:
-        return {"in_use": "in use"}.get(self.state, self.state)
+        return STATE_LABELS.get(self.state, self.state)
 
 
 def device_state(*, node_state: str, booking: Booking | None, reading: dict | None) -> str:
-    """free / booked / in_use / down: what a researcher needs to know about a device now."""
+    """free / booked / in_use / unbooked / down: what a researcher needs to know about a device
+    now. "unbooked": processes on it that no booking accounts for (not free, whatever it says)."""
     if node_state != Node.State.UP:
         return "down"
     if booking is None:
-        return "free"
+        return "unbooked" if reading and reading.get("processes") else "free"
     if reading and (
         reading.get("processes") or (reading.get("utilization_gpu") or 0) > IN_USE_UTILIZATION
     ):
@@ -140,6 +142,13 @@ def _parent_state(row: DeviceRow) -> str:
     states = {c.state for c in row.children}
     if row.node_state != Node.State.UP:
         return "down"
+    if "unbooked" in states or (
+        row.reading
+        and row.reading.get("processes")
+        and not row.booking
+        and not any(c.booking for c in row.children)
+    ):
+        return "unbooked"
     if states == {"free"}:
         return "free"
     return "in_use" if "in_use" in states else ("partly booked" if "free" in states else "booked")
@@ -239,7 +248,7 @@ def filter_choices() -> dict:
     return {
         "models": sorted(set(Gpu.objects.values_list("model", flat=True))),
         "nodes": list(Node.objects.order_by("hostname").values_list("hostname", flat=True)),
-        "states": ["free", "booked", "in_use", "down"],
+        "states": ["free", "booked", "in_use", "unbooked", "down"],
     }
 
 
@@ -288,3 +297,99 @@ def time_left(booking: Booking, now: datetime) -> timedelta | None:
 
 def pending_reason_text(code: str) -> str:
     return PENDING_REASONS.get(code, "")
+
+
+@dataclass(frozen=True)
+class ProcessLine:
+    """A process on a device, now or in the rollups: who, what, how much memory, whose."""
+
+    device: str
+    pid: int
+    user: str
+    name: str
+    memory_mib: int | None
+    mark: str = ""  # "" (the booking's), "foreign" (the agent objected), "unbooked"
+    first_seen: datetime | None = None
+    last_seen: datetime | None = None
+    booking_id: int | None = None
+
+
+def processes_now(devices: dict[str, str], readings: dict, booked: set[str]) -> list[ProcessLine]:
+    """The processes in the latest readings of `devices` (uuid -> label), nvitop-like."""
+    objected = _objected(list(devices), since=None)
+    lines = []
+    for uuid, label in devices.items():
+        for p in (readings.get(uuid) or {}).get("processes") or ():
+            mark = "unbooked" if uuid not in booked else _mark(uuid, p.get("pid"), objected)
+            lines.append(
+                ProcessLine(
+                    label,
+                    p.get("pid"),
+                    p.get("user") or "",
+                    p.get("name") or "",
+                    p.get("used_memory_mib"),
+                    mark,
+                )
+            )
+    return sorted(lines, key=lambda line: -(line.memory_mib or 0))
+
+
+def processes_seen(
+    *,
+    devices: dict[str, str] | None = None,
+    booking_id: int | None = None,
+    since: datetime | None = None,
+    limit: int = 50,
+) -> list[ProcessLine]:
+    """Process rollups of some devices (uuid -> label) or of one booking, newest first."""
+    from portal.models import ProcessUsage
+
+    rows = ProcessUsage.objects.order_by("-last_seen", "-id")
+    if devices is not None:
+        rows = rows.filter(device_uuid__in=list(devices))
+    if booking_id is not None:
+        rows = rows.filter(booking_id=booking_id)
+    if since is not None:
+        rows = rows.filter(last_seen__gte=since)
+    rows = list(rows[:limit])
+    labels = devices or _labels({r.device_uuid for r in rows})
+    objected = _objected(list({r.device_uuid for r in rows}), since=None)
+    return [
+        ProcessLine(
+            labels.get(r.device_uuid, r.device_uuid),
+            r.pid,
+            r.user,
+            r.name,
+            r.peak_memory_mib,
+            "unbooked" if r.foreign else _mark(r.device_uuid, r.pid, objected),
+            r.first_seen,
+            r.last_seen,
+            r.booking_id,
+        )
+        for r in rows
+    ]
+
+
+def _objected(uuids: list[str], since: datetime | None) -> set[tuple[str, int]]:
+    from portal.models import NodeAlert
+
+    alerts = NodeAlert.objects.filter(
+        kind=NodeAlert.Kind.FOREIGN_PROCESS, device_uuid__in=uuids, pid__isnull=False
+    )
+    if since is not None:
+        alerts = alerts.filter(time__gte=since)
+    return set(alerts.values_list("device_uuid", "pid"))
+
+
+def _mark(uuid: str, pid: int | None, objected: set[tuple[str, int]]) -> str:
+    return "foreign" if (uuid, pid) in objected else ""
+
+
+def _labels(uuids: set[str]) -> dict[str, str]:
+    labels = {
+        g.uuid: f"{g.node.hostname}/gpu{g.index}"
+        for g in Gpu.objects.filter(uuid__in=uuids).select_related("node")
+    }
+    for m in MigInstance.objects.filter(uuid__in=uuids).select_related("gpu__node"):
+        labels[m.uuid] = f"{m.gpu.node.hostname}/gpu{m.gpu.index}/{m.profile}"
+    return labels

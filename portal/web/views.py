@@ -92,6 +92,7 @@ def booking_detail(request, booking_id: int):
         "charts": charts.device_charts(series, is_mig=is_mig) if booking.started_at else [],
         "history_kept": kept,
         "efficiency": charts.mean_utilization(all_samples),
+        "processes_seen": selectors.processes_seen(booking_id=booking.pk),
         "is_mig": is_mig,
         "now": now,
     }
@@ -130,13 +131,20 @@ def gpu_detail(request, gpu_id: int):
         .order_by("start")[:20]
     )
     shown = {a.booking_id for a in upcoming}
+    devices = {gpu.uuid: str(gpu), **{m.uuid: str(m) for m in slices}}
+    readings = selectors.latest_by_uuid(list(devices))
+    booked = {a.device_uuid for a in upcoming if a.start <= now}
     context = {
         "gpu": gpu,
+        "processes_now": selectors.processes_now(devices, readings, booked),
+        "processes_seen": selectors.processes_seen(
+            devices=devices, since=now - timedelta(hours=24)
+        ),
         "slices": slices,
         "chosen": chosen,
         "device_uuid": uuid,
         "device_label": label,
-        "reading": selectors.latest_by_uuid([uuid]).get(uuid),
+        "reading": readings.get(uuid),
         "range": range_name,
         "ranges": list(history.RANGES),
         "history_kept": samples is not None,

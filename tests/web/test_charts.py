@@ -80,3 +80,15 @@ def test_it_calls_a_device_in_use_only_when_work_runs_on_it():
     assert selectors.device_state(node_state="up", booking=booking, reading=busy) == "in_use"
     assert selectors.device_state(node_state="up", booking=booking, reading=idle) == "booked"
     assert selectors.device_state(node_state="down", booking=None, reading=None) == "down"
+
+
+def test_it_calls_a_device_with_processes_but_no_booking_in_use_unbooked_not_free():
+    someone = {"utilization_gpu": 0.0, "processes": [{"pid": 77, "user": "eve"}]}
+    assert selectors.device_state(node_state="up", booking=None, reading=someone) == "unbooked"
+    row = selectors.DeviceRow("u", "n/gpu0", "n", "up", 1, "A100", "MIG", 1, False, reading=None)
+    row.children = [
+        selectors.DeviceRow("m", "n/gpu0/1g", "n", "up", 1, "A100", "1g", 1, True, state=s)
+        for s in ("free", "unbooked")
+    ]
+    assert selectors._parent_state(row) == "unbooked"
+    assert row.state_label == "free" and row.children[1].state_label == "in use, unbooked"

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.models import Allocation, Booking, Gpu
+from portal.models import Allocation, Booking, Gpu, ProcessUsage
 from portal.services.telemetry_cache import latest_store
 from tests.factories import (
     AllocationFactory,
@@ -78,6 +78,28 @@ def site(transactional_db):
     for gpu in Gpu.objects.filter(mig_mode=True):
         for mig in gpu.mig_instances.all():
             readings[mig.uuid] = _reading(mig.memory_mib, None)
+    # Who is on my GPU: alice's job on her booked GPU, and a process nobody booked on gpu3.
+    readings[gpus[3].uuid]["processes"] = [
+        {"pid": 31337, "user": "eve", "used_memory_mib": 2048, "name": "miner"}
+    ]
+    for gpu, booking, pid, user, name, foreign in (
+        (gpus[0], mine, 1, "alice", "python", False),
+        (gpus[3], None, 31337, "eve", "miner", True),
+    ):
+        ProcessUsage.objects.create(
+            node=node,
+            device_uuid=gpu.uuid,
+            booking=booking,
+            booking_key=booking.pk if booking else 0,
+            pid=pid,
+            user=user,
+            name=name,
+            first_seen=now - timedelta(minutes=50),
+            last_seen=now,
+            peak_memory_mib=2048,
+            samples=600,
+            foreign=foreign,
+        )
     latest_store(readings)
     return {"gpu": gpus[0].pk, "booking": mine.pk}
 
