@@ -349,3 +349,36 @@ class EstimateOutput(serializers.Serializer):
     )
     detail = serializers.CharField()
     queue_position = serializers.IntegerField(allow_null=True)
+
+
+class AccountingQuery(StrictSerializer):
+    """?group_by=&from=&to= of the accounting report (`format` picks JSON or CSV)."""
+
+    group_by = serializers.ChoiceField(choices=["project", "user", "model", "booking"])
+    from_ = serializers.DateTimeField(help_text="start of the period (ISO 8601)")
+    to = serializers.DateTimeField(required=False, help_text="end of the period; default now")
+    format = serializers.ChoiceField(choices=["json", "csv"], required=False)
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")
+        return fields
+
+    def validate(self, data):
+        data = dict(data)
+        data["since"] = data.pop("from")
+        data["until"] = data.get("to") or timezone.now()
+        if data["since"] >= data["until"]:
+            raise serializers.ValidationError({"from": ["Must be before `to`."]})
+        if data["until"] - data["since"] > timedelta(days=366):
+            raise serializers.ValidationError({"to": ["A period is at most 366 days."]})
+        return data
+
+
+class AccountingRowOutput(serializers.Serializer):
+    key = serializers.CharField(help_text="named after group_by: project, user, model or booking")
+    bookings = serializers.IntegerField()
+    gpu_hours = serializers.FloatField()
+    energy_kwh = serializers.FloatField()
+    mean_utilization = serializers.FloatField(allow_null=True, help_text="%, whole GPUs only")
+    peak_memory_mib = serializers.IntegerField(allow_null=True)

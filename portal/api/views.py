@@ -8,18 +8,21 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.views import APIView
 
 from portal.api import idempotency, lists
 from portal.api import serializers as s
+from portal.api.csv_renderer import CsvRenderer
 from portal.errors import NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
 from portal.models.tokens import hash_token, new_token
 from portal.services import bookings as booking_services
 from portal.services import login_throttle, telemetry, telemetry_cache
+from portal.services.accounting import accounting_report
 from portal.services.estimate import booking_estimate
 from portal.services.quotas import quota_effective, usage_current
 
@@ -302,6 +305,39 @@ def _pk(pk) -> int:
         return int(pk)
     except (TypeError, ValueError) as exc:
         raise NotFound(f"No booking {pk}.") from exc
+
+
+class AccountingView(APIView):
+    """GPU-hours, energy and efficiency per project, user, GPU model or booking over a period,
+    as JSON or CSV (like Slurm's sreport). Staff see every project; others their own."""
+
+    renderer_classes = [JSONRenderer, CsvRenderer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "group_by", str, enum=["project", "user", "model", "booking"], required=True
+            ),
+            OpenApiParameter("from", OpenApiTypes.DATETIME, required=True),
+            OpenApiParameter("to", OpenApiTypes.DATETIME, description="default: now"),
+            OpenApiParameter("format", str, enum=["json", "csv"]),
+        ],
+        responses={200: s.AccountingRowOutput(many=True)},
+    )
+    def get(self, request):
+        query = _valid(s.AccountingQuery, dict(request.query_params.items()))
+        rows = accounting_report(
+            since=query["since"],
+            until=query["until"],
+            group_by=query["group_by"],
+            now=timezone.now(),
+            user=request.user,
+        )
+        response = Response(rows)
+        if getattr(request.accepted_renderer, "format", "") == "csv":
+            name = f"gpu-accounting-{query['group_by']}-{query['since']:%Y%m%d}.csv"
+            response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
 
 
 class MyQuotaView(APIView):

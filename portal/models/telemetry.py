@@ -50,6 +50,7 @@ class SampleMinute(models.Model):
     utilization_gpu_max = models.FloatField(null=True)
     utilization_memory_avg = models.FloatField(null=True)
     memory_used_mib_avg = models.FloatField(null=True)
+    memory_used_mib_max = models.IntegerField(null=True)
     memory_total_mib = models.IntegerField(null=True)
     temperature_c_avg = models.FloatField(null=True)
     temperature_c_max = models.FloatField(null=True)

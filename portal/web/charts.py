@@ -124,3 +124,30 @@ def member_hours_figure(dates: list[date], series: dict[str, list[float]]) -> di
             "legend": {"orientation": "h", "y": -0.2},
         },
     }
+
+
+def accounting_figures(rows: list[dict], group_by: str) -> list[dict]:
+    """Bars of GPU-hours and of energy per group, largest first (at most 30 groups)."""
+    top = rows[:30]
+    names = [str(row[group_by]) for row in top]
+    charts = []
+    for key, title, unit in (("gpu_hours", "GPU-hours", "GPU-h"), ("energy_kwh", "Energy", "kWh")):
+        figure = {
+            "data": [
+                {
+                    "type": "bar",
+                    "x": names,
+                    "y": [row[key] for row in top],
+                    "hovertemplate": "%{x}: %{y:.2f} " + unit + "<extra></extra>",
+                }
+            ],
+            "layout": {
+                "height": 260,
+                "margin": {"l": 56, "r": 12, "t": 8, "b": 64},
+                "showlegend": False,
+                "xaxis": {"type": "category", "automargin": True},
+                "yaxis": {"title": {"text": unit}, "rangemode": "tozero", "fixedrange": True},
+            },
+        }
+        charts.append({"key": f"acct-{key}", "title": f"{title} per {group_by}", "figure": figure})
+    return charts

@@ -15,4 +15,5 @@ urlpatterns = [
     path("calendar/", views.calendar_week, name="calendar"),
     path("gpus/<int:gpu_id>/", views.gpu_detail, name="gpu-detail"),
     path("projects/<slug:slug>/", views.project_detail, name="project"),
+    path("accounting/", views.accounting, name="accounting"),
 ]

@@ -5,6 +5,7 @@ static/portal/live.js re-fetches when a booking or the queue changes.
 """
 
 from datetime import datetime, time, timedelta
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
@@ -12,6 +13,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
 from portal.models import Allocation, Booking, Gpu, Project
+from portal.services import accounting as accounting_services
 from portal.services.quotas import quota_effective, quota_project, usage_current
 from portal.web import calendar, charts, history, selectors
 
@@ -219,3 +221,72 @@ def project_detail(request, slug: str):
         "hours_figure": charts.member_hours_figure(dates, series) if series else None,
     }
     return render(request, "portal/project.html", context)
+
+
+ACCOUNTING_PRESETS = {
+    "this-month": "This month",
+    "last-month": "Last month",
+    "30d": "Last 30 days",
+    "7d": "Last 7 days",
+}
+
+
+def _accounting_period(request, now: datetime) -> tuple[str, datetime, datetime, str]:
+    """(preset or "custom", since, until, error) from ?period= or ?from=&to= (dates, UTC)."""
+    preset = request.GET.get("period", "")
+    start_of_month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    if preset == "last-month":
+        previous = (start_of_month - timedelta(days=1)).replace(day=1)
+        return preset, previous, start_of_month, ""
+    if preset in ("30d", "7d"):
+        return preset, now - timedelta(days=int(preset[:-1])), now, ""
+    if request.GET.get("from"):
+        try:
+            since = _moment(request.GET["from"], now, end_of_day=False)
+            until = (
+                _moment(request.GET["to"], now, end_of_day=True) if request.GET.get("to") else now
+            )
+        except ValueError:
+            return "this-month", start_of_month, now, "Dates are YYYY-MM-DD (or ISO 8601 times)."
+        if since >= until:
+            return "this-month", start_of_month, now, "The start must be before the end."
+        return "custom", since, until, ""
+    return "this-month", start_of_month, now, ""
+
+
+def _moment(text: str, now: datetime, *, end_of_day: bool) -> datetime:
+    """A date (the start of it; with end_of_day the start of the next) or an ISO time, UTC."""
+    value = datetime.fromisoformat(text)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=now.tzinfo)
+    if "T" not in text and end_of_day:
+        value += timedelta(days=1)
+    return value
+
+
+@login_required
+def accounting(request):
+    now = timezone.now()
+    preset, since, until, error = _accounting_period(request, now)
+    group_by = request.GET.get("group_by", "project")
+    if group_by not in accounting_services.GROUPS:
+        group_by = "project"
+    rows = accounting_services.accounting_report(
+        since=since, until=until, group_by=group_by, now=now, user=request.user
+    )
+    export = {"group_by": group_by, "from": since.isoformat(), "to": min(until, now).isoformat()}
+    context = {
+        "rows": rows,
+        "totals": accounting_services.report_totals(rows),
+        "group_by": group_by,
+        "groups": accounting_services.GROUPS,
+        "preset": preset,
+        "presets": ACCOUNTING_PRESETS,
+        "since": since,
+        "until": min(until, now),
+        "error": error,
+        "charts": charts.accounting_figures(rows, group_by) if rows else [],
+        "csv_url": "/api/v1/accounting/?" + urlencode({**export, "format": "csv"}),
+        "json_url": "/api/v1/accounting/?" + urlencode(export),
+    }
+    return render(request, "portal/accounting.html", context)

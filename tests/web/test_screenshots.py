@@ -31,6 +31,7 @@ PAGES = [
     ("gpu", "/gpus/{gpu}/"),
     ("booking", "/bookings/{booking}/"),
     ("project", "/projects/vision/"),
+    ("accounting", "/accounting/?period=7d"),
 ]
 VIEWS = [("desktop", 1280, 900), ("phone", 390, 844)]
 

@@ -1,0 +1,27 @@
+"""text/csv for list answers (`?format=csv` or `Accept: text/csv`), e.g. the accounting report."""
+
+import csv
+import io
+
+from rest_framework.renderers import BaseRenderer
+
+
+class CsvRenderer(BaseRenderer):
+    """A list of flat objects as CSV with a header row; an error answer as its JSON text."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        rows = data.get("results") if isinstance(data, dict) and "results" in data else data
+        if not isinstance(rows, list):  # an error shape: keep it readable
+            import json
+
+            return json.dumps(data).encode()
+        out = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+        return out.getvalue().encode()
