@@ -18,6 +18,16 @@ WHOLE_GPU_ONLY = "Reported for the whole GPU only: see the GPU's own page."
 NO_VALUES = "No readings of this in the range."
 
 
+# Time axis labels by zoom level (plotly picks the stop by tick spacing, in ms): seconds within
+# a minute, hours within a day, weekday and date beyond; the hover always shows the full time.
+TIME_TICKS = [
+    {"dtickrange": [None, 60_000], "value": "%H:%M:%S"},
+    {"dtickrange": [60_000, 86_400_000], "value": "%H:%M"},
+    {"dtickrange": [86_400_000, None], "value": "%a %-d %b"},
+]
+MIN_GAP_S = 30.0
+
+
 def _layout(y_title: str, y_range=None) -> dict:
     yaxis = {"title": {"text": y_title}, "rangemode": "tozero", "fixedrange": True}
     if y_range:
@@ -26,10 +36,80 @@ def _layout(y_title: str, y_range=None) -> dict:
         "margin": {"l": 48, "r": 12, "t": 8, "b": 36},
         "height": 220,
         "showlegend": False,
-        "xaxis": {"type": "date"},
+        "xaxis": {
+            "type": "date",
+            "tickformatstops": TIME_TICKS,
+            "hoverformat": "%Y-%m-%d %H:%M:%S UTC",
+        },
         "yaxis": yaxis,
         "hovermode": "x unified",
     }
+
+
+def with_gaps(samples: list[dict], *, min_gap_s: float = MIN_GAP_S) -> list[dict]:
+    """The samples with an empty point wherever readings stopped for a while, so the line
+    breaks there instead of drawing straight across the missing stretch.
+
+    "A while" is three times the usual spacing of these samples (the median), at least
+    `min_gap_s`: raw readings every few seconds and minute averages each get their own.
+    """
+    if len(samples) < 2:
+        return list(samples)
+    times = [_seconds(s["time"]) for s in samples]
+    steps = sorted(b - a for a, b in zip(times, times[1:], strict=False))
+    limit = max(min_gap_s, 3 * steps[len(steps) // 2])
+    out = [samples[0]]
+    for previous, sample, t0, t1 in zip(samples, samples[1:], times, times[1:], strict=False):
+        if t1 - t0 > limit:
+            out.append({"time": _midpoint(previous["time"], sample["time"])})
+        out.append(sample)
+    return out
+
+
+def _seconds(value) -> float:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.timestamp()
+
+
+def _midpoint(a, b):
+    if isinstance(a, str):
+        a, b = datetime.fromisoformat(a), datetime.fromisoformat(b)
+    return a + (b - a) / 2
+
+
+def booking_marks(marks: list[tuple[datetime, datetime, str]]) -> dict:
+    """Layout shapes and labels that shade each (start, end, label) booking on a time chart."""
+    shapes, notes = [], []
+    for start, end, label in marks:
+        shapes.append(
+            {
+                "type": "rect",
+                "xref": "x",
+                "yref": "paper",
+                "x0": start,
+                "x1": end,
+                "y0": 0,
+                "y1": 1,
+                "layer": "below",
+                "line": {"width": 0},
+                "fillcolor": "rgba(64, 112, 224, 0.10)",
+            }
+        )
+        notes.append(
+            {
+                "xref": "x",
+                "yref": "paper",
+                "x": start,
+                "y": 1,
+                "xanchor": "left",
+                "yanchor": "top",
+                "text": label,
+                "showarrow": False,
+                "font": {"size": 10},
+            }
+        )
+    return {"shapes": shapes, "annotations": notes}
 
 
 def _value(sample: dict, key: str):
@@ -39,10 +119,16 @@ def _value(sample: dict, key: str):
     return value
 
 
-def metric_figure(series: dict[str, list[dict]], *, key: str, y_title: str, y_range=None) -> dict:
-    """One metric over time, one line per device; gaps (None) stay gaps, never zeros."""
+def metric_figure(
+    series: dict[str, list[dict]], *, key: str, y_title: str, y_range=None, marks=None
+) -> dict:
+    """One metric over time, one line per device; gaps (None, or readings that stopped) stay
+    gaps, never zeros or straight lines; `marks` shade bookings."""
     layout = _layout(y_title, y_range)
     layout["showlegend"] = len(series) > 1
+    if marks:
+        layout.update(booking_marks(marks))
+    gapped = {label: with_gaps(samples) for label, samples in series.items()}
     return {
         "data": [
             {
@@ -54,13 +140,13 @@ def metric_figure(series: dict[str, list[dict]], *, key: str, y_title: str, y_ra
                 "line": {"width": 1.5},
                 "name": label,
             }
-            for label, samples in series.items()
+            for label, samples in gapped.items()
         ],
         "layout": layout,
     }
 
 
-def device_charts(series: dict[str, list[dict]], *, is_mig: bool) -> list[dict]:
+def device_charts(series: dict[str, list[dict]], *, is_mig: bool, marks=None) -> list[dict]:
     """The four charts of one or more devices: {"key", "title", "figure" or None, "note"} each."""
     charts = []
     has_samples = any(series.values())
@@ -74,7 +160,7 @@ def device_charts(series: dict[str, list[dict]], *, is_mig: bool) -> list[dict]:
             note = WHOLE_GPU_ONLY if is_mig else NO_VALUES
             charts.append({"key": key, "title": title, "figure": None, "note": note})
         else:
-            figure = metric_figure(series, key=key, y_title=y_title, y_range=y_range)
+            figure = metric_figure(series, key=key, y_title=y_title, y_range=y_range, marks=marks)
             charts.append({"key": key, "title": title, "figure": figure, "note": ""})
     return charts
 

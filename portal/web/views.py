@@ -8,6 +8,7 @@ from datetime import datetime, time, timedelta
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
@@ -125,8 +126,19 @@ def gpu_detail(request, gpu_id: int):
     slices = list(gpu.mig_instances.order_by("-slices", "uuid"))
     chosen = next((m for m in slices if str(m.pk) == request.GET.get("slice")), None)
     uuid, label = (chosen.uuid, str(chosen)) if chosen else (gpu.uuid, str(gpu))
-    range_name, since, until = history.range_window(request.GET.get("range", ""), now)
+    range_name, since, until, range_error = history.range_window(
+        request.GET.get("range", ""), now, request.GET.get("from", ""), request.GET.get("to", "")
+    )
     samples = history.device_history(uuid=uuid, since=since, until=until)
+    held = Allocation.objects.filter(gpu=gpu, start__lt=until, end__gt=since).filter(
+        Q(live=True) | Q(booking__started_at__isnull=False)
+    )
+    if chosen:
+        held = held.filter(Q(mig_instance=chosen) | Q(mig_instance__isnull=True))
+    marks = [
+        (max(a.start, since), min(a.end, until), f"#{a.booking_id} {a.booking.owner.username}")
+        for a in held.select_related("booking__owner").order_by("start")[:50]
+    ]
     upcoming = list(
         Allocation.objects.filter(gpu=gpu, live=True, end__gt=now)
         .select_related("booking__owner", "mig_instance")
@@ -149,8 +161,13 @@ def gpu_detail(request, gpu_id: int):
         "reading": readings.get(uuid),
         "range": range_name,
         "ranges": list(history.RANGES),
+        "range_error": range_error,
+        "since": since,
+        "until": until,
         "history_kept": samples is not None,
-        "charts": charts.device_charts({label: samples or []}, is_mig=chosen is not None),
+        "charts": charts.device_charts(
+            {label: samples or []}, is_mig=chosen is not None, marks=marks
+        ),
         "upcoming": upcoming,
         "visible_ids": set(
             selectors.visible_bookings(request.user)

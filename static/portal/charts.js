@@ -35,7 +35,20 @@
       displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"]
     });
     plots.push([el, figure]);
+    el.on("plotly_relayout", zoomed);
   });
+  // Zooming into a chart offers the same range as a page of its own, at finer resolution.
+  function zoomed(event) {
+    var link = document.querySelector("[data-zoom-link]");
+    var from = event["xaxis.range[0]"], to = event["xaxis.range[1]"];
+    if (!link || from === undefined || to === undefined) return;
+    var params = new URLSearchParams(window.location.search);
+    params.set("range", "custom");
+    params.set("from", String(from).replace(" ", "T").slice(0, 19));
+    params.set("to", String(to).replace(" ", "T").slice(0, 19));
+    link.href = "?" + params.toString();
+    link.hidden = false;
+  }
   document.addEventListener("portal:themechange", function () {
     plots.forEach(function (p) { Plotly.relayout(p[0], themed(p[1].layout)); });
   });

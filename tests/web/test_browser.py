@@ -152,3 +152,28 @@ def test_it_asks_for_the_estimate_again_when_the_portal_answers_busy(
     assert "estimating again in 1 s" in page.inner_text("#estimate")
     wait_for(page, 'document.getElementById("estimate").textContent.includes("Earliest start: ")')
     assert page.get_attribute("#estimate", "data-state") == "ok" and len(refused) == 1
+
+
+def test_it_offers_a_zoomed_chart_range_as_a_page_of_its_own(alice, asgi_server, browser_page):
+    from portal.models import Gpu, Sample
+
+    gpu = Gpu.objects.get(node__hostname="node-a", index=0)
+    now = timezone.now()
+    Sample.objects.bulk_create(
+        Sample(node=gpu.node, uuid=gpu.uuid, time=now - timedelta(minutes=m), power_w=100.0 + m)
+        for m in range(50)
+    )
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.goto(f"{asgi_server}/gpus/{gpu.pk}/")
+    wait_for(page, 'document.querySelectorAll(".plot .main-svg").length > 0')
+    assert page.is_hidden("[data-zoom-link]")
+    # What a drag across the chart does: plotly relayouts the x axis to the dragged range.
+    page.evaluate(
+        """() => Plotly.relayout(document.querySelector('.plot'), {
+            'xaxis.range[0]': '2026-12-01 09:10:00', 'xaxis.range[1]': '2026-12-01 09:20:30'})"""
+    )
+    wait_for(page, '!document.querySelector("[data-zoom-link]").hidden')
+    href = page.get_attribute("[data-zoom-link]", "href")
+    assert "range=custom" in href and "from=2026-12-01T09%3A10%3A00" in href
+    assert "to=2026-12-01T09%3A20%3A30" in href

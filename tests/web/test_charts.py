@@ -2,7 +2,7 @@
 
 from datetime import UTC, date, datetime, timedelta
 
-from portal.web import calendar, charts, selectors
+from portal.web import calendar, charts, history, selectors
 
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
@@ -26,6 +26,49 @@ def test_it_keeps_gaps_as_gaps():
     figure = charts.metric_figure({"gpu0": samples}, key="utilization_gpu", y_title="%")
     assert figure["data"][0]["y"] == [50.0, None]
     assert figure["layout"]["yaxis"]["title"]["text"] == "%"
+
+
+def test_it_breaks_the_line_where_readings_stopped_instead_of_drawing_across():
+    def at(seconds, value):
+        return {"time": (T0 + timedelta(seconds=seconds)).isoformat(), "power_w": value}
+
+    # Every 5 s for a minute, then the node was silent for 10 minutes, then every 5 s again.
+    samples = [at(5 * i, 200.0) for i in range(13)] + [at(660 + 5 * i, 300.0) for i in range(3)]
+    figure = charts.metric_figure({"gpu0": samples}, key="power_w", y_title="W")
+    y = figure["data"][0]["y"]
+    assert len(y) == len(samples) + 1 and y[13] is None  # one break, at the silence
+    assert y[12] == 200.0 and y[14] == 300.0
+    assert figure["data"][0]["connectgaps"] is False
+    # Minute averages a minute apart are not gaps; a missing hour of them is.
+    minutes = [_sample(m, power_w=1.0) for m in (*range(10), *range(70, 75))]
+    assert [p.get("power_w") for p in charts.with_gaps(minutes)].count(None) == 1
+
+
+def test_it_shades_bookings_on_a_devices_charts_and_labels_times_readably():
+    marks = [(T0, T0 + timedelta(minutes=30), "#7 alice")]
+    samples = [_sample(m, utilization_gpu=10.0) for m in range(40)]
+    figure = charts.device_charts({"gpu0": samples}, is_mig=False, marks=marks)[0]["figure"]
+    [shape] = figure["layout"]["shapes"]
+    assert (shape["x0"], shape["x1"], shape["yref"]) == (T0, T0 + timedelta(minutes=30), "paper")
+    assert figure["layout"]["annotations"][0]["text"] == "#7 alice"
+    xaxis = figure["layout"]["xaxis"]
+    assert xaxis["hoverformat"].endswith("UTC") and xaxis["tickformatstops"]
+
+
+def test_it_takes_a_custom_history_range_and_refuses_a_bad_one():
+    now = T0 + timedelta(days=2)
+    name, since, until, error = history.range_window(
+        "custom", now, "2026-11-30T08:00", "2026-11-30T12:30"
+    )
+    assert (name, error) == ("custom", "")
+    assert (since, until) == (T0 - timedelta(hours=2), T0 + timedelta(hours=2, minutes=30))
+    for start, end, reason in (
+        ("yesterday", "", "dates and times"),
+        ("2026-11-30T12:00", "2026-11-30T08:00", "before the end"),
+        ("2026-10-01T00:00", "2026-11-30T00:00", "at most 31 days"),
+    ):
+        name, since, until, error = history.range_window("custom", now, start, end)
+        assert name == "hour" and reason in error and until - since == timedelta(hours=1)
 
 
 def test_it_says_no_history_yet_without_samples():

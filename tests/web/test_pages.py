@@ -328,3 +328,23 @@ def test_it_keeps_calendar_filters_with_odd_characters_in_the_week_links(client_
     make_node("lab&co", gpus=1, model="A100+NVL")
     body = client_in.get("/calendar/", {"model": "A100+NVL", "node": "lab&co"}).content.decode()
     assert "?week=" in body and "&model=A100%2BNVL&node=lab%26co" in body
+
+
+def test_it_charts_a_custom_range_with_the_bookings_on_the_gpu_shaded(
+    client_in, user, project, cluster
+):
+    from portal.models import Sample
+
+    gpu = cluster[0].gpus.get(index=0)
+    booking = _active(user, project, gpu)
+    now = timezone.now()
+    Sample.objects.bulk_create(
+        Sample(node=cluster[0], uuid=gpu.uuid, time=now - timedelta(minutes=m), power_w=100.0)
+        for m in range(5)
+    )
+    start = (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M")
+    page = client_in.get(f"/gpus/{gpu.pk}/", {"range": "custom", "from": start}).content.decode()
+    assert f'name="from" value="{start}"' in page
+    assert '"shapes": [{"type": "rect"' in page and f"#{booking.pk} alice" in page
+    bad = client_in.get(f"/gpus/{gpu.pk}/", {"range": "custom", "from": "soon"})
+    assert bad.status_code == 200 and "From and to are dates and times." in bad.content.decode()

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.models import Allocation, Booking, Gpu, ProcessUsage
+from portal.models import Allocation, Booking, Gpu, ProcessUsage, Sample
 from portal.services.telemetry_cache import latest_store
 from tests.factories import (
     AllocationFactory,
@@ -102,6 +102,20 @@ def site(transactional_db):
             foreign=foreign,
         )
     latest_store(readings)
+    # An hour of history on gpu0, every 30 s, with the node silent for ten minutes in between.
+    Sample.objects.bulk_create(
+        Sample(
+            node=node,
+            uuid=gpus[0].uuid,
+            time=now - timedelta(seconds=30 * i),
+            utilization_gpu=60.0 + (i % 7) * 4,
+            memory_used_mib=30_000 + i * 10,
+            temperature_c=55.0 + (i % 5),
+            power_w=300.0 + (i % 9) * 5,
+        )
+        for i in range(120)
+        if not 40 <= i < 60
+    )
     return {"gpu": gpus[0].pk, "booking": mine.pk}
 
 
