@@ -69,7 +69,7 @@ class Agent:
         self.hostname = hostname or socket.gethostname()
         self.backend = backend
         self.portal = PortalClient(portal_url, token)
-        self.confinement = choose_confinement(confine)
+        self.confinement = choose_confinement(confine, agent=self.hostname)
         if isinstance(self.confinement, NoConfinement) and confine != "off":
             log.warning(
                 "jobs are not confined to their devices (CUDA_VISIBLE_DEVICES only): %s",
@@ -149,6 +149,7 @@ class Agent:
             except PortalError as exc:
                 log.warning("could not flush %d event(s) on exit: %s", len(self.events), exc)
         self.backend.close()
+        getattr(self.confinement, "close", lambda: None)()
 
     def on_push(self, generation: int) -> None:
         """The portal says desired state changed: pull it at once (called from the ws thread)."""

@@ -110,15 +110,37 @@ def systemd_run_argv(unit: str, nodes: list[str], account, argv: list[str]) -> l
 
 
 class CgroupV1:
-    """A cgroup per job in the v1 devices controller: deny all, allow pseudo + booked nodes."""
+    """A cgroup per job in the v1 devices controller: deny all, allow pseudo + booked nodes.
+
+    Jobs of one agent live under gpu-portal/<agent>/ (the node's name), so an agent cleans up
+    after a predecessor that was killed without touching another agent's cgroups.
+    """
 
     how = "cgroup v1 devices"
 
-    def __init__(self, root: Path = CGROUP_V1_DEVICES) -> None:
+    def __init__(self, root: Path = CGROUP_V1_DEVICES, agent: str = "agent") -> None:
         self.root = Path(root)
+        self.home = self.root / _PARENT / _safe_name(agent)
+
+    def sweep(self, keep: set[str]) -> int:
+        """Remove this agent's job cgroups that no running job holds (an earlier agent was
+        killed, its jobs ended meanwhile); returns how many went."""
+        gone = 0
+        for group in sorted(self.home.glob("booking-*")) if self.home.is_dir() else []:
+            if f"cgroup:{group}" not in keep and not _pids(group):
+                release(f"cgroup:{group}")
+                gone += 1
+        return gone
+
+    def close(self) -> None:
+        """On agent exit: drop this agent's directory if no job cgroup is left in it."""
+        try:
+            self.home.rmdir()
+        except OSError:
+            pass  # jobs still run (they outlive the agent) or it was never made
 
     def wrap(self, booking_id: int, argv: list[str], account, nodes: list[str]) -> Launch:
-        group = self.root / _PARENT / f"booking-{booking_id}-{secrets.token_hex(3)}"
+        group = self.home / f"booking-{booking_id}-{secrets.token_hex(3)}"
         allowed = _present(list(SHARED_NODES) + nodes)
         try:
             group.mkdir(parents=True)
@@ -149,6 +171,7 @@ class CgroupV1:
 def choose(
     mode: str,
     *,
+    agent: str = "agent",
     systemd_dir: Path = SYSTEMD_RUN_DIR,
     cgroup_root: Path = CGROUP_V1_DEVICES,
 ) -> NoConfinement | SystemdScope | CgroupV1:
@@ -162,7 +185,7 @@ def choose(
         return SystemdScope()
     no_cgroup = _cgroup_v1_missing(Path(cgroup_root))
     if mode in ("auto", "cgroup") and not no_cgroup:
-        return CgroupV1(cgroup_root)
+        return CgroupV1(cgroup_root, agent)
     if mode == "systemd":
         raise ConfinementError(f"--confine systemd: {no_systemd}")
     if mode == "cgroup":
@@ -193,6 +216,10 @@ def _cgroup_v1_missing(root: Path) -> str | None:
     except OSError as exc:
         return f"no cgroup: cannot create {root / _PARENT}: {exc}"
     return None
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "agent"
 
 
 def device_rule(node: str) -> str:

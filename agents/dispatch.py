@@ -105,12 +105,22 @@ class Dispatcher:
         """Load the state file: re-adopt jobs still running, report those that ended meanwhile."""
         path = self._state_dir / _STATE_FILE
         if not path.exists():
+            self._sweep_cgroups()
             return []
         state = json.loads(path.read_text())
         self._done = set(state.get("done", []))
         self.jobs = {data["booking_id"]: Job(**data) for data in state.get("jobs", [])}
         log.info("re-adopting %d job(s) from %s", len(self.jobs), path)
-        return self._reap(now)
+        events = self._reap(now)
+        self._sweep_cgroups()
+        return events
+
+    def _sweep_cgroups(self) -> None:
+        sweep = getattr(self._confinement, "sweep", None)
+        if sweep is not None:
+            gone = sweep({job.confinement for job in self.jobs.values() if job.confinement})
+            if gone:
+                log.info("removed %d empty job cgroup(s) an earlier agent left", gone)
 
     def reconcile(self, bookings: list[DesiredBooking] | None, now: datetime) -> list[Event]:
         """One step towards the desired bookings; None (never pulled yet) launches/stops nothing

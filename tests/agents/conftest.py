@@ -172,6 +172,7 @@ def make_agent(portal, tmp_path, request):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(job.pgid, signal.SIGKILL)
             confine.release(job.confinement)
+        getattr(agent.confinement, "close", lambda: None)()
 
 
 @pytest.fixture

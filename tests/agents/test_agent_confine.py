@@ -43,6 +43,10 @@ def nodes(tmp_path):
     return devdir
 
 
+def _home(agent) -> Path:
+    return CGROUP_ROOT / "gpu-portal" / agent.hostname
+
+
 def _probe(devdir: Path) -> str:
     # cat reports how open() failed: ENXIO "No such device or address" or EPERM.
     return f"for d in nvidia0 nvidia1; do cat {devdir}/$d; done; echo null > /dev/null && echo ok"
@@ -60,7 +64,7 @@ def test_it_lets_a_job_open_only_its_booked_gpus_node(portal, make_agent, cycle_
     assert f"{nodes}/nvidia0: No such device or address" in exited.log_tail
     assert f"{nodes}/nvidia1: Operation not permitted" in exited.log_tail
     assert exited.log_tail.endswith("ok\n")  # the pseudo devices stay usable
-    assert not list((CGROUP_ROOT / "gpu-portal").glob("booking-1-*"))  # removed after the job
+    assert not list(_home(agent).glob("booking-1-*"))  # removed after the job
 
 
 @needs_cgroup
@@ -112,7 +116,7 @@ def test_it_runs_the_confined_job_as_its_user_in_its_own_cgroup(portal, make_age
     assert os.stat(f"/proc/{pid}").st_uid == pwd.getpwnam("nobody").pw_uid
     assert os.getpgid(pid) == pid  # still its own session and process group after the jail
     cgroups = Path(f"/proc/{pid}/cgroup").read_text()
-    assert ":devices:/gpu-portal/booking-4-" in cgroups
+    assert f":devices:/gpu-portal/{agent.hostname}/booking-4-" in cgroups
     portal.desired["bookings"].clear()
     cycle_until(agent, lambda: _events(portal, "stopped", 4))
 
@@ -133,7 +137,28 @@ def test_it_kills_what_a_job_left_running_in_its_cgroup_when_it_ends(
     while is_alive(escaped, ticks) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not is_alive(escaped, ticks)
-    assert not list((CGROUP_ROOT / "gpu-portal").glob("booking-5-*"))
+    assert not list(_home(agent).glob("booking-5-*"))
+
+
+@needs_cgroup
+def test_it_removes_empty_job_cgroups_an_earlier_agent_left_and_keeps_busy_ones(
+    portal, make_agent, cycle_until, me, spawn
+):
+    first = make_agent(confine="cgroup")
+    home = _home(first)
+    stale, busy = home / "booking-8-dead00", home / "booking-9-live00"
+    stale.mkdir(parents=True)
+    busy.mkdir()
+    sleeper = spawn(["sleep", "30"])
+    (busy / "cgroup.procs").write_text(str(sleeper.pid))
+    try:
+        make_agent(confine="cgroup", state_dir=first.dispatcher._state_dir.parent / "again")
+        assert not stale.exists()  # nothing in it: an earlier agent's leftover
+        assert busy.exists()  # something still runs in it: not ours to kill
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        confine.release(f"cgroup:{busy}")
 
 
 def test_it_refuses_to_start_when_the_confinement_asked_for_is_missing(tmp_path):

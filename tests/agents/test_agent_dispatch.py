@@ -5,11 +5,17 @@ import os
 import signal
 import subprocess
 import time
+import zlib
 from datetime import datetime, timedelta
+from pathlib import Path
 
-from agents import protocol
+from agents import confine, protocol
 from agents.procfs import is_alive, read_cuda_devices, read_stat
 from agents.simulate import SimulatedBackend
+
+# Two checkouts' suites on one machine must not share simulated devices (their UUIDs come from
+# the hostname): the checkout's path is part of every fixed hostname here.
+CHECKOUT = f"{zlib.crc32(str(Path(__file__).resolve()).encode()):08x}"
 
 
 def _gpu_uuids(agent):
@@ -162,7 +168,7 @@ def test_it_follows_an_extended_booking_instead_of_stopping_at_the_old_end(
 
 
 def test_it_readopts_work_across_a_real_agent_process_restart(portal, agent_argv, me):
-    hostname = "restart-node"
+    hostname = f"restart-node-{CHECKOUT}"
     uuid = SimulatedBackend("1xH100-80GB", hostname).discover()[0].uuid
     portal.book(9, me, [uuid], command="sleep 30")
     args = agent_argv("--hostname", hostname, "--interval", "0.2", "--sync-interval", "0.2")
@@ -190,7 +196,7 @@ def test_it_readopts_work_across_a_real_agent_process_restart(portal, agent_argv
 def test_it_relaunches_work_on_the_new_devices_when_its_booking_moved_while_the_agent_was_dead(
     portal, agent_argv, me
 ):
-    hostname = "moved-node"
+    hostname = f"moved-node-{CHECKOUT}"
     old, new = (gpu.uuid for gpu in SimulatedBackend("2xH100-80GB", hostname).discover())
     portal.book(11, me, [old], command="sleep 30")
     args = agent_argv(
@@ -221,6 +227,11 @@ def test_it_relaunches_work_on_the_new_devices_when_its_booking_moved_while_the_
             if event.kind == "started":
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(event.pid, signal.SIGKILL)
+        home = confine.CGROUP_V1_DEVICES / "gpu-portal" / hostname
+        for group in home.glob("booking-*"):
+            confine.release(f"cgroup:{group}")  # the agents were killed: nobody else will
+        with contextlib.suppress(OSError):
+            home.rmdir()
 
 
 def _wait(condition, timeout_s=15.0):
