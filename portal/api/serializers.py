@@ -11,6 +11,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
+from portal.services.telemetry import SAMPLE_VALUES
 
 MAX_SECONDS = 10 * 365 * 86400
 
@@ -186,15 +187,8 @@ class NodeOutput(serializers.ModelSerializer):
         ]
 
 
-READING_FIELDS = (
-    "utilization_gpu",
-    "utilization_memory",
-    "memory_used_mib",
-    "memory_total_mib",
-    "temperature_c",
-    "power_w",
-    "energy_mj",
-)
+# What a sample stores, plus the energy counter that only the latest reading carries.
+READING_FIELDS = (*SAMPLE_VALUES, "energy_mj")
 
 
 class ReadingOutput(serializers.Serializer):

@@ -27,7 +27,7 @@ TELEMETRY_GROUP = "telemetry"
 # Minutes already rolled up are recomputed this far back, to count samples that arrived late.
 ROLLUP_OVERLAP = timedelta(minutes=5)
 
-_VALUES = (
+SAMPLE_VALUES = _VALUES = (
     "utilization_gpu",
     "utilization_memory",
     "memory_used_mib",
