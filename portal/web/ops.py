@@ -14,6 +14,7 @@ import time
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
+from django.db.models import Count, Q
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -124,6 +125,8 @@ def _allocation_pass() -> tuple[bool, str]:
 
 def _agents() -> tuple[bool, str]:
     # Reported, not required: a new site is ready before its first node joins.
-    up = Node.objects.filter(state=Node.State.UP).count()
-    total = Node.objects.count()
+    counts = Node.objects.aggregate(
+        up=Count("id", filter=Q(state=Node.State.UP)), total=Count("id")
+    )
+    up, total = counts["up"], counts["total"]
     return total == 0 or up > 0, f"{up} of {total} node(s) up"

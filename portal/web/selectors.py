@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Prefetch
 
-from portal.models import Allocation, Booking, Gpu, MigInstance, Node
+from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert, ProcessUsage
 from portal.services.bookings import visible_bookings
 from portal.services.telemetry_cache import latest_by_uuid
 
@@ -142,11 +142,9 @@ def _parent_state(row: DeviceRow) -> str:
     states = {c.state for c in row.children}
     if row.node_state != Node.State.UP:
         return "down"
+    # The GPU's own state already says "unbooked" when processes run on it outside any slice.
     if "unbooked" in states or (
-        row.reading
-        and row.reading.get("processes")
-        and not row.booking
-        and not any(c.booking for c in row.children)
+        row.state == "unbooked" and not any(c.booking for c in row.children)
     ):
         return "unbooked"
     if states == {"free"}:
@@ -316,7 +314,7 @@ class ProcessLine:
 
 def processes_now(devices: dict[str, str], readings: dict, booked: set[str]) -> list[ProcessLine]:
     """The processes in the latest readings of `devices` (uuid -> label), nvitop-like."""
-    objected = _objected(list(devices), since=None)
+    objected = _objected(list(devices))
     lines = []
     for uuid, label in devices.items():
         for p in (readings.get(uuid) or {}).get("processes") or ():
@@ -342,8 +340,6 @@ def processes_seen(
     limit: int = 50,
 ) -> list[ProcessLine]:
     """Process rollups of some devices (uuid -> label) or of one booking, newest first."""
-    from portal.models import ProcessUsage
-
     rows = ProcessUsage.objects.order_by("-last_seen", "-id")
     if devices is not None:
         rows = rows.filter(device_uuid__in=list(devices))
@@ -353,7 +349,7 @@ def processes_seen(
         rows = rows.filter(last_seen__gte=since)
     rows = list(rows[:limit])
     labels = devices or _labels({r.device_uuid for r in rows})
-    objected = _objected(list({r.device_uuid for r in rows}), since=None)
+    objected = _objected(list({r.device_uuid for r in rows}))
     return [
         ProcessLine(
             labels.get(r.device_uuid, r.device_uuid),
@@ -370,14 +366,11 @@ def processes_seen(
     ]
 
 
-def _objected(uuids: list[str], since: datetime | None) -> set[tuple[str, int]]:
-    from portal.models import NodeAlert
-
+def _objected(uuids: list[str]) -> set[tuple[str, int]]:
+    """(device, pid) of the processes the agents reported as someone else's."""
     alerts = NodeAlert.objects.filter(
         kind=NodeAlert.Kind.FOREIGN_PROCESS, device_uuid__in=uuids, pid__isnull=False
     )
-    if since is not None:
-        alerts = alerts.filter(time__gte=since)
     return set(alerts.values_list("device_uuid", "pid"))
 
 
