@@ -211,6 +211,11 @@ SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0)
 SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0)
 if not 0 <= SCHEDULER_PASS_COALESCE_S <= 60:
     raise RuntimeError("SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds.")
+# Under SCHEDULER_FAIRSHARE_CHARGE=measured or blend, how long the running allocations' measured
+# utilization is reused between passes (reading it costs a scan of their minute rollups).
+FAIRSHARE_LIVE_UTILIZATION_CACHE_S = envfloat("FAIRSHARE_LIVE_UTILIZATION_CACHE_S", 60.0)
+if not 0 <= FAIRSHARE_LIVE_UTILIZATION_CACHE_S <= 3600:
+    raise RuntimeError("FAIRSHARE_LIVE_UTILIZATION_CACHE_S must be between 0 and 3600 seconds.")
 # Every periodic job, one line each.
 CELERY_BEAT_SCHEDULE = {
     # Start due reservations, end finished bookings, plan and start the queue.

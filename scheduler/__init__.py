@@ -2,7 +2,7 @@
 
 from scheduler.admission import Refusal, admission_refusal, never_fits
 from scheduler.allocator import plan
-from scheduler.priority import decay_usage, predict_run
+from scheduler.priority import charged_fraction, decay_usage, predict_run
 from scheduler.quota import QuotaRefusal, quota_refusal
 from scheduler.types import (
     REASONS,
@@ -35,6 +35,7 @@ __all__ = [
     "Start",
     "State",
     "admission_refusal",
+    "charged_fraction",
     "decay_usage",
     "never_fits",
     "plan",

@@ -31,6 +31,20 @@ def decay_usage(
     return usage
 
 
+def charged_fraction(utilization: float | None, policy: Policy) -> float:
+    """The share of an allocated GPU-second that fair share charges (``Policy.fairshare_charge``).
+
+    ``utilization`` is the device's mean utilization over the allocation in [0, 1], None when
+    not measured (charged in full).
+    """
+    if policy.fairshare_charge == "allocated" or utilization is None:
+        return 1.0
+    measured = max(min(utilization, 1.0), policy.fairshare_idle_floor)
+    if policy.fairshare_charge == "measured":
+        return measured
+    return policy.fairshare_blend + (1.0 - policy.fairshare_blend) * measured
+
+
 def carry_usage(
     usage: Mapping[str, float], elapsed_s: float, half_life_s: float
 ) -> dict[str, float]:

@@ -106,6 +106,8 @@ DEFAULT_QOS_LEVELS = (("low", 0), ("normal", 1), ("high", 2))
 
 BACKFILL_MODES = ("conservative", "easy", "none")
 SIZE_BY = ("gpu_seconds", "seconds")
+# What a project's fair-share usage charges for each allocated GPU-second (``fairshare_charge``).
+FAIRSHARE_CHARGES = ("allocated", "measured", "blend")
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,12 @@ class Policy:
     ``predict_last`` > 0: callers (the portal's snapshot, the replay) plan a pending booking
     with the mean run time of its user's last ``predict_last`` completed bookings, capped by the
     requested duration, which stays the hard end; 0: the requested duration.
+    ``fairshare_charge``: what each allocated GPU-second adds to a project's fair-share usage.
+    "allocated" charges it in full; "measured" charges it times the device's mean utilization
+    over the allocation, at least ``fairshare_idle_floor`` (so holding an idle GPU still costs);
+    "blend" charges ``fairshare_blend`` * allocated + (1 - ``fairshare_blend``) * measured. An
+    allocation with no utilization measured (a MIG slice, which NVML does not report, or a node
+    that sent nothing) is charged in full: missing telemetry earns no discount.
     ``explain=False`` leaves the reason of a waiting booking at "resources" with no detail
     instead of working it out: the same decisions, a cheaper pass (used by the replay).
     """
@@ -161,6 +169,9 @@ class Policy:
     size_scale_gpu_s: float | None = None
     size_width_gpus: float | None = None
     fairshare_half_life_s: float = 7 * 86400.0
+    fairshare_charge: str = "allocated"
+    fairshare_idle_floor: float = 0.25
+    fairshare_blend: float = 0.5
     qos_levels: tuple[tuple[str, int], ...] = DEFAULT_QOS_LEVELS
     preempt_grace_s: float = 300.0
     backfill: str = "conservative"
@@ -188,6 +199,14 @@ def policy_problems(policy: Policy) -> list[str]:
         )
     if policy.size_by not in SIZE_BY:
         problems.append(f"size_by must be one of {', '.join(SIZE_BY)}, not {policy.size_by!r}")
+    if policy.fairshare_charge not in FAIRSHARE_CHARGES:
+        problems.append(
+            f"fairshare_charge must be one of {', '.join(FAIRSHARE_CHARGES)},"
+            f" not {policy.fairshare_charge!r}"
+        )
+    for name in ("fairshare_idle_floor", "fairshare_blend"):
+        if not 0 <= getattr(policy, name) <= 1:
+            problems.append(f"{name} must be in [0, 1]")
     for name in ("weight_age", "weight_fairshare", "weight_size", "weight_qos", "preempt_grace_s"):
         if not getattr(policy, name) >= 0:
             problems.append(f"{name} must be >= 0")

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from portal.api.serializers import iso, reading_json
 from portal.models import Allocation, Booking, MigInstance
-from portal.services import telemetry_cache
+from portal.services import fairshare, telemetry_cache
 
 BOOKING_FIELDS = (
     "id",
@@ -67,6 +67,7 @@ def booking_rows(page: list[dict]) -> list[dict]:
         booking = {key: row[key] for key in BOOKING_FIELDS[3:]}
         booking.update({key: iso(row[key], tz) for key in _BOOKING_TIMES})
         booking["id"] = row["id"]
+        booking["priority"] = fairshare.priority_breakdown(row["priority"])
         booking["owner"] = row["owner__username"]
         booking["project"] = row["project__slug"]
         booking["devices"] = [d["row"] for d in held]

@@ -11,6 +11,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
+from portal.services import fairshare
 from portal.services.telemetry import SAMPLE_VALUES
 
 MAX_SECONDS = 10 * 365 * 86400
@@ -99,6 +100,10 @@ class BookingOutput(serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug")
     devices = serializers.SerializerMethodField()
     cuda_visible_devices = serializers.SerializerMethodField()
+    priority = serializers.SerializerMethodField(
+        help_text="Priority factors (age, fairshare, size, qos, total) and `fairshare_charge`: "
+        "what fair share charges (allocated, measured or blend; SCHEDULER_FAIRSHARE_CHARGE)."
+    )
 
     class Meta:
         model = Booking
@@ -136,6 +141,9 @@ class BookingOutput(serializers.ModelSerializer):
     def get_devices(self, obj) -> list[dict]:
         return AllocationOutput(self._live(obj), many=True).data
 
+    def get_priority(self, obj) -> dict | None:
+        return fairshare.priority_breakdown(obj.priority)
+
     def get_cuda_visible_devices(self, obj) -> str:
         return ",".join(a.device_uuid for a in self._live(obj))
 
@@ -163,7 +171,7 @@ class BookingOutput(serializers.ModelSerializer):
             "planned_start": iso(obj.planned_start, tz),
             "queue_position": obj.queue_position,
             "pending_reason": obj.pending_reason,
-            "priority": obj.priority,
+            "priority": fairshare.priority_breakdown(obj.priority),
             "exit_code": obj.exit_code,
             "log_tail": obj.log_tail,
             "devices": [allocation_row(a, tz) for a in live],

@@ -132,6 +132,12 @@ class Allocation(models.Model):
     end = models.DateTimeField()
     fraction = models.FloatField(help_text="GPU-equivalents of the device: 1, or slices/7.")
     live = models.BooleanField(default=True)
+    mean_utilization = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Mean GPU utilization (0-1) over the allocation, measured when it ended; "
+        "empty while live or when nothing was measured (MIG slices).",
+    )
     slot_start = models.PositiveSmallIntegerField(null=True, editable=False)
     slot_end = models.PositiveSmallIntegerField(null=True, editable=False)
 

@@ -22,7 +22,7 @@ from portal.errors import (
     ValidationFailed,
 )
 from portal.models import Allocation, Booking, Membership
-from portal.services import events, inventory, placement
+from portal.services import events, fairshare, inventory, placement
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
 from portal.services.quotas import peak_use_in_window, scheduler_quota, usage_current
@@ -274,6 +274,7 @@ def booking_transition(
         allocations = Allocation.objects.filter(booking_id=booking_id, live=True)
         allocations.filter(start__lt=now).update(end=Least(F("end"), now), live=False)
         allocations.update(live=False)
+        fairshare.allocations_measure(booking_id=booking_id, now=now)
     return bool(changed)
 
 

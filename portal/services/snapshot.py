@@ -7,7 +7,7 @@ and GPU-hour use come from one query each, not one per user.
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import NamedTuple
 
 from django.conf import settings
@@ -17,6 +17,7 @@ from django.db.models.functions import Cast
 
 import scheduler
 from portal.models import Allocation, Booking, Gpu, MigInstance, mig_fraction
+from portal.services import fairshare
 from portal.services.quotas import (
     EffectiveQuota,
     EpochSeconds,
@@ -188,7 +189,7 @@ def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str,
         allocations=allocations,
         pending=requests,
         project_shares=shares,
-        project_usage=_decayed_usage(now),
+        project_usage=fairshare.project_usage(now=now, policy=scheduler_policy()),
         user_quotas=quotas_user,
         project_quotas=quotas_project,
     )
@@ -319,17 +320,6 @@ def _predicted_end(alloc, recent: list[float], now: float):
         return alloc
     end = alloc.start + scheduler.predict_run(recent, alloc.end - alloc.start)
     return replace(alloc, end=end) if end > now else alloc
-
-
-def _decayed_usage(now: datetime) -> dict[str, float]:
-    half_life = scheduler_policy().fairshare_half_life_s
-    since = now - timedelta(seconds=4 * half_life)
-    records = (
-        Allocation.objects.filter(start__lt=now, end__gt=since)
-        .annotate(start_ts=EpochSeconds("start"), end_ts=EpochSeconds("end"))
-        .values_list("booking__project__slug", "start_ts", "end_ts", "fraction")
-    )
-    return scheduler.decay_usage(records, _ts(now), half_life)
 
 
 def _request(booking: Booking):

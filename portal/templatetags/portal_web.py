@@ -66,3 +66,12 @@ def duration(value) -> str:
 @register.filter
 def get_item(mapping, key):
     return mapping.get(key) if mapping else None
+
+
+@register.simple_tag
+def fairshare_charge() -> str:
+    """What the fair-share factor charges, for priority breakdowns."""
+    from portal.services.fairshare import charge_description
+    from portal.services.snapshot import scheduler_policy
+
+    return charge_description(scheduler_policy())

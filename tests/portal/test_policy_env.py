@@ -30,6 +30,9 @@ VALUES = {
     "size_scale_gpu_s": ("1000", 1000.0),
     "size_width_gpus": ("16", 16.0),
     "fairshare_half_life_s": ("1000", 1000.0),
+    "fairshare_charge": ("measured", "measured"),
+    "fairshare_idle_floor": ("0.1", 0.1),
+    "fairshare_blend": ("0.7", 0.7),
     "qos_levels": ("low:0,normal:1,high:5", (("low", 0), ("normal", 1), ("high", 5))),
     "preempt_grace_s": ("0", 0.0),
     "backfill": ("easy", "easy"),
@@ -61,6 +64,9 @@ def test_it_lets_every_policy_field_be_set_from_the_environment():
         ("SCHEDULER_RESERVATION_DEPTH", "0", "reservation_depth"),
         ("SCHEDULER_ESTIMATE_ALL", "maybe", "SCHEDULER_ESTIMATE_ALL"),
         ("SCHEDULER_QOS_LEVELS", "low,high", "SCHEDULER_QOS_LEVELS"),
+        ("SCHEDULER_FAIRSHARE_CHARGE", "utilization", "fairshare_charge must be one of"),
+        ("SCHEDULER_FAIRSHARE_IDLE_FLOOR", "1.5", "fairshare_idle_floor must be in"),
+        ("SCHEDULER_FAIRSHARE_BLEND", "-0.1", "fairshare_blend must be in"),
     ],
 )
 def test_it_refuses_an_invalid_policy_setting_at_load(name, text, word):
