@@ -1,0 +1,420 @@
+"""One function per command: (client, args) -> exit code. Human output unless args.json."""
+
+import getpass
+import shlex
+import socket
+import sys
+import time
+
+from . import config
+from .client import ENDED, OK, WAIT_TIMEOUT, Client, CliError
+from .output import duration, parse_duration, parse_moment, print_json, table, what, when
+
+BOOKINGS = "/api/v1/bookings/"
+QUEUE_STATES = ("pending", "planned", "active")
+NOT_STARTING = {"finished", "cancelled", "preempted", "failed", "expired"}
+
+
+def login(args) -> int:
+    """Exchange a username and password for a token, stored in the config file (0600)."""
+    url = config.settings(args.url).url
+    if not url:
+        raise CliError("Which portal? Pass --url https://gpus.example.org (or GPU_PORTAL_URL).")
+    username = args.username or input(f"Username [{getpass.getuser()}]: ").strip()
+    username = username or getpass.getuser()
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass(f"Password for {username} at {url}: ")
+    name = args.token_name or f"gpu-portal cli on {socket.gethostname()}"
+    answer = Client(url, retries=0).post(
+        "/api/v1/auth/token/", {"username": username, "password": password, "name": name}
+    )
+    path = config.write_file({"url": url, "token": answer["token"], "username": username})
+    if args.json:
+        print_json({"url": url, "username": username, "config": str(path), "id": answer["id"]})
+    else:
+        print(f"Logged in to {url} as {username}; token stored in {path}")
+    return OK
+
+
+def _booking_body(args) -> dict:
+    body: dict = {}
+    if args.gpus is not None:
+        body["gpus"] = args.gpus
+    if args.mig:
+        body["mig_profile"] = args.mig
+    if args.model:
+        body["gpu_model"] = args.model
+    if args.project:
+        body["project"] = args.project
+    if args.time:
+        body["duration_s"] = parse_duration(args.time)
+    if args.start:
+        body["start"] = parse_moment(args.start)
+    if args.end:
+        body["end"] = parse_moment(args.end)
+    if args.qos:
+        body["qos"] = args.qos
+    if args.preemptible:
+        body["preemptible"] = True
+    command = _command(args.command)
+    if command:
+        body["command"] = command
+    if args.gpus is None and not args.mig:
+        body["gpus"] = 1
+    return body
+
+
+def _command(words: list[str]) -> str:
+    """One word is the command as written (`"python train.py"`); several are shell-quoted."""
+    words = words[1:] if words[:1] == ["--"] else words
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def submit(client: Client, args) -> int:
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    booking = client.post(BOOKINGS, _booking_body(args), headers=headers)
+    if not args.wait:
+        _show_or_json(booking, args, summary=f"Submitted booking {booking['id']}")
+        return OK
+    print(f"Submitted booking {booking['id']}; waiting for it to start", file=sys.stderr)
+    return _wait(client, booking, args)
+
+
+def _wait(client: Client, booking: dict, args) -> int:
+    """Poll until the booking is active (0), ended without starting (8) or the wait ran out (7)."""
+    deadline = time.monotonic() + args.wait_timeout if args.wait_timeout else None
+    said = ""
+    while True:
+        if booking["state"] == "active":
+            _show_or_json(booking, args, summary=f"Booking {booking['id']} is active")
+            return OK
+        if booking["state"] in NOT_STARTING:
+            _show_or_json(booking, args, summary=f"Booking {booking['id']} ended without starting")
+            return ENDED
+        line = _progress(booking)
+        if line != said:
+            print(line, file=sys.stderr)
+            said = line
+        if deadline is not None and time.monotonic() >= deadline:
+            if args.json:
+                print_json(booking)
+            raise CliError(
+                f"Booking {booking['id']} has not started after {args.wait_timeout:g} s; "
+                f"it stays queued (`gpu-portal cancel {booking['id']}` to withdraw it).",
+                exit_code=WAIT_TIMEOUT,
+            )
+        time.sleep(args.interval)
+        booking = client.get(f"{BOOKINGS}{booking['id']}/")
+
+
+def _progress(booking: dict) -> str:
+    parts = [f"booking {booking['id']}: {booking['state']}"]
+    if booking.get("queue_position"):
+        parts.append(f"position {booking['queue_position']}")
+    if booking.get("planned_start"):
+        parts.append(f"planned start {when(booking['planned_start'])}")
+    if booking.get("pending_reason"):
+        parts.append(f"reason {booking['pending_reason']}")
+    return ", ".join(parts)
+
+
+def estimate(client: Client, args) -> int:
+    answer = client.post(f"{BOOKINGS}estimate/", _booking_body(args))
+    if args.json:
+        print_json(answer)
+        return OK
+    # The answer's names: booking's field names (planned_start, pending_reason, state_detail),
+    # or the older earliest_start, reason, detail.
+    start = answer.get("planned_start", answer.get("earliest_start"))
+    reason = answer.get("pending_reason", answer.get("reason"))
+    detail = answer.get("state_detail", answer.get("detail"))
+    rows = [
+        ("Earliest start", when(start) or "not possible now"),
+        ("Reason", reason),
+        ("Queue position", answer.get("queue_position")),
+        ("Detail", detail),
+    ]
+    _pairs(rows)
+    return OK
+
+
+def queue(client: Client, args) -> int:
+    """Live bookings as far as the user may see them: running, then queued in order."""
+    query = {"state": list(QUEUE_STATES)}
+    if args.project:
+        query["project"] = args.project
+    rows = client.get_all(BOOKINGS, query)
+    order = {"active": 0, "pending": 1, "planned": 2}
+    rows.sort(
+        key=lambda b: (
+            order.get(b["state"], 3),
+            b.get("queue_position") or 10**9,
+            b.get("planned_start") or b.get("start") or "",
+            b["id"],
+        )
+    )
+    if args.json:
+        print_json(rows)
+        return OK
+    headers = ["ID", "USER", "PROJECT", "STATE", "WHAT", "POS", "START", "END", "REASON"]
+    print(
+        table(
+            headers,
+            [
+                [
+                    b["id"],
+                    b["owner"],
+                    b["project"],
+                    b["state"],
+                    what(b),
+                    b.get("queue_position"),
+                    when(b.get("started_at") or b.get("planned_start") or b.get("start")),
+                    when(_end(b)),
+                    b.get("pending_reason"),
+                ]
+                for b in rows
+            ],
+        )
+    )
+    return OK
+
+
+def _end(booking: dict) -> str | None:
+    """When it ends (or ended): an allocation's end, else the window's."""
+    ends = [d["end"] for d in booking.get("devices") or [] if d.get("end")]
+    return booking.get("ended_at") or (max(ends) if ends else booking.get("end"))
+
+
+def list_(client: Client, args) -> int:
+    query: dict = {}
+    for name in ("state", "project", "owner"):
+        if getattr(args, name):
+            query[name] = getattr(args, name)
+    rows = client.get_all(BOOKINGS, query, limit=args.limit)
+    if args.json:
+        print_json(rows)
+        return OK
+    headers = ["ID", "STATE", "WHAT", "PROJECT", "OWNER", "SUBMITTED", "START", "END", "DEVICES"]
+    print(
+        table(
+            headers,
+            [
+                [
+                    b["id"],
+                    b["state"],
+                    what(b),
+                    b["project"],
+                    b["owner"],
+                    when(b["submitted_at"]),
+                    when(b.get("started_at") or b.get("planned_start") or b.get("start")),
+                    when(_end(b)),
+                    ",".join(d["device"] for d in b.get("devices") or []),
+                ]
+                for b in rows
+            ],
+        )
+    )
+    return OK
+
+
+def show(client: Client, args) -> int:
+    booking = client.get(f"{BOOKINGS}{args.id}/")
+    _show_or_json(booking, args)
+    return OK
+
+
+def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
+    if args.json:
+        print_json(booking)
+        return
+    if summary:
+        print(summary)
+    started = booking.get("started_at")
+    _pairs(
+        [
+            ("Booking", booking["id"]),
+            ("State", booking["state"]),
+            ("Detail", booking.get("state_detail")),
+            ("Owner", f"{booking['owner']} ({booking['project']})"),
+            ("What", what(booking)),
+            ("QOS", booking.get("qos")),
+            ("Duration", duration(booking.get("duration_s"))),
+            ("Submitted", when(booking.get("submitted_at"))),
+            ("Queue position", booking.get("queue_position")),
+            ("Planned start", when(booking.get("planned_start")) if not started else None),
+            ("Pending reason", booking.get("pending_reason")),
+            ("Started", when(booking.get("started_at"))),
+            ("Ends", when(_end(booking))),
+            ("Command", booking.get("command")),
+            ("Exit code", booking.get("exit_code")),
+            ("CUDA_VISIBLE_DEVICES", booking.get("cuda_visible_devices")),
+        ]
+    )
+    devices = booking.get("devices") or []
+    if devices:
+        print()
+        rows = [[d["device"], d["uuid"], when(d["start"]), when(d["end"])] for d in devices]
+        print(table(["DEVICE", "UUID", "FROM", "TO"], rows))
+
+
+def _pairs(rows) -> None:
+    """'Label:  value' lines, skipping empty values."""
+    shown = [(label, value) for label, value in rows if value not in (None, "")]
+    width = max(len(label) for label, _ in shown) + 1
+    for label, value in shown:
+        print(f"{label + ':':<{width}}  {value}")
+
+
+def cancel(client: Client, args) -> int:
+    return _command_on(client, args, "cancel", None, "Cancelled")
+
+
+def release(client: Client, args) -> int:
+    return _command_on(client, args, "release", None, "Released")
+
+
+def extend(client: Client, args) -> int:
+    body = {"by_s": parse_duration(args.by)}
+    return _command_on(client, args, "extend", body, f"Extended by {duration(body['by_s'])}:")
+
+
+def _command_on(client: Client, args, action: str, body, verb: str) -> int:
+    booking = client.post(f"{BOOKINGS}{args.id}/{action}/", body)
+    if args.json:
+        print_json(booking)
+    else:
+        end = when(_end(booking)) if booking["state"] in QUEUE_STATES else None
+        print(
+            f"{verb} booking {booking['id']} ({booking['state']}{f', ends {end}' if end else ''})"
+        )
+    return OK
+
+
+def quota(client: Client, args) -> int:
+    rows = client.get("/api/v1/me/quota/")["results"]
+    if args.json:
+        print_json(rows)
+        return OK
+    out = []
+    for row in rows:
+        limits, mine, theirs = row["limits"], row["usage"], row["project_usage"]
+        out.append(
+            [
+                row["project"],
+                row["role"],
+                f"{mine['gpus_in_use']:g}/{_limit(limits['max_gpus'])}",
+                f"{mine['gpu_hours_used']:.1f}/{_limit(limits['gpu_hours_budget'])}"
+                + (f" per {limits['budget_period_days']}d" if limits["gpu_hours_budget"] else ""),
+                f"{theirs['gpus_in_use']:g} GPUs, {theirs['gpu_hours_used']:.1f} h",
+                duration(limits["max_duration_s"]),
+                ",".join(limits["allowed_qos"]) or "all",
+                ",".join(limits["allowed_models"]) or "all",
+            ]
+        )
+    headers = ["PROJECT", "ROLE", "GPUS", "GPU-HOURS", "PROJECT USE", "MAX TIME", "QOS", "MODELS"]
+    print(table(headers, out))
+    return OK
+
+
+def _limit(value) -> str:
+    return "unlimited" if value is None else f"{value:g}"
+
+
+def gpus(client: Client, args) -> int:
+    """Devices free now (every device with --all, marked free or not), with latest readings."""
+    query = {name: getattr(args, name) for name in ("model", "node") if getattr(args, name)}
+    whole = client.get_all("/api/v1/gpus/", query)
+    migs = client.get_all("/api/v1/mig-instances/", query)
+    free = {
+        ("gpu", g["id"]) for g in client.get_all("/api/v1/gpus/", {**query, "free": "true"})
+    } | {
+        ("mig", m["id"])
+        for m in client.get_all("/api/v1/mig-instances/", {**query, "free": "true"})
+    }
+    for kind, rows in (("gpu", whole), ("mig", migs)):
+        for row in rows:
+            row["free"] = (kind, row["id"]) in free
+    index = {g["uuid"]: g["index"] for g in whole}  # a MIG instance names its GPU by UUID
+    if not args.all:
+        whole = [g for g in whole if g["free"]]
+        migs = [m for m in migs if m["free"]]
+    if args.json:
+        print_json({"gpus": whole, "mig_instances": migs})
+        return OK
+    if not whole and not migs:
+        print("No device is free now." if not args.all else "No devices.")
+        return OK
+    rows = [[_gpu_label(g), g["model"], _mib(g["memory_mib"]), g] for g in whole]
+    rows += [
+        [f"{m['node']}/gpu{index.get(m['gpu'], '?')}/{m['profile']}", m["model"],
+         _mib(m["memory_mib"]), m]
+        for m in migs
+    ]  # fmt: skip
+    headers = ["DEVICE", "MODEL", "MEMORY", "UTIL", "MEM USED", "TEMP", "POWER", "PROCS"]
+    if args.all:
+        headers.insert(1, "FREE")
+    print(table(headers, [_device_row(row, args.all) for row in rows]))
+    return OK
+
+
+def _gpu_label(gpu: dict) -> str:
+    return f"{gpu['node']}/gpu{gpu['index']}" + (" (MIG)" if gpu["mig_mode"] else "")
+
+
+def _device_row(row: list, with_free: bool) -> list:
+    label, model, memory, device = row
+    free = ["yes" if device["free"] else "no"] if with_free else []
+    return [label, *free, model, memory, *_reading(device)]
+
+
+def _mib(value) -> str | None:
+    return None if value is None else f"{value / 1024:.0f} GiB"
+
+
+def _reading(device: dict) -> list:
+    r = device.get("reading") or {}
+    util = r.get("utilization_gpu")
+    used, total = r.get("memory_used_mib"), r.get("memory_total_mib")
+    temp, power = r.get("temperature_c"), r.get("power_w")
+    return [
+        None if util is None else f"{util:.0f}%",
+        None if used is None else f"{used / 1024:.1f}/{(total or 0) / 1024:.0f} GiB",
+        None if temp is None else f"{temp:.0f}C",
+        None if power is None else f"{power:.0f}W",
+        r.get("processes") if r else None,
+    ]
+
+
+def logs(client: Client, args) -> int:
+    """A batch booking's output (the tail the agent reported); --follow polls for more."""
+    booking = client.get(f"{BOOKINGS}{args.id}/")
+    if args.json:
+        print_json(
+            {"id": booking["id"], "state": booking["state"], "log_tail": booking["log_tail"]}
+        )
+        return OK
+    shown = booking.get("log_tail") or ""
+    sys.stdout.write(shown)
+    sys.stdout.flush()
+    while args.follow and booking["state"] in QUEUE_STATES:
+        time.sleep(args.interval)
+        booking = client.get(f"{BOOKINGS}{args.id}/")
+        text = booking.get("log_tail") or ""
+        sys.stdout.write(_new_part(shown, text))
+        sys.stdout.flush()
+        shown = text
+    if not shown and not args.follow:
+        print(f"(no output from booking {booking['id']} yet)", file=sys.stderr)
+    return OK
+
+
+def _new_part(before: str, after: str) -> str:
+    """What `after` adds to `before`; a tail window that moved is matched on its overlap."""
+    if after.startswith(before):
+        return after[len(before) :]
+    for cut in range(len(before)):
+        if after.startswith(before[cut:]):
+            return after[len(before) - cut :]
+    return after
