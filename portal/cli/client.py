@@ -109,6 +109,10 @@ class Client:
             except _Retry as retry:
                 if attempt == self.retries:
                     raise retry.error from None
+                print(
+                    f"gpu-portal: {retry.error.message} Retrying in {retry.wait_s:g} s.",
+                    file=sys.stderr,
+                )
                 time.sleep(retry.wait_s)
         raise AssertionError("unreachable")
 
@@ -134,7 +138,7 @@ class Client:
             raise error from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            error = CliError(f"Cannot reach {self.url}: {reason}", exit_code=UNAVAILABLE)
+            error = CliError(f"Cannot reach {self.url}: {reason}.", exit_code=UNAVAILABLE)
             raise _Retry(error, 1.0) from None
         return json.loads(raw) if raw else {}
 
@@ -148,8 +152,6 @@ class _Retry(Exception):
 def _retry_after(value: str | None) -> float:
     try:
         wait = float(value) if value else 1.0
-    except ValueError:
+    except ValueError:  # an HTTP date: wait the default
         wait = 1.0
-    if wait > 0:
-        print(f"gpu-portal: the portal is busy; retrying in {wait:g} s", file=sys.stderr)
     return min(max(wait, 0.0), MAX_RETRY_WAIT_S)

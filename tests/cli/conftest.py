@@ -47,7 +47,7 @@ def cli(live_server, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
 
-    def run(*args: str, token: str | None = None, stdin: str = "", url=None, timeout=60):
+    def environment(token: str | None, url: str | None) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_PORTAL_", "DJANGO"))}
         env |= {
             "HOME": str(home),
@@ -57,15 +57,30 @@ def cli(live_server, tmp_path):
         }
         if token is not None:
             env["GPU_PORTAL_TOKEN"] = token
+        return env
+
+    def run(*args: str, token: str | None = None, stdin: str = "", url=None, timeout=60):
         return subprocess.run(
             [sys.executable, "-m", "portal.cli", *args],
             input=stdin,
             capture_output=True,
             text=True,
-            env=env,
+            env=environment(token, url),
             cwd=ROOT,
             timeout=timeout,
         )
 
+    def start(*args: str, token: str | None = None):
+        """The command running in the background (a Popen with text pipes)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "portal.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment(token, None),
+            cwd=ROOT,
+        )
+
     run.home = home
+    run.start = start
     return run

@@ -3,12 +3,14 @@ its human and --json output, and the exit codes scripts test."""
 
 import json
 import stat
+import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from portal.models import Booking, Gpu, MigInstance
+from portal.services.bookings import booking_cancel
 from portal.services.telemetry_cache import latest_store
 from tests.cli.conftest import token_for
 from tests.factories import make_active_booking
@@ -235,3 +237,40 @@ def test_it_exits_with_codes_scripts_can_test_and_the_apis_message(site, cli):
 
     unreachable = cli("list", token=token, url="http://127.0.0.1:9")
     assert unreachable.returncode == 6 and "Cannot reach http://127.0.0.1:9" in unreachable.stderr
+
+
+def _until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_it_stops_waiting_with_exit_8_when_the_booking_ends_without_starting(site, cli):
+    token = token_for(site["alice"])
+    assert cli("submit", "-g", "2", "-t", "1h", token=token).returncode == 0
+    waiting = cli.start("submit", "--wait", "--interval", "0.2", "-g", "1", "-t", "1h", token=token)
+    _until(lambda: Booking.objects.filter(state="pending").exists())
+    queued = Booking.objects.get(state="pending")
+    booking_cancel(user=site["alice"], booking_id=queued.pk, now=timezone.now())
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 8, err
+    assert f"Booking {queued.pk} ended without starting" in out and "cancelled" in out
+
+
+def test_it_follows_a_running_bookings_output_until_it_ends(site, cli):
+    token = token_for(site["alice"])
+    booking = make_active_booking(
+        [Gpu.objects.get(index=0)], owner=site["alice"], project=site["project"]
+    )
+    Booking.objects.filter(pk=booking.pk).update(log_tail="step 1\n")
+    follow = cli.start("logs", "-f", "--interval", "0.2", str(booking.pk), token=token)
+    assert follow.stdout.readline() == "step 1\n"
+    # A tail window that moved past what was shown is printed whole; one that grew, only the rest.
+    Booking.objects.filter(pk=booking.pk).update(log_tail="step 2\n")
+    assert follow.stdout.readline() == "step 2\n"
+    Booking.objects.filter(pk=booking.pk).update(
+        log_tail="step 2\nstep 3\ndone\n", state=Booking.State.FINISHED, exit_code=0
+    )
+    out, _ = follow.communicate(timeout=30)
+    assert follow.returncode == 0 and out == "step 3\ndone\n"
