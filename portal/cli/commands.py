@@ -12,6 +12,8 @@ from .output import duration, parse_duration, parse_moment, print_json, table, w
 
 BOOKINGS = "/api/v1/bookings/"
 QUEUE_STATES = ("pending", "planned", "active")
+QUEUE_COLUMNS = ["ID", "USER", "PROJECT", "STATE", "WHAT", "POS", "START", "END", "REASON"]
+LIST_COLUMNS = ["ID", "STATE", "WHAT", "PROJECT", "USER", "SUBMITTED", "START", "END", "DEVICES"]
 NOT_STARTING = {"finished", "cancelled", "preempted", "failed", "expired"}
 
 
@@ -158,26 +160,7 @@ def queue(client: Client, args) -> int:
     if args.json:
         print_json(rows)
         return OK
-    headers = ["ID", "USER", "PROJECT", "STATE", "WHAT", "POS", "START", "END", "REASON"]
-    print(
-        table(
-            headers,
-            [
-                [
-                    b["id"],
-                    b["owner"],
-                    b["project"],
-                    b["state"],
-                    what(b),
-                    b.get("queue_position"),
-                    when(b.get("started_at") or b.get("planned_start") or b.get("start")),
-                    when(_end(b)),
-                    b.get("pending_reason"),
-                ]
-                for b in rows
-            ],
-        )
-    )
+    print(_booking_table(rows, QUEUE_COLUMNS))
     return OK
 
 
@@ -196,27 +179,28 @@ def list_(client: Client, args) -> int:
     if args.json:
         print_json(rows)
         return OK
-    headers = ["ID", "STATE", "WHAT", "PROJECT", "OWNER", "SUBMITTED", "START", "END", "DEVICES"]
-    print(
-        table(
-            headers,
-            [
-                [
-                    b["id"],
-                    b["state"],
-                    what(b),
-                    b["project"],
-                    b["owner"],
-                    when(b["submitted_at"]),
-                    when(b.get("started_at") or b.get("planned_start") or b.get("start")),
-                    when(_end(b)),
-                    ",".join(d["device"] for d in b.get("devices") or []),
-                ]
-                for b in rows
-            ],
-        )
-    )
+    print(_booking_table(rows, LIST_COLUMNS))
     return OK
+
+
+# Booking table columns: header -> the cell of one booking.
+_COLUMNS = {
+    "ID": lambda b: b["id"],
+    "USER": lambda b: b["owner"],
+    "PROJECT": lambda b: b["project"],
+    "STATE": lambda b: b["state"],
+    "WHAT": what,
+    "POS": lambda b: b.get("queue_position"),
+    "SUBMITTED": lambda b: when(b.get("submitted_at")),
+    "START": lambda b: when(b.get("started_at") or b.get("planned_start") or b.get("start")),
+    "END": lambda b: when(_end(b)),
+    "REASON": lambda b: b.get("pending_reason"),
+    "DEVICES": lambda b: ",".join(d["device"] for d in b.get("devices") or []),
+}
+
+
+def _booking_table(bookings: list[dict], headers: list[str]) -> str:
+    return table(headers, [[_COLUMNS[h](b) for h in headers] for b in bookings])
 
 
 def show(client: Client, args) -> int:
