@@ -5,6 +5,7 @@ import shlex
 import socket
 import sys
 import time
+from datetime import datetime, timedelta
 
 from . import config
 from .client import ENDED, OK, WAIT_TIMEOUT, Client, CliError
@@ -50,12 +51,15 @@ def _booking_body(args) -> dict:
         body["gpu_model"] = args.model
     if args.project:
         body["project"] = args.project
-    if args.time:
-        body["duration_s"] = parse_duration(args.time)
     if args.start:
         body["start"] = parse_moment(args.start)
     if args.end:
         body["end"] = parse_moment(args.end)
+    if args.time and args.start and not args.end:  # a window given as start and length
+        length = timedelta(seconds=parse_duration(args.time))
+        body["end"] = (datetime.fromisoformat(body["start"]) + length).isoformat()
+    elif args.time:
+        body["duration_s"] = parse_duration(args.time)
     if args.qos:
         body["qos"] = args.qos
     if args.preemptible:

@@ -135,10 +135,10 @@ def test_it_extends_cancels_and_releases(site, cli):
     released = cli("release", str(active["id"]), token=token)
     assert released.stdout == f"Released booking {active['id']} (finished)\n"
 
-    start = (timezone.now() + timedelta(days=2)).replace(microsecond=0).isoformat()
-    end = (timezone.now() + timedelta(days=2, hours=1)).replace(microsecond=0).isoformat()
-    planned = _json(cli("submit", "--json", "--start", start, "--end", end, token=token))
+    start = (timezone.now() + timedelta(days=2)).replace(microsecond=0)
+    planned = _json(cli("submit", "--json", "--start", start.isoformat(), "-t", "1h", token=token))
     assert planned["state"] == "planned"
+    assert Booking.objects.get(pk=planned["id"]).end == start + timedelta(hours=1)
     cancelled = cli("cancel", str(planned["id"]), token=token)
     assert cancelled.stdout == f"Cancelled booking {planned['id']} (cancelled)\n"
     again = cli("cancel", str(planned["id"]), token=token)

@@ -6,7 +6,8 @@ import pytest
 
 from portal.cli import output
 from portal.cli.client import api_error
-from portal.cli.commands import _command, _new_part
+from portal.cli.commands import _command, _new_part, estimate
+from portal.cli.main import build_parser
 
 
 @pytest.mark.parametrize(
@@ -68,3 +69,32 @@ def test_it_maps_the_api_error_shape_to_exit_codes():
     assert api_error(404, b'{"error": {"code": "not_found", "message": "No."}}').exit_code == 4
     assert api_error(401, b"{}").exit_code == 3
     assert api_error(502, b"<html>bad gateway</html>").message.startswith("HTTP 502")
+
+
+class _Answering:
+    """Stands in for the client where the portal's answer is the input under test."""
+
+    def __init__(self, answer: dict):
+        self.answer = answer
+
+    def post(self, path, body=None, headers=None):
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"earliest_start": None, "reason": "quota", "detail": "over max_gpus", "queue_position": 3},
+        {"planned_start": None, "pending_reason": "quota", "state_detail": "over max_gpus",
+         "queue_position": 3},
+    ],
+)  # fmt: skip
+def test_it_reads_the_estimate_under_its_old_and_its_booking_field_names(answer, capsys):
+    args = build_parser().parse_args(["estimate", "-g", "1", "-t", "1h"])
+    assert estimate(_Answering(answer), args) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "Earliest start:  not possible now",
+        "Reason:          quota",
+        "Queue position:  3",
+        "Detail:          over max_gpus",
+    ]
