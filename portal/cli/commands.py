@@ -1,13 +1,11 @@
-"""One function per command: (client, args) -> exit code. Human output unless args.json."""
+"""The booking commands, one function each: (client, args) -> exit code. Human output unless
+args.json. (login and quota are in account.py, gpus in devices.py.)"""
 
-import getpass
 import shlex
-import socket
 import sys
 import time
 from datetime import datetime, timedelta
 
-from . import config
 from .client import ENDED, OK, WAIT_TIMEOUT, Client, CliError
 from .output import duration, parse_duration, parse_moment, print_json, table, what, when
 
@@ -16,29 +14,6 @@ QUEUE_STATES = ("pending", "planned", "active")
 QUEUE_COLUMNS = ["ID", "USER", "PROJECT", "STATE", "WHAT", "POS", "START", "END", "REASON"]
 LIST_COLUMNS = ["ID", "STATE", "WHAT", "PROJECT", "USER", "SUBMITTED", "START", "END", "DEVICES"]
 NOT_STARTING = {"finished", "cancelled", "preempted", "failed", "expired"}
-
-
-def login(args) -> int:
-    """Exchange a username and password for a token, stored in the config file (0600)."""
-    url = config.settings(args.url).url
-    if not url:
-        raise CliError("Which portal? Pass --url https://gpus.example.org (or GPU_PORTAL_URL).")
-    username = args.username or input(f"Username [{getpass.getuser()}]: ").strip()
-    username = username or getpass.getuser()
-    if args.password_stdin:
-        password = sys.stdin.readline().rstrip("\n")
-    else:
-        password = getpass.getpass(f"Password for {username} at {url}: ")
-    name = args.token_name or f"gpu-portal cli on {socket.gethostname()}"
-    answer = Client(url, retries=0).post(
-        "/api/v1/auth/token/", {"username": username, "password": password, "name": name}
-    )
-    path = config.write_file({"url": url, "token": answer["token"], "username": username})
-    if args.json:
-        print_json({"url": url, "username": username, "config": str(path), "id": answer["id"]})
-    else:
-        print(f"Logged in to {url} as {username}; token stored in {path}")
-    return OK
 
 
 def _booking_body(args) -> dict:
@@ -278,101 +253,6 @@ def _command_on(client: Client, args, action: str, body, verb: str) -> int:
             f"{verb} booking {booking['id']} ({booking['state']}{f', ends {end}' if end else ''})"
         )
     return OK
-
-
-def quota(client: Client, args) -> int:
-    rows = client.get("/api/v1/me/quota/")["results"]
-    if args.json:
-        print_json(rows)
-        return OK
-    out = []
-    for row in rows:
-        limits, mine, theirs = row["limits"], row["usage"], row["project_usage"]
-        out.append(
-            [
-                row["project"],
-                row["role"],
-                f"{mine['gpus_in_use']:g}/{_limit(limits['max_gpus'])}",
-                f"{mine['gpu_hours_used']:.1f}/{_limit(limits['gpu_hours_budget'])}"
-                + (f" per {limits['budget_period_days']}d" if limits["gpu_hours_budget"] else ""),
-                f"{theirs['gpus_in_use']:g} GPUs, {theirs['gpu_hours_used']:.1f} h",
-                duration(limits["max_duration_s"]),
-                ",".join(limits["allowed_qos"]) or "all",
-                ",".join(limits["allowed_models"]) or "all",
-            ]
-        )
-    headers = ["PROJECT", "ROLE", "GPUS", "GPU-HOURS", "PROJECT USE", "MAX TIME", "QOS", "MODELS"]
-    print(table(headers, out))
-    return OK
-
-
-def _limit(value) -> str:
-    return "unlimited" if value is None else f"{value:g}"
-
-
-def gpus(client: Client, args) -> int:
-    """Devices free now (every device with --all, marked free or not), with latest readings."""
-    query = {name: getattr(args, name) for name in ("model", "node") if getattr(args, name)}
-    whole = client.get_all("/api/v1/gpus/", query)
-    migs = client.get_all("/api/v1/mig-instances/", query)
-    free = {
-        ("gpu", g["id"]) for g in client.get_all("/api/v1/gpus/", {**query, "free": "true"})
-    } | {
-        ("mig", m["id"])
-        for m in client.get_all("/api/v1/mig-instances/", {**query, "free": "true"})
-    }
-    for kind, rows in (("gpu", whole), ("mig", migs)):
-        for row in rows:
-            row["free"] = (kind, row["id"]) in free
-    index = {g["uuid"]: g["index"] for g in whole}  # a MIG instance names its GPU by UUID
-    if not args.all:
-        whole = [g for g in whole if g["free"]]
-        migs = [m for m in migs if m["free"]]
-    if args.json:
-        print_json({"gpus": whole, "mig_instances": migs})
-        return OK
-    if not whole and not migs:
-        print("No device is free now." if not args.all else "No devices.")
-        return OK
-    rows = [[_gpu_label(g), g["model"], _mib(g["memory_mib"]), g] for g in whole]
-    rows += [
-        [f"{m['node']}/gpu{index.get(m['gpu'], '?')}/{m['profile']}", m["model"],
-         _mib(m["memory_mib"]), m]
-        for m in migs
-    ]  # fmt: skip
-    headers = ["DEVICE", "MODEL", "MEMORY", "UTIL", "MEM USED", "TEMP", "POWER", "PROCS"]
-    if args.all:
-        headers.insert(1, "FREE")
-    print(table(headers, [_device_row(row, args.all) for row in rows]))
-    return OK
-
-
-def _gpu_label(gpu: dict) -> str:
-    return f"{gpu['node']}/gpu{gpu['index']}" + (" (MIG)" if gpu["mig_mode"] else "")
-
-
-def _device_row(row: list, with_free: bool) -> list:
-    label, model, memory, device = row
-    free = ["yes" if device["free"] else "no"] if with_free else []
-    return [label, *free, model, memory, *_reading(device)]
-
-
-def _mib(value) -> str | None:
-    return None if value is None else f"{value / 1024:.0f} GiB"
-
-
-def _reading(device: dict) -> list:
-    r = device.get("reading") or {}
-    util = r.get("utilization_gpu")
-    used, total = r.get("memory_used_mib"), r.get("memory_total_mib")
-    temp, power = r.get("temperature_c"), r.get("power_w")
-    return [
-        None if util is None else f"{util:.0f}%",
-        None if used is None else f"{used / 1024:.1f}/{(total or 0) / 1024:.0f} GiB",
-        None if temp is None else f"{temp:.0f}C",
-        None if power is None else f"{power:.0f}W",
-        r.get("processes") if r else None,
-    ]
 
 
 def logs(client: Client, args) -> int:

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from . import __version__, commands, config, output
+from . import __version__, account, commands, config, devices, output
 from .client import NOT_AUTHENTICATED, USAGE, Client, CliError
 
 EPILOG = """\
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(run=run)
         return command
 
-    p = add("login", "store a token for the portal (asks for the password)", commands.login)
+    p = add("login", "store a token for the portal (asks for the password)", account.login)
     p.add_argument("-u", "--username")
     p.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     p.add_argument("--token-name", help="a name for the token (default: cli on <host>)")
@@ -93,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=int)
     p.add_argument("by", metavar="DURATION", help="by how long: 30m, 2h, HH:MM:SS")
 
-    add("quota", "your limits and usage per project", commands.quota)
+    add("quota", "your limits and usage per project", account.quota)
 
-    p = add("gpus", "devices free now, with live readings", commands.gpus)
+    p = add("gpus", "devices free now, with live readings", devices.gpus)
     p.add_argument("-a", "--all", action="store_true", help="every device, free or not")
     p.add_argument("-m", "--model")
     p.add_argument("-n", "--node")
@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(parser: argparse.ArgumentParser, args) -> int:
-    if args.run is commands.login:
-        return commands.login(args)
+    if args.run is account.login:
+        return account.login(args)
     settings = config.settings(args.url)
     if not settings.token:
         raise CliError(

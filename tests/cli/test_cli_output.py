@@ -7,7 +7,7 @@ import pytest
 from portal.cli import output
 from portal.cli.client import api_error
 from portal.cli.commands import _command, _new_part, estimate
-from portal.cli.main import build_parser
+from portal.cli.main import build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -98,3 +98,18 @@ def test_it_reads_the_estimate_under_its_old_and_its_booking_field_names(answer,
         "Queue position:  3",
         "Detail:          over max_gpus",
     ]
+
+
+def test_it_asks_which_portal_when_none_is_configured(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("GPU_PORTAL_URL", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert main(["login", "-u", "alice", "--password-stdin"]) == 2
+    assert "Which portal? Pass --url" in capsys.readouterr().err
+
+
+def test_it_reports_a_broken_config_file_as_a_usage_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    (tmp_path / "gpu-portal").mkdir()
+    (tmp_path / "gpu-portal" / "config.json").write_text("{not json")
+    assert main(["list"]) == 2
+    assert "config.json is not valid JSON" in capsys.readouterr().err
