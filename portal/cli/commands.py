@@ -123,9 +123,7 @@ def estimate(client: Client, args) -> int:
 
 def queue(client: Client, args) -> int:
     """Live bookings as far as the user may see them: running, then queued in order."""
-    query = {"state": list(QUEUE_STATES)}
-    if args.project:
-        query["project"] = args.project
+    query = {"state": list(QUEUE_STATES), **_filters(args, "project", "owner")}
     rows = client.get_all(BOOKINGS, query)
     order = {"active": 0, "pending": 1, "planned": 2}
     rows.sort(
@@ -143,6 +141,11 @@ def queue(client: Client, args) -> int:
     return OK
 
 
+def _filters(args, *names: str) -> dict:
+    """The list filters (query parameters) the user gave."""
+    return {name: getattr(args, name) for name in names if getattr(args, name)}
+
+
 def _end(booking: dict) -> str | None:
     """When it ends (or ended): an allocation's end, else the window's."""
     ends = [d["end"] for d in booking.get("devices") or [] if d.get("end")]
@@ -150,11 +153,7 @@ def _end(booking: dict) -> str | None:
 
 
 def list_(client: Client, args) -> int:
-    query: dict = {}
-    for name in ("state", "project", "owner"):
-        if getattr(args, name):
-            query[name] = getattr(args, name)
-    rows = client.get_all(BOOKINGS, query, limit=args.limit)
+    rows = client.get_all(BOOKINGS, _filters(args, "state", "project", "owner"), limit=args.limit)
     if args.json:
         print_json(rows)
         return OK

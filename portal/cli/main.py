@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("queue", "the queue: running, then waiting, with position and reason", commands.queue)
     p.add_argument("-p", "--project")
+    p.add_argument("-o", "--owner", help="only this user's bookings")
 
     p = add("list", "bookings you can see, newest first", commands.list_)
     p.add_argument("-s", "--state", action="append", help="only this state (repeatable)")

@@ -77,6 +77,7 @@ def test_it_submits_then_shows_lists_and_queues_with_position_and_reason(site, c
         running.pk,
         waiting["id"],
     ]
+    assert _json(cli("queue", "--json", "-o", "bob", token=token)) == []
 
     shown = cli("show", str(running.pk), token=token)
     assert "State:                 active" in shown.stdout
