@@ -1,8 +1,20 @@
 """FilterSets shared by the API and the web pages (NetBox style)."""
 
 import django_filters
+from django.utils import timezone
 
 from portal.models import Booking, Gpu, MigInstance, Node
+from portal.services import inventory
+
+
+def _free_filter(free_now):
+    """?free=true: devices held by no booking now on an up node; ?free=false: the others."""
+
+    def apply(queryset, name, value):
+        free = free_now(queryset, now=timezone.now())
+        return free if value else queryset.exclude(id__in=free.values("id"))
+
+    return django_filters.BooleanFilter(method=apply, label="free now")
 
 
 class NodeFilterSet(django_filters.FilterSet):
@@ -13,6 +25,7 @@ class NodeFilterSet(django_filters.FilterSet):
 
 class GpuFilterSet(django_filters.FilterSet):
     node = django_filters.CharFilter(field_name="node__hostname")
+    free = _free_filter(inventory.gpus_free_now)
 
     class Meta:
         model = Gpu
@@ -22,6 +35,7 @@ class GpuFilterSet(django_filters.FilterSet):
 class MigInstanceFilterSet(django_filters.FilterSet):
     node = django_filters.CharFilter(field_name="gpu__node__hostname")
     model = django_filters.CharFilter(field_name="gpu__model")
+    free = _free_filter(inventory.mig_instances_free_now)
 
     class Meta:
         model = MigInstance

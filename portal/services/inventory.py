@@ -1,9 +1,11 @@
 """Inventory selectors: which devices exist, which are bookable, which are free in a window."""
 
-from django.db.models import Count
+from datetime import datetime
+
+from django.db.models import Count, QuerySet
 
 import scheduler
-from portal.models import Gpu, MigInstance, Node, mig_fraction
+from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
 
 
 def gpu_models() -> list[str]:
@@ -59,3 +61,21 @@ def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[in
     if gpu_model:
         qs = qs.filter(gpus__model=gpu_model)
     return sorted(set(qs.values_list("id", flat=True)))
+
+
+def _held_now(now: datetime) -> QuerySet:
+    return Allocation.objects.filter(live=True, start__lte=now, end__gt=now)
+
+
+def gpus_free_now(gpus: QuerySet, *, now: datetime) -> QuerySet:
+    """Of `gpus`, the whole GPUs bookable and held by no booking now (on an up node)."""
+    held = _held_now(now).values("gpu_id")
+    return gpus.filter(node__state=Node.State.UP, mig_mode=False).exclude(id__in=held)
+
+
+def mig_instances_free_now(instances: QuerySet, *, now: datetime) -> QuerySet:
+    """Of `instances`, the MIG instances held by no booking now (on an up node)."""
+    held = _held_now(now)
+    return instances.filter(gpu__node__state=Node.State.UP).exclude(
+        id__in=held.filter(mig_instance__isnull=False).values("mig_instance_id")
+    )

@@ -82,6 +82,32 @@ def test_it_lists_gpus_with_filters_and_pagination(api, db):
     assert [(n["hostname"], n["gpu_count"]) for n in nodes] == [("node-a", 8), ("node-b", 3)]
 
 
+def test_it_filters_devices_free_now(api, db):
+    node = make_node("node-a", gpus=3)
+    make_mig_gpu(node, 3)
+    make_node("node-down", gpus=1, state="down")
+    gpu0, gpu1 = node.gpus.filter(index__in=[0, 1]).order_by("index")
+    held_mig = gpu0.node.gpus.get(index=3).mig_instances.get(profile="2g.20gb")
+    now = timezone.now()
+    AllocationFactory(gpu=gpu0, start=now - timedelta(minutes=5))
+    AllocationFactory(gpu=held_mig.gpu, mig_instance=held_mig, fraction=held_mig.fraction)
+    AllocationFactory(gpu=gpu1, start=now + timedelta(hours=2))  # later: free now
+    AllocationFactory(gpu=gpu1, start=now - timedelta(hours=2), live=False)  # ended
+
+    def names(path, free):
+        rows = api.get(path, {"free": free}).json()["results"]
+        return sorted(f"{r['node']}/{r.get('index', r.get('profile'))}" for r in rows)
+
+    assert names("/api/v1/gpus/", "true") == ["node-a/1", "node-a/2"]
+    assert names("/api/v1/gpus/", "false") == ["node-a/0", "node-a/3", "node-down/0"]
+    assert names("/api/v1/mig-instances/", "true") == [
+        "node-a/1g.10gb",
+        "node-a/1g.10gb",
+        "node-a/3g.40gb",
+    ]
+    assert names("/api/v1/mig-instances/", "false") == ["node-a/2g.20gb"]
+
+
 def test_it_lists_gpus_in_a_fixed_number_of_queries(api, db):
     for i in range(6):
         node = make_node(f"n{i}", gpus=4)

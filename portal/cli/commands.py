@@ -1,0 +1,287 @@
+"""The booking commands, one function each: (client, args) -> exit code. Human output unless
+args.json. (login and quota are in account.py, gpus in devices.py.)"""
+
+import shlex
+import sys
+import time
+from datetime import datetime, timedelta
+
+from .client import ENDED, OK, WAIT_TIMEOUT, Client, CliError
+from .output import duration, parse_duration, parse_moment, print_json, table, what, when
+
+BOOKINGS = "/api/v1/bookings/"
+QUEUE_STATES = ("pending", "planned", "active")
+QUEUE_COLUMNS = ["ID", "USER", "PROJECT", "STATE", "WHAT", "POS", "START", "END", "REASON"]
+LIST_COLUMNS = ["ID", "STATE", "WHAT", "PROJECT", "USER", "SUBMITTED", "START", "END", "DEVICES"]
+NOT_STARTING = {"finished", "cancelled", "preempted", "failed", "expired"}
+
+
+def _booking_body(args) -> dict:
+    body: dict = {}
+    if args.gpus is not None:
+        body["gpus"] = args.gpus
+    if args.mig:
+        body["mig_profile"] = args.mig
+    if args.model:
+        body["gpu_model"] = args.model
+    if args.project:
+        body["project"] = args.project
+    if args.start:
+        body["start"] = parse_moment(args.start)
+    if args.end:
+        body["end"] = parse_moment(args.end)
+    if args.time and args.start and not args.end:  # a window given as start and length
+        length = timedelta(seconds=parse_duration(args.time))
+        body["end"] = (datetime.fromisoformat(body["start"]) + length).isoformat()
+    elif args.time:
+        body["duration_s"] = parse_duration(args.time)
+    if args.qos:
+        body["qos"] = args.qos
+    if args.preemptible:
+        body["preemptible"] = True
+    command = _command(args.command)
+    if command:
+        body["command"] = command
+    if args.gpus is None and not args.mig:
+        body["gpus"] = 1
+    return body
+
+
+def _command(words: list[str]) -> str:
+    """One word is the command as written (`"python train.py"`); several are shell-quoted."""
+    words = words[1:] if words[:1] == ["--"] else words
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def submit(client: Client, args) -> int:
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    booking = client.post(BOOKINGS, _booking_body(args), headers=headers)
+    if not args.wait:
+        _show_or_json(booking, args, summary=f"Submitted booking {booking['id']}")
+        return OK
+    print(f"Submitted booking {booking['id']}; waiting for it to start", file=sys.stderr)
+    return _wait(client, booking, args)
+
+
+def _wait(client: Client, booking: dict, args) -> int:
+    """Poll until the booking is active (0), ended without starting (8) or the wait ran out (7)."""
+    deadline = time.monotonic() + args.wait_timeout if args.wait_timeout else None
+    said = ""
+    while True:
+        if booking["state"] == "active":
+            _show_or_json(booking, args, summary=f"Booking {booking['id']} is active")
+            return OK
+        if booking["state"] in NOT_STARTING:
+            _show_or_json(booking, args, summary=f"Booking {booking['id']} ended without starting")
+            return ENDED
+        line = _progress(booking)
+        if line != said:
+            print(line, file=sys.stderr)
+            said = line
+        if deadline is not None and time.monotonic() >= deadline:
+            if args.json:
+                print_json(booking)
+            raise CliError(
+                f"Booking {booking['id']} has not started after {args.wait_timeout:g} s; "
+                f"it stays queued (`gpu-portal cancel {booking['id']}` to withdraw it).",
+                exit_code=WAIT_TIMEOUT,
+            )
+        time.sleep(args.interval)
+        booking = client.get(f"{BOOKINGS}{booking['id']}/")
+
+
+def _progress(booking: dict) -> str:
+    parts = [f"booking {booking['id']}: {booking['state']}"]
+    if booking.get("queue_position"):
+        parts.append(f"position {booking['queue_position']}")
+    if booking.get("planned_start"):
+        parts.append(f"planned start {when(booking['planned_start'])}")
+    if booking.get("pending_reason"):
+        parts.append(f"reason {booking['pending_reason']}")
+    return ", ".join(parts)
+
+
+def estimate(client: Client, args) -> int:
+    answer = client.post(f"{BOOKINGS}estimate/", _booking_body(args))
+    if args.json:
+        print_json(answer)
+        return OK
+    # The answer's names: booking's field names (planned_start, pending_reason, state_detail),
+    # or the older earliest_start, reason, detail.
+    start = answer.get("planned_start", answer.get("earliest_start"))
+    reason = answer.get("pending_reason", answer.get("reason"))
+    detail = answer.get("state_detail", answer.get("detail"))
+    rows = [
+        ("Earliest start", when(start) or "not possible now"),
+        ("Reason", reason),
+        ("Queue position", answer.get("queue_position")),
+        ("Detail", detail),
+    ]
+    _pairs(rows)
+    return OK
+
+
+def queue(client: Client, args) -> int:
+    """Live bookings as far as the user may see them: running, then queued in order."""
+    query = {"state": list(QUEUE_STATES), **_filters(args, "project", "owner")}
+    rows = client.get_all(BOOKINGS, query)
+    order = {"active": 0, "pending": 1, "planned": 2}
+    rows.sort(
+        key=lambda b: (
+            order.get(b["state"], 3),
+            b.get("queue_position") or 10**9,
+            b.get("planned_start") or b.get("start") or "",
+            b["id"],
+        )
+    )
+    if args.json:
+        print_json(rows)
+        return OK
+    print(_booking_table(rows, QUEUE_COLUMNS))
+    return OK
+
+
+def _filters(args, *names: str) -> dict:
+    """The list filters (query parameters) the user gave."""
+    return {name: getattr(args, name) for name in names if getattr(args, name)}
+
+
+def _end(booking: dict) -> str | None:
+    """When it ends (or ended): an allocation's end, else the window's."""
+    ends = [d["end"] for d in booking.get("devices") or [] if d.get("end")]
+    return booking.get("ended_at") or (max(ends) if ends else booking.get("end"))
+
+
+def list_(client: Client, args) -> int:
+    rows = client.get_all(BOOKINGS, _filters(args, "state", "project", "owner"), limit=args.limit)
+    if args.json:
+        print_json(rows)
+        return OK
+    print(_booking_table(rows, LIST_COLUMNS))
+    return OK
+
+
+# Booking table columns: header -> the cell of one booking.
+_COLUMNS = {
+    "ID": lambda b: b["id"],
+    "USER": lambda b: b["owner"],
+    "PROJECT": lambda b: b["project"],
+    "STATE": lambda b: b["state"],
+    "WHAT": what,
+    "POS": lambda b: b.get("queue_position"),
+    "SUBMITTED": lambda b: when(b.get("submitted_at")),
+    "START": lambda b: when(b.get("started_at") or b.get("planned_start") or b.get("start")),
+    "END": lambda b: when(_end(b)),
+    "REASON": lambda b: b.get("pending_reason"),
+    "DEVICES": lambda b: ",".join(d["device"] for d in b.get("devices") or []),
+}
+
+
+def _booking_table(bookings: list[dict], headers: list[str]) -> str:
+    return table(headers, [[_COLUMNS[h](b) for h in headers] for b in bookings])
+
+
+def show(client: Client, args) -> int:
+    booking = client.get(f"{BOOKINGS}{args.id}/")
+    _show_or_json(booking, args)
+    return OK
+
+
+def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
+    if args.json:
+        print_json(booking)
+        return
+    if summary:
+        print(summary)
+    started = booking.get("started_at")
+    _pairs(
+        [
+            ("Booking", booking["id"]),
+            ("State", booking["state"]),
+            ("Detail", booking.get("state_detail")),
+            ("Owner", f"{booking['owner']} ({booking['project']})"),
+            ("What", what(booking)),
+            ("QOS", booking.get("qos")),
+            ("Duration", duration(booking.get("duration_s"))),
+            ("Submitted", when(booking.get("submitted_at"))),
+            ("Queue position", booking.get("queue_position")),
+            ("Planned start", when(booking.get("planned_start")) if not started else None),
+            ("Pending reason", booking.get("pending_reason")),
+            ("Started", when(booking.get("started_at"))),
+            ("Ends", when(_end(booking))),
+            ("Command", booking.get("command")),
+            ("Exit code", booking.get("exit_code")),
+            ("CUDA_VISIBLE_DEVICES", booking.get("cuda_visible_devices")),
+        ]
+    )
+    devices = booking.get("devices") or []
+    if devices:
+        print()
+        rows = [[d["device"], d["uuid"], when(d["start"]), when(d["end"])] for d in devices]
+        print(table(["DEVICE", "UUID", "FROM", "TO"], rows))
+
+
+def _pairs(rows) -> None:
+    """'Label:  value' lines, skipping empty values."""
+    shown = [(label, value) for label, value in rows if value not in (None, "")]
+    width = max(len(label) for label, _ in shown) + 1
+    for label, value in shown:
+        print(f"{label + ':':<{width}}  {value}")
+
+
+def cancel(client: Client, args) -> int:
+    return _command_on(client, args, "cancel", None, "Cancelled")
+
+
+def release(client: Client, args) -> int:
+    return _command_on(client, args, "release", None, "Released")
+
+
+def extend(client: Client, args) -> int:
+    body = {"by_s": parse_duration(args.by)}
+    return _command_on(client, args, "extend", body, f"Extended by {duration(body['by_s'])}:")
+
+
+def _command_on(client: Client, args, action: str, body, verb: str) -> int:
+    booking = client.post(f"{BOOKINGS}{args.id}/{action}/", body)
+    if args.json:
+        print_json(booking)
+    else:
+        end = when(_end(booking)) if booking["state"] in QUEUE_STATES else None
+        print(
+            f"{verb} booking {booking['id']} ({booking['state']}{f', ends {end}' if end else ''})"
+        )
+    return OK
+
+
+def logs(client: Client, args) -> int:
+    """A batch booking's output (the tail the agent reported); --follow polls for more."""
+    booking = client.get(f"{BOOKINGS}{args.id}/")
+    if args.json:
+        print_json(
+            {"id": booking["id"], "state": booking["state"], "log_tail": booking["log_tail"]}
+        )
+        return OK
+    shown = booking.get("log_tail") or ""
+    sys.stdout.write(shown)
+    sys.stdout.flush()
+    while args.follow and booking["state"] in QUEUE_STATES:
+        time.sleep(args.interval)
+        booking = client.get(f"{BOOKINGS}{args.id}/")
+        text = booking.get("log_tail") or ""
+        sys.stdout.write(_new_part(shown, text))
+        sys.stdout.flush()
+        shown = text
+    if not shown and not args.follow:
+        print(f"(no output from booking {booking['id']} yet)", file=sys.stderr)
+    return OK
+
+
+def _new_part(before: str, after: str) -> str:
+    """What `after` adds to `before`; a tail window that moved is matched on its overlap."""
+    if after.startswith(before):
+        return after[len(before) :]
+    for cut in range(len(before)):
+        if after.startswith(before[cut:]):
+            return after[len(before) - cut :]
+    return after

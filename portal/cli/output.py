@@ -1,0 +1,106 @@
+"""Human output: aligned plain-text tables, times and durations. --json bypasses all of this."""
+
+import json
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+
+# Set from --utc by main(); local time otherwise.
+USE_UTC = False
+
+
+def print_json(data) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """Columns padded to their widest cell; None and "" show as '-'."""
+    lines = [list(headers)] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def _cell(value) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """The API's ISO 8601 timestamps (with Z or an offset)."""
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def when(value: str | None, *, now: datetime | None = None) -> str | None:
+    """A timestamp in local time (UTC with --utc), the year shown only when not this year."""
+    moment = parse_time(value)
+    if moment is None:
+        return None
+    moment = moment.astimezone(UTC) if USE_UTC else moment.astimezone()
+    now = (now or datetime.now(UTC)).astimezone(moment.tzinfo)
+    text = moment.strftime("%m-%d %H:%M" if moment.year == now.year else "%Y-%m-%d %H:%M")
+    return text + (" UTC" if USE_UTC else "")
+
+
+def duration(seconds: int | float | None) -> str | None:
+    """3600 -> '1h', 5400 -> '1h30m', 93600 -> '1d2h'; minutes below an hour."""
+    if seconds is None:
+        return None
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m")] + ([(secs, "s")] if seconds < 60 else [])
+    return "".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
+
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_CLOCK = re.compile(r"^(?:(\d+)-)?(\d+):(\d+)(?::(\d+))?$")
+
+
+def parse_duration(text: str) -> int:
+    """Seconds from '90m', '2h', '1h30m', '1d', '45s', Slurm's 'HH:MM:SS', 'D-HH:MM:SS' or
+    'MM:SS', or a bare number of minutes (as Slurm's --time reads one)."""
+    text = text.strip().lower()
+    if text.isdigit():
+        return int(text) * 60
+    match = _DURATION.match(text)
+    if match and any(match.groups()):
+        d, h, m, s = (int(g or 0) for g in match.groups())
+        return ((d * 24 + h) * 60 + m) * 60 + s
+    match = _CLOCK.match(text)
+    if match:
+        d, a, b, c = match.groups()
+        h, m, s = (int(a), int(b), int(c)) if c is not None else (0, int(a), int(b))
+        return ((int(d or 0) * 24 + h) * 60 + m) * 60 + s
+    raise ValueError(f"'{text}' is not a duration (try 90m, 2h, 1h30m, 1d or HH:MM:SS)")
+
+
+def parse_moment(text: str) -> str:
+    """An ISO 8601 time for the API from 'YYYY-MM-DD HH:MM' (local unless it names a zone),
+    'now', or 'now+2h'."""
+    text = text.strip()
+    if text.lower().startswith("now"):
+        rest = text[3:].lstrip("+").strip()
+        moment = datetime.now(UTC) + timedelta(seconds=parse_duration(rest) if rest else 0)
+        return moment.isoformat()
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"'{text}' is not a time (try 2030-01-01T09:00 or now+1h)") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC) if USE_UTC else moment.astimezone()
+    return moment.isoformat()
+
+
+def what(booking: dict) -> str:
+    """'2 GPU', '1 GPU A100-80GB' or 'MIG 3g.40gb'."""
+    if booking.get("mig_profile"):
+        base = f"MIG {booking['mig_profile']}"
+    else:
+        base = f"{booking.get('gpus') or 0} GPU"
+    return f"{base} {booking['gpu_model']}" if booking.get("gpu_model") else base

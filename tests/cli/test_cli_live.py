@@ -1,0 +1,277 @@
+"""`gpu-portal` driven as a user would, as a subprocess against a live portal: every command,
+its human and --json output, and the exit codes scripts test."""
+
+import json
+import stat
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from portal.models import Booking, Gpu, MigInstance
+from portal.services.bookings import booking_cancel
+from portal.services.telemetry_cache import latest_store
+from tests.cli.conftest import token_for
+from tests.factories import make_active_booking
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _json(result):
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_it_logs_in_with_a_password_and_stores_the_token_readable_by_its_owner_only(site, cli):
+    wrong = cli("login", "-u", "alice", "--password-stdin", stdin="nope\n")
+    assert wrong.returncode == 1
+    assert "Wrong username or password." in wrong.stderr
+
+    result = cli("login", "-u", "alice", "--password-stdin", stdin="pw-secret-123\n")
+    assert result.returncode == 0, result.stderr
+    path = cli.home / ".config" / "gpu-portal" / "config.json"
+    assert f"as alice; token stored in {path}" in result.stdout
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    stored = json.loads(path.read_text())
+    assert stored["username"] == "alice" and stored["token"].startswith("gp")
+
+    # The stored token is used with no GPU_PORTAL_TOKEN set; a bad one in the env overrides it.
+    assert "vision" in cli("quota").stdout
+    refused = cli("quota", token="gp-not-a-token")
+    assert refused.returncode == 3
+    assert "Invalid or revoked token." in refused.stderr and "gpu-portal login" in refused.stderr
+
+
+def test_it_says_not_logged_in_without_a_token(site, cli):
+    result = cli("list")
+    assert result.returncode == 3
+    assert "Not logged in" in result.stderr
+
+
+def test_it_submits_then_shows_lists_and_queues_with_position_and_reason(site, cli):
+    token = token_for(site["alice"])
+    first = cli(
+        "submit", "-g", "2", "-t", "1h", "--", "python", "train.py", "--lr", "0.1", token=token
+    )
+    assert first.returncode == 0, first.stderr
+    running = Booking.objects.get()
+    assert first.stdout.startswith(f"Submitted booking {running.pk}\n")
+    assert running.command == "python train.py --lr 0.1" and running.duration_s == 3600
+    # The allocation pass after the commit started it on the two free GPUs.
+    assert "State:                 active" in first.stdout
+
+    waiting = _json(cli("submit", "--json", "-g", "1", "-t", "30m", token=token))
+    assert waiting["state"] == "pending" and waiting["duration_s"] == 1800
+
+    queue = cli("queue", token=token)
+    assert queue.returncode == 0, queue.stderr
+    lines = queue.stdout.splitlines()
+    assert lines[0].split() == [
+        "ID", "USER", "PROJECT", "STATE", "WHAT", "POS", "START", "END", "REASON"
+    ]  # fmt: skip
+    assert lines[1].split()[:5] == [str(running.pk), "alice", "vision", "active", "2"]
+    assert lines[2].split()[:4] == [str(waiting["id"]), "alice", "vision", "pending"]
+    assert lines[2].split()[6] == "1" and lines[2].split()[-1] == "resources"
+    assert [b["id"] for b in _json(cli("queue", "--json", token=token))] == [
+        running.pk,
+        waiting["id"],
+    ]
+    assert _json(cli("queue", "--json", "-o", "bob", token=token)) == []
+
+    shown = cli("show", str(running.pk), token=token)
+    assert "State:                 active" in shown.stdout
+    assert "cli-a/gpu0" in shown.stdout and "cli-a/gpu1" in shown.stdout
+    assert "Command:               python train.py --lr 0.1" in shown.stdout
+
+    listed = cli("list", token=token)
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == [
+        str(waiting["id"]),
+        str(running.pk),
+    ]
+    only_pending = _json(cli("list", "--state", "pending", "--json", token=token))
+    assert [b["id"] for b in only_pending] == [waiting["id"]]
+
+
+def test_it_waits_for_a_start_and_gives_up_after_the_timeout(site, cli):
+    token = token_for(site["alice"])
+    started = cli(
+        "submit", "--wait", "--interval", "0.2", "--mig", "3g.40gb", "-t", "1h", token=token
+    )
+    assert started.returncode == 0, started.stderr
+    assert "is active" in started.stdout and "cli-a/gpu2/3g.40gb" in started.stdout
+
+    assert cli("submit", "-g", "2", "-t", "1h", token=token).returncode == 0
+    late = cli(
+        "submit", "--wait", "--wait-timeout", "1", "--interval", "0.2", "-g", "1", "-t", "1h",
+        token=token,
+    )  # fmt: skip
+    assert late.returncode == 7
+    assert "pending, position 1, planned start " in late.stderr and "reason quota" in late.stderr
+    assert "has not started after 1 s" in late.stderr
+
+
+def test_it_estimates_without_writing_and_reads_either_field_naming(site, cli):
+    token = token_for(site["alice"])
+    result = cli("estimate", "-g", "1", "-t", "2h", token=token)
+    assert result.returncode == 0, result.stderr
+    assert "Earliest start:" in result.stdout and "Reason:" in result.stdout
+    answer = _json(cli("estimate", "--json", "-g", "1", "-t", "2h", token=token))
+    assert {"queue_position"} <= set(answer)
+    assert Booking.objects.count() == 0
+
+
+def test_it_extends_cancels_and_releases(site, cli):
+    token = token_for(site["alice"])
+    active = _json(cli("submit", "--json", "-g", "1", "-t", "1h", token=token))
+    assert active["state"] == "active"
+    before = Booking.objects.get(pk=active["id"]).allocations.get().end
+
+    extended = cli("extend", str(active["id"]), "30m", token=token)
+    assert extended.returncode == 0, extended.stderr
+    assert extended.stdout.startswith(f"Extended by 30m: booking {active['id']} (active, ends ")
+    after = Booking.objects.get(pk=active["id"]).allocations.get().end
+    assert after - before == timedelta(minutes=30)
+
+    released = cli("release", str(active["id"]), token=token)
+    assert released.stdout == f"Released booking {active['id']} (finished)\n"
+
+    start = (timezone.now() + timedelta(days=2)).replace(microsecond=0)
+    planned = _json(cli("submit", "--json", "--start", start.isoformat(), "-t", "1h", token=token))
+    assert planned["state"] == "planned"
+    assert Booking.objects.get(pk=planned["id"]).end == start + timedelta(hours=1)
+    cancelled = cli("cancel", str(planned["id"]), token=token)
+    assert cancelled.stdout == f"Cancelled booking {planned['id']} (cancelled)\n"
+    again = cli("cancel", str(planned["id"]), token=token)
+    assert again.returncode == 5 and "[invalid_state]" in again.stderr
+
+
+def test_it_shows_quota_with_usage(site, cli):
+    token = token_for(site["alice"])
+    assert cli("submit", "-g", "2", "-t", "1h", token=token).returncode == 0
+    result = cli("quota", token=token)
+    assert result.returncode == 0, result.stderr
+    row = result.stdout.splitlines()[1].split()
+    assert row[:4] == ["vision", "member", "2/3", "0.0/unlimited"]
+    assert _json(cli("quota", "--json", token=token))[0]["limits"]["max_gpus"] == 3
+
+
+def test_it_lists_devices_free_now_with_their_latest_readings(site, cli):
+    token = token_for(site["alice"])
+    gpu0, gpu1 = Gpu.objects.filter(mig_mode=False).order_by("index")
+    make_active_booking([gpu0], owner=site["alice"], project=site["project"])
+    latest_store(
+        {
+            gpu1.uuid: {
+                "time": timezone.now().isoformat(),
+                "utilization_gpu": 37.0,
+                "memory_used_mib": 2048,
+                "memory_total_mib": 81920,
+                "temperature_c": 41.0,
+                "power_w": 95.0,
+                "processes": [],
+            }
+        }
+    )
+    result = cli("gpus", token=token)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
+    assert "cli-a/gpu0" not in rows  # held now
+    reading = ["37%", "2.0/80", "GiB", "41C", "95W", "0"]
+    assert rows["cli-a/gpu1"][1:] == ["A100-80GB", "80", "GiB", *reading]
+    assert {"cli-a/gpu2/3g.40gb", "cli-a/gpu2/2g.20gb", "cli-a/gpu2/1g.10gb"} <= set(rows)
+    assert "cli-a/gpu2" not in rows  # in MIG mode: its slices are what one books
+
+    everything = _json(cli("gpus", "--all", "--json", token=token))
+    assert [(g["index"], g["free"]) for g in everything["gpus"]] == [
+        (0, False),
+        (1, True),
+        (2, False),
+    ]
+    assert len(everything["mig_instances"]) == MigInstance.objects.count()
+    assert all(m["free"] for m in everything["mig_instances"])
+    marked = cli("gpus", "--all", token=token).stdout.splitlines()
+    assert marked[0].split()[:2] == ["DEVICE", "FREE"]
+    assert marked[1].split()[:2] == ["cli-a/gpu0", "no"] and marked[2].split()[:2] == [
+        "cli-a/gpu1",
+        "yes",
+    ]
+
+
+def test_it_prints_a_batch_bookings_output(site, cli):
+    token = token_for(site["alice"])
+    gpu = Gpu.objects.get(index=0)
+    booking = make_active_booking([gpu], owner=site["alice"], project=site["project"])
+    Booking.objects.filter(pk=booking.pk).update(
+        state=Booking.State.FINISHED, exit_code=0, log_tail="epoch 1 loss 0.5\nepoch 2 loss 0.3\n"
+    )
+    result = cli("logs", str(booking.pk), token=token)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "epoch 1 loss 0.5\nepoch 2 loss 0.3\n"
+    followed = cli("logs", "--follow", "--interval", "0.2", str(booking.pk), token=token)
+    assert followed.stdout == result.stdout  # an ended booking: printed once, then it returns
+    assert _json(cli("logs", "--json", str(booking.pk), token=token))["state"] == "finished"
+
+
+def test_it_exits_with_codes_scripts_can_test_and_the_apis_message(site, cli):
+    token = token_for(site["alice"])
+    missing = cli("show", "999999", token=token)
+    assert missing.returncode == 4
+    assert "No booking 999999 among yours. [not_found]" in missing.stderr
+
+    start = (timezone.now() + timedelta(days=1)).replace(microsecond=0).isoformat()
+    end = (timezone.now() + timedelta(days=1, hours=1)).replace(microsecond=0).isoformat()
+    over = cli("submit", "-g", "2", "--start", start, "--end", end, token=token)
+    assert over.returncode == 0, over.stderr
+    refused = cli("submit", "-g", "2", "--start", start, "--end", end, token=token)
+    assert refused.returncode == 5
+    assert "Quota max_gpus" in refused.stderr and "[quota" in refused.stderr
+    as_json = cli("submit", "--json", "-g", "2", "--start", start, "--end", end, token=token)
+    assert as_json.returncode == 5
+    assert json.loads(as_json.stdout)["error"]["code"].startswith("quota")
+
+    invalid = cli("submit", "--mig", "9g.99gb", "-t", "1h", token=token)
+    assert invalid.returncode == 1 and "mig_profile" in invalid.stderr
+
+    for usage in (["submit", "-g", "two"], ["submit", "-t", "soon"], ["extend", "1"], ["nope"]):
+        assert cli(*usage, token=token).returncode == 2, usage
+
+    unreachable = cli("list", token=token, url="http://127.0.0.1:9")
+    assert unreachable.returncode == 6 and "Cannot reach http://127.0.0.1:9" in unreachable.stderr
+
+
+def _until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_it_stops_waiting_with_exit_8_when_the_booking_ends_without_starting(site, cli):
+    token = token_for(site["alice"])
+    assert cli("submit", "-g", "2", "-t", "1h", token=token).returncode == 0
+    waiting = cli.start("submit", "--wait", "--interval", "0.2", "-g", "1", "-t", "1h", token=token)
+    _until(lambda: Booking.objects.filter(state="pending").exists())
+    queued = Booking.objects.get(state="pending")
+    booking_cancel(user=site["alice"], booking_id=queued.pk, now=timezone.now())
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 8, err
+    assert f"Booking {queued.pk} ended without starting" in out and "cancelled" in out
+
+
+def test_it_follows_a_running_bookings_output_until_it_ends(site, cli):
+    token = token_for(site["alice"])
+    booking = make_active_booking(
+        [Gpu.objects.get(index=0)], owner=site["alice"], project=site["project"]
+    )
+    Booking.objects.filter(pk=booking.pk).update(log_tail="step 1\n")
+    follow = cli.start("logs", "-f", "--interval", "0.2", str(booking.pk), token=token)
+    assert follow.stdout.readline() == "step 1\n"
+    # A tail window that moved past what was shown is printed whole; one that grew, only the rest.
+    Booking.objects.filter(pk=booking.pk).update(log_tail="step 2\n")
+    assert follow.stdout.readline() == "step 2\n"
+    Booking.objects.filter(pk=booking.pk).update(
+        log_tail="step 2\nstep 3\ndone\n", state=Booking.State.FINISHED, exit_code=0
+    )
+    out, _ = follow.communicate(timeout=30)
+    assert follow.returncode == 0 and out == "step 3\ndone\n"
