@@ -132,7 +132,7 @@ def test_it_answers_404_for_the_oidc_pages_when_oidc_is_not_set_up(client, db):
 
 
 def test_it_hides_the_password_form_and_refuses_passwords_when_local_login_is_off(
-    client, settings, oidc
+    client, settings, oidc, db
 ):
     UserFactory(username="local")  # password pw-secret-123
     form = {"username": "local", "password": "pw-secret-123"}
