@@ -54,4 +54,4 @@ def error_of(response) -> dict:
 
 
 # The sign-in tests' OpenID provider and LDAP server (session-wide subprocesses).
-from tests.sso_servers import oidc_provider  # noqa: E402,F401
+from tests.sso_servers import ldap_server, oidc_provider  # noqa: E402,F401

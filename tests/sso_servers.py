@@ -5,6 +5,7 @@ folder, and stop at its end. Imported by tests/conftest.py so every test folder 
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -96,5 +97,131 @@ def oidc_provider(tmp_path_factory):
     try:
         _wait_listening(process, port, "the test OpenID provider", log)
         yield provider
+    finally:
+        _stop(process)
+
+
+LDAP_SUFFIX = "dc=portal,dc=test"
+LDAP_ADMIN_DN = f"cn=admin,{LDAP_SUFFIX}"
+LDAP_ADMIN_PASSWORD = "ldap-admin-secret"
+LDAP_PASSWORD = "ldap-secret-123"
+_SLAPD_CONF = """\
+include /etc/ldap/schema/core.schema
+include /etc/ldap/schema/cosine.schema
+include /etc/ldap/schema/inetorgperson.schema
+include /etc/ldap/schema/nis.schema
+pidfile {folder}/slapd.pid
+modulepath /usr/lib/ldap
+moduleload back_mdb
+database mdb
+maxsize 10485760
+suffix "{suffix}"
+rootdn "{admin}"
+rootpw {admin_password}
+directory {folder}/data
+"""
+# Two people and three groups (groupOfNames): one group maps to a project in the tests, one
+# does not, and one has nobody the tests sign in as.
+_LDIF = """\
+dn: {suffix}
+objectClass: dcObject
+objectClass: organization
+dc: portal
+o: Portal test directory
+
+dn: ou=people,{suffix}
+objectClass: organizationalUnit
+ou: people
+
+dn: ou=groups,{suffix}
+objectClass: organizationalUnit
+ou: groups
+
+dn: uid=lena,ou=people,{suffix}
+objectClass: inetOrgPerson
+uid: lena
+cn: Lena Berg
+givenName: Lena
+sn: Berg
+mail: lena@directory.example.org
+userPassword: {password}
+
+dn: uid=omar,ou=people,{suffix}
+objectClass: inetOrgPerson
+uid: omar
+cn: Omar Haddad
+givenName: Omar
+sn: Haddad
+mail: omar@directory.example.org
+userPassword: {password}
+
+dn: cn=gpu-vision,ou=groups,{suffix}
+objectClass: groupOfNames
+cn: gpu-vision
+member: uid=lena,ou=people,{suffix}
+
+dn: cn=lab-nlp,ou=groups,{suffix}
+objectClass: groupOfNames
+cn: lab-nlp
+member: uid=lena,ou=people,{suffix}
+member: uid=omar,ou=people,{suffix}
+
+dn: cn=unmapped,ou=groups,{suffix}
+objectClass: groupOfNames
+cn: unmapped
+member: uid=omar,ou=people,{suffix}
+"""
+
+
+@dataclass
+class LdapServer:
+    """The test directory: its URI, and the portal's environment variables for it."""
+
+    uri: str
+
+    def portal_env(self, **extra: str) -> dict[str, str]:
+        return {
+            "LDAP_SERVER_URI": self.uri,
+            "LDAP_BIND_DN": LDAP_ADMIN_DN,
+            "LDAP_BIND_PASSWORD": LDAP_ADMIN_PASSWORD,
+            "LDAP_USER_SEARCH_BASE": f"ou=people,{LDAP_SUFFIX}",
+            "LDAP_GROUP_SEARCH_BASE": f"ou=groups,{LDAP_SUFFIX}",
+        } | extra
+
+
+@pytest.fixture(scope="session")
+def ldap_server(tmp_path_factory):
+    """A private slapd (Debian's) on 127.0.0.1 with a small directory, for the session."""
+    slapd = shutil.which("slapd") or (os.path.exists("/usr/sbin/slapd") and "/usr/sbin/slapd")
+    slapadd = shutil.which("slapadd") or "/usr/sbin/slapadd"
+    if not slapd or not os.path.exists(slapadd):
+        pytest.skip("slapd is not installed (apt-get install slapd ldap-utils; .ci/run does)")
+    pytest.importorskip("django_auth_ldap", reason="pip install -e '.[ldap]' (needs libldap2-dev)")
+    folder = tmp_path_factory.mktemp("slapd")
+    (folder / "data").mkdir()
+    names = {
+        "folder": folder,
+        "suffix": LDAP_SUFFIX,
+        "admin": LDAP_ADMIN_DN,
+        "admin_password": LDAP_ADMIN_PASSWORD,
+        "password": LDAP_PASSWORD,
+    }
+    conf = folder / "slapd.conf"
+    conf.write_text(_SLAPD_CONF.format(**names))
+    (folder / "directory.ldif").write_text(_LDIF.format(**names))
+    subprocess.run(
+        [slapadd, "-f", str(conf), "-l", str(folder / "directory.ldif")],
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    log = folder / "slapd.log"
+    # -d keeps slapd in the foreground (so it is our child to stop); 0 logs nothing extra.
+    command = [slapd, "-f", str(conf), "-h", f"ldap://127.0.0.1:{port}/", "-d", "0"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_listening(process, port, "slapd", log)
+        yield LdapServer(uri=f"ldap://127.0.0.1:{port}")
     finally:
         _stop(process)
