@@ -25,9 +25,14 @@ def _bool(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _read(env: Env, name: str, default: str = "") -> str:
+    """$NAME stripped; unset or blank (a compose file's `${NAME:-}`) means the default."""
+    return env(name, "").strip() or default
+
+
 def sign_in_settings(env: Env) -> dict:
     """Django settings for signing in; `env(name, default)` reads one variable."""
-    local = _bool(env("LOCAL_LOGIN_ENABLED", "True"))
+    local = _bool(_read(env, "LOCAL_LOGIN_ENABLED", "True"))
     values = {"LOCAL_LOGIN_ENABLED": local, "AUTHENTICATION_BACKENDS": [LOCAL_BACKEND]}
     values |= oidc_settings(env)
     values |= ldap_settings(env)
@@ -45,54 +50,52 @@ def sign_in_settings(env: Env) -> dict:
 
 def oidc_settings(env: Env) -> dict:
     """mozilla-django-oidc's settings, plus the portal's own OIDC_* knobs."""
-    client_id = env("OIDC_RP_CLIENT_ID", "").strip()
+    client_id = _read(env, "OIDC_RP_CLIENT_ID", "")
     values: dict = {
         "OIDC_ENABLED": bool(client_id),
-        "OIDC_PROVIDER_NAME": env("OIDC_PROVIDER_NAME", "single sign-on").strip(),
+        "OIDC_PROVIDER_NAME": _read(env, "OIDC_PROVIDER_NAME", "single sign-on"),
         # Where a failed or cancelled sign-in at the provider comes back to.
         "LOGIN_REDIRECT_URL_FAILURE": "/accounts/login/?sso=failed",
     }
     if not client_id:
         return values
-    missing = [name for name in OIDC_ENDPOINTS if not env(name, "").strip()]
-    algo = env("OIDC_RP_SIGN_ALGO", "RS256").strip()
+    missing = [name for name in OIDC_ENDPOINTS if not _read(env, name)]
+    algo = _read(env, "OIDC_RP_SIGN_ALGO", "RS256")
     if algo not in OIDC_SIGN_ALGOS:
         raise RuntimeError(f"OIDC_RP_SIGN_ALGO must be one of {', '.join(OIDC_SIGN_ALGOS)}.")
-    if not algo.startswith("HS") and not env("OIDC_OP_JWKS_ENDPOINT", "").strip():
+    if not algo.startswith("HS") and not _read(env, "OIDC_OP_JWKS_ENDPOINT", ""):
         missing.append("OIDC_OP_JWKS_ENDPOINT")
     secret = env("OIDC_RP_CLIENT_SECRET", "")
     if not secret:
         missing.append("OIDC_RP_CLIENT_SECRET")
     if missing:
         raise RuntimeError(f"OIDC_RP_CLIENT_ID is set, so set {', '.join(missing)} too.")
-    groups_claim = env("OIDC_GROUPS_CLAIM", "groups").strip()
-    username_claim = env("OIDC_USERNAME_CLAIM", "preferred_username").strip()
-    if not groups_claim or not username_claim:
-        raise RuntimeError("OIDC_GROUPS_CLAIM and OIDC_USERNAME_CLAIM must not be empty.")
+    groups_claim = _read(env, "OIDC_GROUPS_CLAIM", "groups")
+    username_claim = _read(env, "OIDC_USERNAME_CLAIM", "preferred_username")
     values |= {
         "OIDC_RP_CLIENT_ID": client_id,
         "OIDC_RP_CLIENT_SECRET": secret,
         "OIDC_RP_SIGN_ALGO": algo,
-        "OIDC_RP_SCOPES": env("OIDC_RP_SCOPES", "openid email profile").strip(),
-        "OIDC_OP_JWKS_ENDPOINT": env("OIDC_OP_JWKS_ENDPOINT", "").strip() or None,
+        "OIDC_RP_SCOPES": _read(env, "OIDC_RP_SCOPES", "openid email profile"),
+        "OIDC_OP_JWKS_ENDPOINT": _read(env, "OIDC_OP_JWKS_ENDPOINT", "") or None,
         "OIDC_GROUPS_CLAIM": groups_claim,
         "OIDC_USERNAME_CLAIM": username_claim,
-        "OIDC_CREATE_USER": _bool(env("OIDC_CREATE_USER", "True")),
-        "OIDC_VERIFY_SSL": _bool(env("OIDC_VERIFY_SSL", "True")),
+        "OIDC_CREATE_USER": _bool(_read(env, "OIDC_CREATE_USER", "True")),
+        "OIDC_VERIFY_SSL": _bool(_read(env, "OIDC_VERIFY_SSL", "True")),
         "OIDC_TIMEOUT": 10,
     }
-    values |= {name: env(name, "").strip() for name in OIDC_ENDPOINTS}
+    values |= {name: _read(env, name) for name in OIDC_ENDPOINTS}
     return values
 
 
 def ldap_settings(env: Env) -> dict:
     """django-auth-ldap's AUTH_LDAP_* settings from the LDAP_* variables."""
-    uri = env("LDAP_SERVER_URI", "").strip()
+    uri = _read(env, "LDAP_SERVER_URI", "")
     if not uri:
         return {"LDAP_ENABLED": False}
-    user_base = env("LDAP_USER_SEARCH_BASE", "").strip()
-    group_base = env("LDAP_GROUP_SEARCH_BASE", "").strip()
-    group_type = env("LDAP_GROUP_TYPE", "groupOfNames").strip()
+    user_base = _read(env, "LDAP_USER_SEARCH_BASE", "")
+    group_base = _read(env, "LDAP_GROUP_SEARCH_BASE", "")
+    group_type = _read(env, "LDAP_GROUP_TYPE", "groupOfNames")
     if not user_base or not group_base:
         raise RuntimeError(
             "LDAP_SERVER_URI is set, so set LDAP_USER_SEARCH_BASE and LDAP_GROUP_SEARCH_BASE too."
@@ -112,13 +115,13 @@ def ldap_settings(env: Env) -> dict:
         "groupOfUniqueNames": config.GroupOfUniqueNamesType,
         "posixGroup": config.PosixGroupType,
     }[group_type]
-    user_filter = env("LDAP_USER_SEARCH_FILTER", "(uid=%(user)s)").strip()
+    user_filter = _read(env, "LDAP_USER_SEARCH_FILTER", "(uid=%(user)s)")
     return {
         "LDAP_ENABLED": True,
         "AUTH_LDAP_SERVER_URI": uri,
-        "AUTH_LDAP_BIND_DN": env("LDAP_BIND_DN", "").strip(),
+        "AUTH_LDAP_BIND_DN": _read(env, "LDAP_BIND_DN", ""),
         "AUTH_LDAP_BIND_PASSWORD": env("LDAP_BIND_PASSWORD", ""),
-        "AUTH_LDAP_START_TLS": _bool(env("LDAP_START_TLS", "False")),
+        "AUTH_LDAP_START_TLS": _bool(_read(env, "LDAP_START_TLS", "False")),
         "AUTH_LDAP_USER_SEARCH": config.LDAPSearch(user_base, ldap.SCOPE_SUBTREE, user_filter),
         "AUTH_LDAP_GROUP_SEARCH": config.LDAPSearch(
             group_base, ldap.SCOPE_SUBTREE, f"(objectClass={group_type})"

@@ -17,6 +17,14 @@ def test_it_has_only_local_passwords_by_default():
     assert not values["OIDC_ENABLED"] and not values["LDAP_ENABLED"]
 
 
+def test_it_takes_blank_variables_as_their_defaults():
+    # docker-compose.yml passes unset variables through as empty strings.
+    values = _settings(LOCAL_LOGIN_ENABLED="", OIDC_RP_CLIENT_ID=" ", OIDC_PROVIDER_NAME="")
+
+    assert values["LOCAL_LOGIN_ENABLED"] is True and not values["OIDC_ENABLED"]
+    assert values["OIDC_PROVIDER_NAME"] == "single sign-on"
+
+
 def test_it_names_the_missing_oidc_endpoints():
     with pytest.raises(RuntimeError, match="OIDC_OP_TOKEN_ENDPOINT, OIDC_OP_USER_ENDPOINT"):
         _settings(
