@@ -28,7 +28,7 @@ urlpatterns = [
     path("metrics", ops.prometheus_metrics, name="metrics"),
     path("healthz", ops.healthz, name="healthz"),
     path("readyz", ops.readyz, name="readyz"),
-    path("admin/login/", status_429_when_throttled(admin.site.login)),
+    path("admin/login/", status_429_when_throttled(sso_views.admin_login)),
     path("admin/", admin.site.urls),
     path("accounts/login/", status_429_when_throttled(sso_views.LoginView.as_view()), name="login"),
     # OpenID Connect (404 unless set up); the names are the ones mozilla-django-oidc reverses.

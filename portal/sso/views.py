@@ -4,8 +4,10 @@ import logging
 
 import requests
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.http import Http404
+from django.urls import reverse
 from mozilla_django_oidc import views as oidc_views
 
 from portal.web.forms import ThrottledAuthenticationForm
@@ -25,6 +27,13 @@ class LoginView(auth_views.LoginView):
         context["password_form"] = settings.LOCAL_LOGIN_ENABLED or settings.LDAP_ENABLED
         context["sso_failed"] = self.request.GET.get("sso") == "failed"
         return context
+
+
+def admin_login(request, **kwargs):
+    """The admin's password form, or the site's sign-in page when no password would work."""
+    if not (settings.LOCAL_LOGIN_ENABLED or settings.LDAP_ENABLED):
+        return auth_views.redirect_to_login(request.GET.get("next") or reverse("admin:index"))
+    return admin.site.login(request, **kwargs)
 
 
 class _OidcOnly:

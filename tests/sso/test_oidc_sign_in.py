@@ -145,3 +145,15 @@ def test_it_hides_the_password_form_and_refuses_passwords_when_local_login_is_of
 
     assert b"Sign in with Test IdP" in page.content and b'name="password"' not in page.content
     assert refused.status_code == 200 and "_auth_user_id" not in client.session
+
+
+def test_it_sends_the_admin_login_to_the_provider_page_when_passwords_are_off(
+    client, settings, oidc, db
+):
+    assert client.get("/admin/login/?next=/admin/").status_code == 200
+
+    use_sign_in_env(settings, oidc.portal_env(LOCAL_LOGIN_ENABLED="false"))
+    response = client.get("/admin/login/?next=/admin/portal/")
+
+    assert response.status_code == 302
+    assert response["Location"] == "/accounts/login/?next=/admin/portal/"
