@@ -83,3 +83,11 @@ def test_it_signs_directory_users_in_with_local_login_off(client, settings, ldap
     assert _sign_in(client, "lena")["Location"] == "/"
     client.logout()
     assert _sign_in(client, "local", "pw-secret-123").status_code == 200
+    # The API's password-for-token exchange goes through the same backends.
+    token = "/api/v1/auth/token/"
+    ok = client.post(token, {"username": "lena", "password": LDAP_PASSWORD}, "application/json")
+    refused = client.post(
+        token, {"username": "local", "password": "pw-secret-123"}, "application/json"
+    )
+    assert ok.status_code in (200, 201) and "token" in ok.json()
+    assert refused.status_code in (400, 401, 403)
