@@ -49,6 +49,8 @@ def memberships_sync(*, user, groups: Iterable[str], source: str) -> SyncResult:
     grants = grants_for_groups(groups=groups, source=source)
     added, changed, removed = [], [], []
     with transaction.atomic():
+        # One sign-in of a user at a time: two at once would both add the same membership.
+        list(get_user_model().objects.select_for_update().filter(pk=user.pk).values("pk"))
         held = {
             m.project_id: m
             for m in Membership.objects.select_for_update()
