@@ -8,42 +8,15 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from portal.web.asgi_process import ROOT, free_port
+from portal.web.asgi_process import ROOT, free_port, process_start, server_stop
 
 OIDC_CLIENT_ID = "gpu-portal"
 OIDC_CLIENT_SECRET = "test-client-secret"
 IDP_PASSWORD = "idp-secret-123"
-
-
-def _wait_listening(process: subprocess.Popen, port: int, what: str, log: Path) -> None:
-    import socket
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"{what} did not listen on {port} in time:\n{log.read_text()}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @dataclass
@@ -90,15 +63,15 @@ def oidc_provider(tmp_path_factory):
     provider = OidcProvider(url=f"http://127.0.0.1:{port}", env=env)
     provider.control("setup", OIDC_CLIENT_ID, OIDC_CLIENT_SECRET)
     provider.allow_redirect("http://testserver/oidc/callback/")
-    log = folder / "server.log"
     command = [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{port}", "--noreload"]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    with open(folder / "server.log", "wb") as log:
+        process = process_start(
+            command, port=port, env=env, log=log, timeout=30, name="the test OpenID provider"
+        )
     try:
-        _wait_listening(process, port, "the test OpenID provider", log)
         yield provider
     finally:
-        _stop(process)
+        server_stop(process)
 
 
 LDAP_SUFFIX = "dc=portal,dc=test"
@@ -215,13 +188,11 @@ def ldap_server(tmp_path_factory):
         capture_output=True,
     )
     port = free_port()
-    log = folder / "slapd.log"
     # -d keeps slapd in the foreground (so it is our child to stop); 0 logs nothing extra.
     command = [slapd, "-f", str(conf), "-h", f"ldap://127.0.0.1:{port}/", "-d", "0"]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    with open(folder / "slapd.log", "wb") as log:
+        process = process_start(command, port=port, env=None, log=log, timeout=30, name="slapd")
     try:
-        _wait_listening(process, port, "slapd", log)
         yield LdapServer(uri=f"ldap://127.0.0.1:{port}")
     finally:
-        _stop(process)
+        server_stop(process)
