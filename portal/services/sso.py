@@ -49,15 +49,11 @@ def memberships_sync(*, user, groups: Iterable[str], source: str) -> SyncResult:
     grants = grants_for_groups(groups=groups, source=source)
     added, changed, removed = [], [], []
     with transaction.atomic():
-        # One sign-in of a user at a time: two at once would both add the same membership.
+        # One sign-in of a user at a time (the user's row is the lock): two at once would both
+        # add the same membership. Project rows are not locked.
         list(get_user_model().objects.select_for_update().filter(pk=user.pk).values("pk"))
-        held = {
-            m.project_id: m
-            for m in Membership.objects.select_for_update()
-            .filter(user=user)
-            .select_related("project")
-            .order_by("id")
-        }
+        memberships = Membership.objects.filter(user=user).select_related("project")
+        held = {m.project_id: m for m in memberships.order_by("id")}
         for membership in held.values():
             if not membership.granted_by_rule:
                 continue
