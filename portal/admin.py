@@ -8,6 +8,7 @@ from portal.models import (
     ApiToken,
     Booking,
     Gpu,
+    GroupMappingRule,
     Membership,
     MigInstance,
     Node,
@@ -22,6 +23,19 @@ class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 1
     autocomplete_fields = ["user"]
+    readonly_fields = ["granted_by_rule"]
+
+
+@admin.register(GroupMappingRule)
+class GroupMappingRuleAdmin(admin.ModelAdmin):
+    """Which identity-provider groups give which project memberships, applied at each sign-in."""
+
+    list_display = ["group", "source", "project", "role"]
+    list_filter = ["source", "role", "project"]
+    list_editable = ["role"]
+    list_display_links = ["group"]
+    search_fields = ["group", "project__slug"]
+    autocomplete_fields = ["project"]
 
 
 class QuotaInline(admin.StackedInline):

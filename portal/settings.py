@@ -13,6 +13,7 @@ import dj_database_url
 from portal.env import env, envbool, envfloat, envint, envlist
 from portal.headers import policy_header
 from portal.policy_env import policy_env_names, policy_settings
+from portal.sso.config import sign_in_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
@@ -267,6 +268,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# --- Signing in (docs/authentication.md) ---------------------------------------------------
+# Local passwords (LOCAL_LOGIN_ENABLED), OpenID Connect (on with OIDC_RP_CLIENT_ID) and LDAP (on
+# with LDAP_SERVER_URI): AUTHENTICATION_BACKENDS, LOCAL_LOGIN_ENABLED, OIDC_*, LDAP_ENABLED and
+# AUTH_LDAP_*, read and validated by portal.sso.config.
+globals().update(sign_in_settings(env))
+# --- end of signing in ----------------------------------------------------------------------
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"

@@ -51,3 +51,7 @@ def error_of(response) -> dict:
     assert set(body) == {"error"}, body
     assert {"code", "message", "fields"} <= set(body["error"]), body
     return body["error"]
+
+
+# The sign-in tests' OpenID provider and LDAP server (session-wide subprocesses).
+from tests.sso_servers import ldap_server, oidc_provider  # noqa: E402,F401

@@ -3,6 +3,7 @@
 from portal.models.bookings import Allocation, Booking, Qos
 from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
 from portal.models.projects import Membership, Project, Quota
+from portal.models.sso import GroupMappingRule
 from portal.models.telemetry import NodeAlert, ProcessUsage, Sample, SampleMinute
 from portal.models.tokens import ApiToken
 
@@ -11,6 +12,7 @@ __all__ = [
     "ApiToken",
     "Booking",
     "Gpu",
+    "GroupMappingRule",
     "Membership",
     "MigInstance",
     "Node",

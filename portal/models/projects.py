@@ -35,6 +35,12 @@ class Membership(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # Set when a group mapping rule made this membership at sign-in: such memberships follow the
+    # user's groups and go when no rule grants them any more. Manual ones are never touched.
+    granted_by_rule = models.BooleanField(
+        default=False,
+        help_text="Made by a group mapping rule at sign-in; removed when no rule grants it.",
+    )
 
     class Meta:
         ordering = ["project", "user"]

@@ -27,18 +27,28 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture
-def asgi_server(transactional_db, request):
+def portal_env() -> dict[str, str]:
+    """Extra environment variables for the portal server (a test module may override this)."""
+    return {}
+
+
+@pytest.fixture
+def asgi_server(transactional_db, request, portal_env):
     """Base URL of a daphne server running the portal against the test database."""
     from django.conf import settings
     from django.db import connection
 
     db = connection.settings_dict
-    env = os.environ | {
-        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "DEBUG": "1",
-    }
+    env = (
+        os.environ
+        | {
+            "DJANGO_SETTINGS_MODULE": "portal.settings_test",
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "REDIS_URL": settings.REDIS_URL,
+            "DEBUG": "1",
+        }
+        | portal_env
+    )
     port = free_port()
     ARTIFACTS.mkdir(exist_ok=True)
     with open(ARTIFACTS / f"daphne-{request.node.name}.log", "wb") as log:

@@ -1,0 +1,1 @@
+"""Signing in: local passwords, OpenID Connect and LDAP (docs/authentication.md)."""

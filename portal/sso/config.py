@@ -1,0 +1,133 @@
+"""Sign-in settings from the environment: which ways to sign in are on, and how each is set up.
+
+Read once by portal/settings.py. OpenID Connect is on when OIDC_RP_CLIENT_ID is set, LDAP when
+LDAP_SERVER_URI is set; python-ldap and django-auth-ldap are imported only then, so a site
+without LDAP needs neither installed.
+"""
+
+from collections.abc import Callable
+
+Env = Callable[..., str]
+
+LOCAL_BACKEND = "portal.sso.backends.LocalPasswordBackend"
+OIDC_BACKEND = "portal.sso.backends.PortalOIDCBackend"
+LDAP_BACKEND = "portal.sso.ldap_backend.PortalLDAPBackend"
+OIDC_ENDPOINTS = (
+    "OIDC_OP_AUTHORIZATION_ENDPOINT",
+    "OIDC_OP_TOKEN_ENDPOINT",
+    "OIDC_OP_USER_ENDPOINT",
+)
+OIDC_SIGN_ALGOS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "HS256", "HS384", "HS512")
+LDAP_GROUP_TYPES = ("groupOfNames", "groupOfUniqueNames", "posixGroup")
+
+
+def _bool(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _read(env: Env, name: str, default: str = "") -> str:
+    """$NAME stripped; unset or blank (a compose file's `${NAME:-}`) means the default."""
+    return env(name, "").strip() or default
+
+
+def sign_in_settings(env: Env) -> dict:
+    """Django settings for signing in; `env(name, default)` reads one variable."""
+    local = _bool(_read(env, "LOCAL_LOGIN_ENABLED", "True"))
+    values = {"LOCAL_LOGIN_ENABLED": local, "AUTHENTICATION_BACKENDS": [LOCAL_BACKEND]}
+    values |= oidc_settings(env)
+    values |= ldap_settings(env)
+    if values["OIDC_ENABLED"]:
+        values["AUTHENTICATION_BACKENDS"].append(OIDC_BACKEND)
+    if values["LDAP_ENABLED"]:
+        values["AUTHENTICATION_BACKENDS"].append(LDAP_BACKEND)
+    if not (local or values["OIDC_ENABLED"] or values["LDAP_ENABLED"]):
+        raise RuntimeError(
+            "LOCAL_LOGIN_ENABLED is off but neither OpenID Connect (OIDC_RP_CLIENT_ID) nor "
+            "LDAP (LDAP_SERVER_URI) is set up: nobody could sign in."
+        )
+    return values
+
+
+def oidc_settings(env: Env) -> dict:
+    """mozilla-django-oidc's settings, plus the portal's own OIDC_* knobs."""
+    client_id = _read(env, "OIDC_RP_CLIENT_ID", "")
+    values: dict = {
+        "OIDC_ENABLED": bool(client_id),
+        "OIDC_PROVIDER_NAME": _read(env, "OIDC_PROVIDER_NAME", "single sign-on"),
+        # Where a failed or cancelled sign-in at the provider comes back to.
+        "LOGIN_REDIRECT_URL_FAILURE": "/accounts/login/?sso=failed",
+    }
+    if not client_id:
+        return values
+    missing = [name for name in OIDC_ENDPOINTS if not _read(env, name)]
+    algo = _read(env, "OIDC_RP_SIGN_ALGO", "RS256")
+    if algo not in OIDC_SIGN_ALGOS:
+        raise RuntimeError(f"OIDC_RP_SIGN_ALGO must be one of {', '.join(OIDC_SIGN_ALGOS)}.")
+    if not algo.startswith("HS") and not _read(env, "OIDC_OP_JWKS_ENDPOINT", ""):
+        missing.append("OIDC_OP_JWKS_ENDPOINT")
+    secret = env("OIDC_RP_CLIENT_SECRET", "")
+    if not secret:
+        missing.append("OIDC_RP_CLIENT_SECRET")
+    if missing:
+        raise RuntimeError(f"OIDC_RP_CLIENT_ID is set, so set {', '.join(missing)} too.")
+    groups_claim = _read(env, "OIDC_GROUPS_CLAIM", "groups")
+    username_claim = _read(env, "OIDC_USERNAME_CLAIM", "preferred_username")
+    values |= {
+        "OIDC_RP_CLIENT_ID": client_id,
+        "OIDC_RP_CLIENT_SECRET": secret,
+        "OIDC_RP_SIGN_ALGO": algo,
+        "OIDC_RP_SCOPES": _read(env, "OIDC_RP_SCOPES", "openid email profile"),
+        "OIDC_OP_JWKS_ENDPOINT": _read(env, "OIDC_OP_JWKS_ENDPOINT", "") or None,
+        "OIDC_GROUPS_CLAIM": groups_claim,
+        "OIDC_USERNAME_CLAIM": username_claim,
+        "OIDC_CREATE_USER": _bool(_read(env, "OIDC_CREATE_USER", "True")),
+        "OIDC_VERIFY_SSL": _bool(_read(env, "OIDC_VERIFY_SSL", "True")),
+        "OIDC_TIMEOUT": 10,
+    }
+    values |= {name: _read(env, name) for name in OIDC_ENDPOINTS}
+    return values
+
+
+def ldap_settings(env: Env) -> dict:
+    """django-auth-ldap's AUTH_LDAP_* settings from the LDAP_* variables."""
+    uri = _read(env, "LDAP_SERVER_URI", "")
+    if not uri:
+        return {"LDAP_ENABLED": False}
+    user_base = _read(env, "LDAP_USER_SEARCH_BASE", "")
+    group_base = _read(env, "LDAP_GROUP_SEARCH_BASE", "")
+    group_type = _read(env, "LDAP_GROUP_TYPE", "groupOfNames")
+    if not user_base or not group_base:
+        raise RuntimeError(
+            "LDAP_SERVER_URI is set, so set LDAP_USER_SEARCH_BASE and LDAP_GROUP_SEARCH_BASE too."
+        )
+    if group_type not in LDAP_GROUP_TYPES:
+        raise RuntimeError(f"LDAP_GROUP_TYPE must be one of {', '.join(LDAP_GROUP_TYPES)}.")
+    try:
+        import ldap
+        from django_auth_ldap import config
+    except ImportError:
+        raise RuntimeError(
+            "LDAP_SERVER_URI is set but python-ldap / django-auth-ldap are not installed: "
+            "pip install 'gpu-portal[ldap]'."
+        ) from None
+    group_class = {
+        "groupOfNames": config.GroupOfNamesType,
+        "groupOfUniqueNames": config.GroupOfUniqueNamesType,
+        "posixGroup": config.PosixGroupType,
+    }[group_type]
+    user_filter = _read(env, "LDAP_USER_SEARCH_FILTER", "(uid=%(user)s)")
+    return {
+        "LDAP_ENABLED": True,
+        "AUTH_LDAP_SERVER_URI": uri,
+        "AUTH_LDAP_BIND_DN": _read(env, "LDAP_BIND_DN", ""),
+        "AUTH_LDAP_BIND_PASSWORD": env("LDAP_BIND_PASSWORD", ""),
+        "AUTH_LDAP_START_TLS": _bool(_read(env, "LDAP_START_TLS", "False")),
+        "AUTH_LDAP_USER_SEARCH": config.LDAPSearch(user_base, ldap.SCOPE_SUBTREE, user_filter),
+        "AUTH_LDAP_GROUP_SEARCH": config.LDAPSearch(
+            group_base, ldap.SCOPE_SUBTREE, f"(objectClass={group_type})"
+        ),
+        "AUTH_LDAP_GROUP_TYPE": group_class(name_attr="cn"),
+        "AUTH_LDAP_USER_ATTR_MAP": {"first_name": "givenName", "last_name": "sn", "email": "mail"},
+        "AUTH_LDAP_ALWAYS_UPDATE_USER": True,
+        "AUTH_LDAP_CONNECTION_OPTIONS": {ldap.OPT_NETWORK_TIMEOUT: 10, ldap.OPT_TIMEOUT: 10},
+    }
