@@ -28,22 +28,33 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class TokenCreateInput(StrictSerializer):
+class TokenNewInput(StrictSerializer):
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    scope = serializers.ChoiceField(
+        choices=ApiToken.Scope.choices, required=False, default=ApiToken.Scope.READ_WRITE
+    )
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True, default=None, help_text="Empty: never expires."
+    )
+
+
+class TokenCreateInput(TokenNewInput):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=256, style={"input_type": "password"})
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True)
 
 
 class TokenCreatedOutput(serializers.Serializer):
     token = serializers.CharField(help_text="Shown once: store it now.")
     id = serializers.IntegerField()
     name = serializers.CharField()
+    scope = serializers.CharField()
+    expires_at = serializers.DateTimeField(allow_null=True)
 
 
 class TokenOutput(serializers.ModelSerializer):
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "created", "last_used"]
+        fields = ["id", "name", "prefix", "scope", "created", "expires_at", "last_used"]
 
 
 class BookingCreateInput(StrictSerializer):
