@@ -387,3 +387,46 @@ class AccountingRowOutput(serializers.Serializer):
     energy_kwh = serializers.FloatField()
     mean_utilization = serializers.FloatField(allow_null=True, help_text="%, whole GPUs only")
     peak_memory_mib = serializers.IntegerField(allow_null=True)
+
+
+class AuditQuery(StrictSerializer):
+    """Filters of the audit log (`format` picks JSON pages or a CSV of every match)."""
+
+    action = serializers.CharField(
+        required=False, max_length=40, help_text='e.g. "booking.cancel", or "booking." for all'
+    )
+    actor = serializers.CharField(required=False, max_length=150, help_text="username")
+    project = serializers.SlugField(required=False, max_length=64)
+    target_type = serializers.CharField(required=False, max_length=40)
+    target_id = serializers.CharField(required=False, max_length=64)
+    from_ = serializers.DateTimeField(required=False)
+    to = serializers.DateTimeField(required=False)
+    format = serializers.ChoiceField(choices=["json", "csv"], required=False)
+    page = serializers.IntegerField(required=False, min_value=1)
+    page_size = serializers.IntegerField(required=False, min_value=1)
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")
+        return fields
+
+    def validate(self, data):
+        data = dict(data)
+        data["since"], data["until"] = data.pop("from", None), data.pop("to", None)
+        if data["since"] and data["until"] and data["since"] >= data["until"]:
+            raise serializers.ValidationError({"from": ["Must be before `to`."]})
+        return data
+
+
+class AuditEventOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    actor = serializers.CharField(help_text="username at the time ('' for the system)")
+    address = serializers.CharField()
+    via = serializers.ChoiceField(choices=["web", "api", "admin", "system"])
+    action = serializers.CharField()
+    target_type = serializers.CharField()
+    target_id = serializers.CharField()
+    project = serializers.CharField()
+    before = serializers.JSONField(allow_null=True)
+    after = serializers.JSONField(allow_null=True)

@@ -1,5 +1,6 @@
 """API views: interfaces that parse input, call one service or selector, and render output."""
 
+from django.conf import settings
 from django.contrib.auth import authenticate
 from django.db.models import Count, Prefetch
 from django.utils import timezone
@@ -16,10 +17,18 @@ from rest_framework.views import APIView
 from portal.api import idempotency, lists
 from portal.api import serializers as s
 from portal.api.csv_renderer import CsvRenderer
-from portal.errors import NotFound, TooManyAttempts, ValidationFailed
+from portal.api.pagination import OrderedPagination
+from portal.errors import NotAllowed, NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
-from portal.services import audit, login_throttle, telemetry, telemetry_cache
+from portal.services import (
+    audit,
+    audit_log,
+    login_throttle,
+    permissions,
+    telemetry,
+    telemetry_cache,
+)
 from portal.services import bookings as booking_services
 from portal.services import tokens as token_services
 from portal.services.accounting import accounting_report
@@ -419,3 +428,41 @@ class MyQuotaView(APIView):
                 }
             )
         return Response({"results": rows})
+
+
+class AuditView(APIView):
+    """The audit log, newest first, with filters; `?format=csv` exports every match.
+    Staff and superusers read all of it; a project manager reads their projects' events."""
+
+    renderer_classes = [JSONRenderer, CsvRenderer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("action", str, description='e.g. "booking.cancel" or "booking."'),
+            OpenApiParameter("actor", str, description="username"),
+            OpenApiParameter("project", str, description="project slug"),
+            OpenApiParameter("target_type", str),
+            OpenApiParameter("target_id", str),
+            OpenApiParameter("from", OpenApiTypes.DATETIME),
+            OpenApiParameter("to", OpenApiTypes.DATETIME),
+            OpenApiParameter("format", str, enum=["json", "csv"]),
+        ],
+        responses={200: s.AuditEventOutput(many=True)},
+    )
+    def get(self, request):
+        if not permissions.can_some(request.user, "audit.view"):
+            raise NotAllowed("Only staff and project managers may read the audit log.")
+        query = _valid(s.AuditQuery, dict(request.query_params.items()))
+        events = audit_log.audit_events_filter(
+            audit_log.audit_events_visible(request.user),
+            **{k: v for k, v in query.items() if k not in ("format", "page", "page_size")},
+        )
+        if getattr(request.accepted_renderer, "format", "") == "csv":
+            limit = settings.AUDIT_EXPORT_MAX_ROWS
+            rows = [audit_log.audit_row(e, text=True) for e in events[:limit].iterator()]
+            response = Response(rows)
+            response["Content-Disposition"] = 'attachment; filename="gpu-portal-audit.csv"'
+            return response
+        paginator = OrderedPagination()
+        page = paginator.paginate_queryset(events, request, view=self)
+        return paginator.get_paginated_response([audit_log.audit_row(e) for e in page])

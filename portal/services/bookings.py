@@ -319,9 +319,11 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
             state_detail=f"{detail}; requeued",
         )
     booking.refresh_from_db()
-    action = {"requeued": "booking.requeue", State.PREEMPTED: "booking.preempt"}.get(
-        event, "booking.fail"
-    )
+    # Named by the cause; the after state says whether it went back to the queue.
+    if to == State.PREEMPTED:
+        action = "booking.preempt"
+    else:
+        action = "booking.requeue" if requeue else "booking.fail"
     audit_booking(action=action, booking=booking, before=before)
     events.booking_changed(booking, event)
     return event

@@ -110,6 +110,18 @@ def can(user, action: str, *, owner_id: int | None = None, project_id: int | Non
     return reach == "project" and project_id in managed
 
 
+def can_some(user, action: str) -> bool:
+    """Whether `user` may do `action` to anything at all (e.g. read some of the audit log)."""
+    if not user.is_authenticated:
+        return False
+    broad = CAN[action][1][role_of(user)]
+    if broad == "perm":
+        return user.has_perm(PERMS[action])
+    if broad != "no":
+        return True
+    return CAN[action][1]["manager"] == "project" and bool(managed_project_ids(user))
+
+
 def visible_filter(user, action: str, *, owner_field: str | None, project_field: str) -> Q | None:
     """A filter for the rows `user` may `action` across projects; None means every row."""
     broad = CAN[action][1][role_of(user)]
