@@ -10,7 +10,7 @@ from portal.errors import NotAllowed
 from portal.models import Booking, Gpu, MigInstance, Node
 from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.models.tokens import hash_token, new_token
-from portal.services import events
+from portal.services import events, permissions
 from portal.services.audit import SYSTEM, Source, audit_record
 from portal.services.bookings import booking_stop
 
@@ -199,6 +199,8 @@ def node_return_to_service(*, node_ids, actor, source: Source = SYSTEM) -> int:
 
 
 def _node_set_state(node_ids, state, reason, action, actor, source, *, only=None, exclude=None):
+    if not permissions.can(actor, "node.drain"):
+        raise NotAllowed("Only admins with the right to change nodes may drain them.")
     changed = 0
     for node in Node.objects.filter(pk__in=list(node_ids)).order_by("pk"):
         if node.state == exclude or (only and node.state != only):

@@ -93,11 +93,23 @@ def managed_project_ids(user) -> set[int]:
     )
 
 
-def can(user, action: str, *, owner_id: int | None = None, project_id: int | None = None) -> bool:
-    """Whether `user` may do `action` on something owned by `owner_id` in `project_id`."""
+def can(
+    user,
+    action: str,
+    *,
+    owner_id: int | None = None,
+    project_id: int | None = None,
+    managed: set[int] | None = None,
+) -> bool:
+    """Whether `user` may do `action` on something owned by `owner_id` in `project_id`.
+
+    `managed` (the user's managed projects) may be passed in when asking for many objects."""
     if not user.is_authenticated:
         return False
-    managed = set() if user.is_superuser or user.is_staff else managed_project_ids(user)
+    if user.is_superuser or user.is_staff:
+        managed = set()
+    elif managed is None:
+        managed = managed_project_ids(user)
     reach = CAN[action][1][role_of(user, project_id, managed)]
     if reach == "all":
         return True
