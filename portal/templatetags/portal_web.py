@@ -1,5 +1,6 @@
 """Formatting for the pages. static/portal/live.js formats live readings the same way."""
 
+import json
 from datetime import timedelta
 
 from django import template
@@ -9,6 +10,14 @@ from portal.services import permissions
 register = template.Library()
 
 NO_READING = "no reading yet"
+
+
+@register.filter
+def json_text(value) -> str:
+    """An audit event's before or after as compact JSON ("—" when there is none)."""
+    if value is None:
+        return "—"
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 @register.simple_tag(takes_context=True)
