@@ -356,18 +356,22 @@ class EstimateOutput(serializers.Serializer):
     queue_position = serializers.IntegerField(allow_null=True)
 
 
-class AccountingQuery(StrictSerializer):
+class FromToQuery(StrictSerializer):
+    """A query with a `from` parameter (a Python keyword, so declared as `from_`)."""
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")
+        return fields
+
+
+class AccountingQuery(FromToQuery):
     """?group_by=&from=&to= of the accounting report (`format` picks JSON or CSV)."""
 
     group_by = serializers.ChoiceField(choices=["project", "user", "model", "booking"])
     from_ = serializers.DateTimeField(help_text="start of the period (ISO 8601)")
     to = serializers.DateTimeField(required=False, help_text="end of the period; default now")
     format = serializers.ChoiceField(choices=["json", "csv"], required=False)
-
-    def get_fields(self):
-        fields = super().get_fields()
-        fields["from"] = fields.pop("from_")
-        return fields
 
     def validate(self, data):
         data = dict(data)
@@ -389,7 +393,7 @@ class AccountingRowOutput(serializers.Serializer):
     peak_memory_mib = serializers.IntegerField(allow_null=True)
 
 
-class AuditQuery(StrictSerializer):
+class AuditQuery(FromToQuery):
     """Filters of the audit log (`format` picks JSON pages or a CSV of every match)."""
 
     action = serializers.CharField(
@@ -404,11 +408,6 @@ class AuditQuery(StrictSerializer):
     format = serializers.ChoiceField(choices=["json", "csv"], required=False)
     page = serializers.IntegerField(required=False, min_value=1)
     page_size = serializers.IntegerField(required=False, min_value=1)
-
-    def get_fields(self):
-        fields = super().get_fields()
-        fields["from"] = fields.pop("from_")
-        return fields
 
     def validate(self, data):
         data = dict(data)

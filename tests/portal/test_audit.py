@@ -21,13 +21,6 @@ from tests.factories import ProjectFactory, UserFactory, make_active_booking, me
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def admin_client(client):
-    admin = UserFactory(username="root", is_staff=True, is_superuser=True)
-    client.force_login(admin)
-    return client
-
-
 def _only(action: str) -> AuditEvent:
     rows = list(AuditEvent.objects.filter(action=action))
     assert len(rows) == 1, [(r.action, r.target_id) for r in rows]
