@@ -49,6 +49,7 @@ class ProjectAdmin(AuditedAdminMixin):
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline, QuotaInline]
+    audit_cascade = ("memberships", "quotas")
 
     @admin.display(description="members")
     def member_count(self, obj) -> int:

@@ -33,6 +33,7 @@ def audit_admin_change(request, obj, before: dict | None, after: dict | None, pk
     if name is None:
         return
     verb = "create" if before is None else "delete" if after is None else "change"
+    project_id = (after or before or {}).get("project_id")
     before, after = changes(before, after)
     if verb == "change" and not after:
         return  # saved without a change
@@ -43,6 +44,7 @@ def audit_admin_change(request, obj, before: dict | None, after: dict | None, pk
         target=obj,
         target_id=pk or obj.pk,
         project=getattr(obj, "project", None),
+        project_id=project_id,
         before=before,
         after=after,
     )
@@ -56,10 +58,18 @@ class AuditedAdminMixin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         audit_admin_change(request, obj, before, _state(obj))
 
+    # Related audited rows that a delete here removes with it (a project's memberships, quotas).
+    audit_cascade: tuple[str, ...] = ()
+
     def delete_model(self, request, obj):
         pk, before = obj.pk, _state(obj)
+        gone = [
+            (o, o.pk, _state(o)) for name in self.audit_cascade for o in getattr(obj, name).all()
+        ]
         super().delete_model(request, obj)
         audit_admin_change(request, obj, before, None, pk=pk)
+        for related, related_pk, related_before in gone:
+            audit_admin_change(request, related, related_before, None, pk=related_pk)
 
     def delete_queryset(self, request, queryset):
         # One by one, so that each deleted row has its own audit entry.

@@ -99,11 +99,13 @@ def audit_record(
     target_type: str = "",
     target_id: str | int = "",
     project=None,
+    project_id: int | None = None,
     before: dict | None = None,
     after: dict | None = None,
     actor_name: str = "",
 ) -> AuditEvent:
-    """Append one audit row. `project` (a Project) makes it visible to that project's managers."""
+    """Append one audit row. `project` (a Project) makes it visible to that project's managers;
+    `project_id` names it when the Project has just been deleted (its pk is then None)."""
     if action not in ACTIONS:
         raise ValueError(f"Unknown audit action {action!r}; add it to ACTIONS.")
     if target is not None:
@@ -118,7 +120,7 @@ def audit_record(
         via=source.via,
         target_type=target_type,
         target_id=str(target_id),
-        project=project,
+        project_id=project_id or (project.pk if project is not None else None),
         project_slug=project.slug if project is not None else "",
         before=before,
         after=after,

@@ -283,3 +283,10 @@ def test_it_records_an_api_token_exchange_as_a_login(db):
     assert response.status_code == 201
     assert _only("login").via == "api"
     assert _only("token.create").actor_name == "erin"
+
+
+def test_it_records_the_memberships_and_quotas_a_project_delete_removes(admin_client, project):
+    response = admin_client.post(f"/admin/portal/project/{project.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert _only("membership.delete").before["role"] == "member"
+    assert _only("quota.delete").project_slug == "vision"
