@@ -290,3 +290,29 @@ def test_it_records_the_memberships_and_quotas_a_project_delete_removes(admin_cl
     assert response.status_code == 302
     assert _only("membership.delete").before["role"] == "member"
     assert _only("quota.delete").project_slug == "vision"
+
+
+def test_it_records_a_failed_admin_login_as_via_admin(client, db):
+    client.post("/admin/login/", {"username": "nobody", "password": "x"})
+    failed = _only("login.failed")
+    assert (failed.via, failed.actor_name) == ("admin", "nobody")
+
+
+def test_it_records_an_admins_node_edit_without_its_agent_token(admin_client, cluster):
+    node = cluster[0]
+    data = {
+        "hostname": node.hostname,
+        "state": "down",
+        "state_reason": "maintenance",
+        "agent_version": "",
+        "gpus-TOTAL_FORMS": "0",
+        "gpus-INITIAL_FORMS": "0",
+        "gpus-MIN_NUM_FORMS": "0",
+        "gpus-MAX_NUM_FORMS": "1000",
+    }
+    response = admin_client.post(f"/admin/portal/node/{node.pk}/change/", data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    change = _only("node.change")
+    assert change.before["state"] == "up" and change.after["state"] == "down"
+    assert change.after["state_reason"] == "maintenance"
+    assert "agent_token_hash" not in change.before
