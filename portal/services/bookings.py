@@ -205,8 +205,6 @@ def _place(request: BookingRequest) -> list[Slot]:
 
 def visible_bookings(user):
     """Bookings a user may see (permissions.CAN["booking.view"]): own, managed projects', all."""
-    # The managed projects are read as a list first: for a user who manages nothing the filter
-    # is then `owner = id`, which the owner index answers, where a subquery scans every booking.
     match = permissions.visible_filter(
         user, "booking.view", owner_field="owner", project_field="project_id"
     )

@@ -139,11 +139,20 @@ def visible_filter(user, action: str, *, owner_field: str | None, project_field:
     broad = CAN[action][1][role_of(user)]
     if broad == "all" or (broad == "perm" and user.has_perm(PERMS[action])):
         return None
-    match = Q(pk__in=[])
+    parts = []
     if owner_field and broad != "no":
-        match |= Q(**{owner_field: user})
+        parts.append(Q(**{owner_field: user}))
     if CAN[action][1]["manager"] == "project":
-        match |= Q(**{f"{project_field}__in": managed_project_ids(user)})
+        # Read as a list first: for a user who manages nothing the filter is then only the
+        # owner's, which an index answers, where an OR with a subquery scans every row.
+        managed = managed_project_ids(user)
+        if managed:
+            parts.append(Q(**{f"{project_field}__in": sorted(managed)}))
+    if not parts:
+        return Q(pk__in=[])
+    match = parts[0]
+    for part in parts[1:]:
+        match |= part
     return match
 
 
