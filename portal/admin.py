@@ -1,11 +1,20 @@
-"""Admin panel: admins set quotas here and see usage beside each limit."""
+"""Admin panel: admins set quotas here and see usage beside each limit.
 
-from django.contrib import admin
+Quota, membership and node changes, drains, token revocations and logins are audited
+(portal/admin_audit.py); the audit log itself is read-only here, with a CSV export.
+"""
+
+import csv
+
+from django.contrib import admin, messages
+from django.http import HttpResponse
 from django.utils import timezone
 
+from portal.admin_audit import AuditedAdminMixin
 from portal.models import (
     Allocation,
     ApiToken,
+    AuditEvent,
     Booking,
     Gpu,
     GroupMappingRule,
@@ -16,6 +25,10 @@ from portal.models import (
     Project,
     Quota,
 )
+from portal.services import nodes as node_services
+from portal.services import tokens as token_services
+from portal.services.audit import Via, source_of
+from portal.services.audit_log import CSV_COLUMNS, audit_row
 from portal.services.quotas import DEFAULT_BUDGET_PERIOD_DAYS, usage_current
 
 
@@ -45,11 +58,12 @@ class QuotaInline(admin.StackedInline):
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(AuditedAdminMixin):
     list_display = ["slug", "name", "member_count"]
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline, QuotaInline]
+    audit_cascade = ("memberships", "quotas")
 
     @admin.display(description="members")
     def member_count(self, obj) -> int:
@@ -57,7 +71,7 @@ class ProjectAdmin(admin.ModelAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(AuditedAdminMixin):
     list_display = [
         "project",
         "user",
@@ -98,7 +112,7 @@ class GpuInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(AuditedAdminMixin):
     list_display = ["hostname", "state", "state_reason", "last_seen", "agent_version"]
     list_filter = ["state"]
     search_fields = ["hostname"]
@@ -108,11 +122,21 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drain: finish running work, place nothing new")
     def drain(self, request, queryset):
-        queryset.update(state=Node.State.DRAIN, state_reason=f"drained by {request.user.username}")
+        changed = node_services.node_drain(
+            node_ids=queryset.values_list("pk", flat=True),
+            actor=request.user,
+            source=source_of(request, Via.ADMIN),
+        )
+        self.message_user(request, f"{changed} node(s) drained.")
 
     @admin.action(description="Return to service")
     def undrain(self, request, queryset):
-        queryset.filter(state=Node.State.DRAIN).update(state=Node.State.UP, state_reason="")
+        changed = node_services.node_return_to_service(
+            node_ids=queryset.values_list("pk", flat=True),
+            actor=request.user,
+            source=source_of(request, Via.ADMIN),
+        )
+        self.message_user(request, f"{changed} node(s) returned to service.")
 
 
 @admin.register(Gpu)
@@ -160,9 +184,84 @@ class BookingAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "user", "name", "created", "last_used"]
-    search_fields = ["user__username", "name"]
-    readonly_fields = ["key_hash", "prefix"]
+    """Every user's API tokens (keys are never stored); revoking one is audited."""
+
+    list_display = ["prefix", "user", "name", "scope", "created", "expires_at", "last_used"]
+    list_filter = ["scope"]
+    search_fields = ["user__username", "name", "prefix"]
+    list_select_related = ["user"]
+    exclude = ["key_hash"]
+    readonly_fields = [
+        "user",
+        "name",
+        "prefix",
+        "scope",
+        "created",
+        "expires_at",
+        "last_used",
+        "created_by",
+    ]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False  # a key is shown once, to its owner: tokens are made on the Tokens page
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # revoke, which audits, instead
+        return actions
+
+    def delete_model(self, request, obj):
+        self._revoke(request, [obj.pk])
+
+    @admin.action(description="Revoke the selected tokens", permissions=["delete"])
+    def revoke(self, request, queryset):
+        count = self._revoke(request, list(queryset.values_list("pk", flat=True)))
+        self.message_user(request, f"{count} token(s) revoked.", messages.SUCCESS)
+
+    def _revoke(self, request, token_ids: list[int]) -> int:
+        source = source_of(request, Via.ADMIN)
+        for token_id in token_ids:
+            token_services.token_revoke(actor=request.user, token_id=token_id, source=source)
+        return len(token_ids)
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    """The audit log, append only: nobody adds, changes or deletes rows here."""
+
+    list_display = ["at", "actor_name", "address", "via", "action", "target", "project_slug"]
+    list_filter = ["action", "via", ("actor", admin.RelatedOnlyFieldListFilter), "project"]
+    date_hierarchy = "at"
+    search_fields = ["actor_name", "action", "target_id", "project_slug", "address"]
+    ordering = ["-at", "-id"]
+    actions = ["export_csv"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="target")
+    def target(self, obj) -> str:
+        return f"{obj.target_type} {obj.target_id}".strip()
+
+    @admin.action(description="Export the selected events as CSV", permissions=["view"])
+    def export_csv(self, request, queryset):
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = 'attachment; filename="gpu-portal-audit.csv"'
+        writer = csv.DictWriter(response, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for event in queryset.order_by("-at", "-id").iterator():
+            writer.writerow(audit_row(event, text=True))
+        return response
 
 
 @admin.register(NodeAlert)

@@ -310,6 +310,12 @@ TOKEN_CACHE_S = envint("TOKEN_CACHE_S", 30)
 if not 0 <= TOKEN_CACHE_S <= 3600:
     raise RuntimeError("TOKEN_CACHE_S must be between 0 and 3600 seconds.")
 
+# The audit log's CSV export (GET /api/v1/audit/?format=csv) holds at most this many rows;
+# narrow the filters (from/to) for more.
+AUDIT_EXPORT_MAX_ROWS = envint("AUDIT_EXPORT_MAX_ROWS", 100_000)
+if not 1 <= AUDIT_EXPORT_MAX_ROWS <= 10_000_000:
+    raise RuntimeError("AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000.")
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "portal.api.auth.TokenAuthentication",

@@ -39,6 +39,14 @@ def cluster(db):
 
 
 @pytest.fixture
+def admin_client(client):
+    """A browser session of the superuser "root" (replaces pytest-django's own admin_client)."""
+    admin = UserFactory(username="root", is_staff=True, is_superuser=True)
+    client.force_login(admin)
+    return client
+
+
+@pytest.fixture
 def api(user):
     client = APIClient()
     client.force_authenticate(user)

@@ -12,7 +12,8 @@ from django.core.cache import cache
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
-from rest_framework import authentication, exceptions
+from rest_framework import authentication, exceptions, status
+from rest_framework.permissions import SAFE_METHODS
 
 from portal.models import ApiToken
 from portal.models.tokens import hash_token
@@ -56,7 +57,20 @@ def token_user(raw: str) -> tuple | None:
     return user, token
 
 
+class TokenExpired(exceptions.AuthenticationFailed):
+    default_code = "token_expired"
+    default_detail = "This token has expired; create a new one."
+
+
+class TokenReadOnly(exceptions.APIException):
+    status_code = status.HTTP_403_FORBIDDEN
+    default_code = "token_read_only"
+    default_detail = "This token is read-only; use a read-write token to change things."
+
+
 class TokenAuthentication(authentication.BaseAuthentication):
+    """`Authorization: Token <key>`; an expired token is 401, a read-only one 403 on writes."""
+
     keyword = "Token"
 
     def authenticate(self, request):
@@ -66,14 +80,20 @@ class TokenAuthentication(authentication.BaseAuthentication):
         found = token_user(raw)
         if found is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+        token = found[1]
+        if token.expired(timezone.now()):
+            raise TokenExpired()
+        if token.scope == ApiToken.Scope.READ and request.method not in SAFE_METHODS:
+            raise TokenReadOnly()
         return found
 
     def authenticate_header(self, request):
         return self.keyword
 
 
+@receiver(post_save, sender=ApiToken)
 @receiver(post_delete, sender=ApiToken)
-def _token_deleted(sender, instance, **kwargs):
+def _token_changed(sender, instance, **kwargs):
     cache.delete(_cache_key(instance.key_hash))
 
 

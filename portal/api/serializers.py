@@ -29,22 +29,33 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class TokenCreateInput(StrictSerializer):
+class TokenNewInput(StrictSerializer):
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    scope = serializers.ChoiceField(
+        choices=ApiToken.Scope.choices, required=False, default=ApiToken.Scope.READ_WRITE
+    )
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True, default=None, help_text="Empty: never expires."
+    )
+
+
+class TokenCreateInput(TokenNewInput):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=256, style={"input_type": "password"})
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True)
 
 
 class TokenCreatedOutput(serializers.Serializer):
     token = serializers.CharField(help_text="Shown once: store it now.")
     id = serializers.IntegerField()
     name = serializers.CharField()
+    scope = serializers.CharField()
+    expires_at = serializers.DateTimeField(allow_null=True)
 
 
 class TokenOutput(serializers.ModelSerializer):
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "created", "last_used"]
+        fields = ["id", "name", "prefix", "scope", "created", "expires_at", "last_used"]
 
 
 class BookingCreateInput(StrictSerializer):
@@ -353,18 +364,22 @@ class EstimateOutput(serializers.Serializer):
     queue_position = serializers.IntegerField(allow_null=True)
 
 
-class AccountingQuery(StrictSerializer):
+class FromToQuery(StrictSerializer):
+    """A query with a `from` parameter (a Python keyword, so declared as `from_`)."""
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")
+        return fields
+
+
+class AccountingQuery(FromToQuery):
     """?group_by=&from=&to= of the accounting report (`format` picks JSON or CSV)."""
 
     group_by = serializers.ChoiceField(choices=["project", "user", "model", "booking"])
     from_ = serializers.DateTimeField(help_text="start of the period (ISO 8601)")
     to = serializers.DateTimeField(required=False, help_text="end of the period; default now")
     format = serializers.ChoiceField(choices=["json", "csv"], required=False)
-
-    def get_fields(self):
-        fields = super().get_fields()
-        fields["from"] = fields.pop("from_")
-        return fields
 
     def validate(self, data):
         data = dict(data)
@@ -384,3 +399,41 @@ class AccountingRowOutput(serializers.Serializer):
     energy_kwh = serializers.FloatField()
     mean_utilization = serializers.FloatField(allow_null=True, help_text="%, whole GPUs only")
     peak_memory_mib = serializers.IntegerField(allow_null=True)
+
+
+class AuditQuery(FromToQuery):
+    """Filters of the audit log (`format` picks JSON pages or a CSV of every match)."""
+
+    action = serializers.CharField(
+        required=False, max_length=40, help_text='e.g. "booking.cancel", or "booking." for all'
+    )
+    actor = serializers.CharField(required=False, max_length=150, help_text="username")
+    project = serializers.SlugField(required=False, max_length=64)
+    target_type = serializers.CharField(required=False, max_length=40)
+    target_id = serializers.CharField(required=False, max_length=64)
+    from_ = serializers.DateTimeField(required=False)
+    to = serializers.DateTimeField(required=False)
+    format = serializers.ChoiceField(choices=["json", "csv"], required=False)
+    page = serializers.IntegerField(required=False, min_value=1)
+    page_size = serializers.IntegerField(required=False, min_value=1)
+
+    def validate(self, data):
+        data = dict(data)
+        data["since"], data["until"] = data.pop("from", None), data.pop("to", None)
+        if data["since"] and data["until"] and data["since"] >= data["until"]:
+            raise serializers.ValidationError({"from": ["Must be before `to`."]})
+        return data
+
+
+class AuditEventOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    actor = serializers.CharField(help_text="username at the time ('' for the system)")
+    address = serializers.CharField()
+    via = serializers.ChoiceField(choices=["web", "api", "admin", "system"])
+    action = serializers.CharField()
+    target_type = serializers.CharField()
+    target_id = serializers.CharField()
+    project = serializers.CharField()
+    before = serializers.JSONField(allow_null=True)
+    after = serializers.JSONField(allow_null=True)

@@ -27,6 +27,7 @@ urlpatterns = [
     path("api/v1/auth/token/", views.TokenCreateView.as_view(), name="token-create"),
     path("api/v1/me/quota/", views.MyQuotaView.as_view(), name="my-quota"),
     path("api/v1/accounting/", views.AccountingView.as_view(), name="accounting"),
+    path("api/v1/audit/", views.AuditView.as_view(), name="audit"),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),

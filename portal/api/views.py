@@ -1,5 +1,6 @@
 """API views: interfaces that parse input, call one service or selector, and render output."""
 
+from django.conf import settings
 from django.contrib.auth import authenticate
 from django.db.models import Count, Prefetch
 from django.utils import timezone
@@ -16,12 +17,20 @@ from rest_framework.views import APIView
 from portal.api import idempotency, lists
 from portal.api import serializers as s
 from portal.api.csv_renderer import CsvRenderer
-from portal.errors import NotFound, TooManyAttempts, ValidationFailed
+from portal.api.pagination import OrderedPagination
+from portal.errors import NotAllowed, NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
-from portal.models.tokens import hash_token, new_token
+from portal.services import (
+    audit,
+    audit_log,
+    login_throttle,
+    permissions,
+    telemetry,
+    telemetry_cache,
+)
 from portal.services import bookings as booking_services
-from portal.services import login_throttle, telemetry, telemetry_cache
+from portal.services import tokens as token_services
 from portal.services.accounting import accounting_report
 from portal.services.estimate import booking_estimate
 from portal.services.quotas import quota_effective, usage_current
@@ -53,17 +62,34 @@ class TokenCreateView(APIView):
             raise ValidationFailed(
                 "Wrong username or password.", fields={"password": "wrong username or password"}
             )
-        raw = new_token("gp")
-        token = ApiToken.objects.create(
-            user=user, name=data.get("name", ""), key_hash=hash_token(raw), prefix=raw[:10]
-        )
-        return Response(
-            {"token": raw, "id": token.id, "name": token.name}, status=status.HTTP_201_CREATED
+        source = audit.source_of(request, audit.Via.API)
+        audit.audit_record(action="login", actor=user, source=source, after={"for": "api token"})
+        return _token_created(
+            request, user, {k: v for k, v in data.items() if k not in ("username", "password")}
         )
 
 
-class TokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
-    """My API tokens: list them, revoke one with DELETE."""
+def _token_created(request, user, data: dict) -> Response:
+    raw, token = token_services.token_create(
+        user=user,
+        now=timezone.now(),
+        name=data.get("name", ""),
+        scope=data["scope"],
+        expires_at=data["expires_at"],
+        source=_source(request),
+    )
+    body = {
+        "token": raw,
+        "id": token.id,
+        "name": token.name,
+        "scope": token.scope,
+        "expires_at": token.expires_at,
+    }
+    return Response(s.TokenCreatedOutput(body).data, status=status.HTTP_201_CREATED)
+
+
+class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """My API tokens: list them (with last use), create one (POST), revoke one (DELETE)."""
 
     serializer_class = s.TokenOutput
 
@@ -72,7 +98,19 @@ class TokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Gen
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
-        return ApiToken.objects.filter(user=self.request.user).order_by("-created", "id")
+        return token_services.tokens_of(user=self.request.user)
+
+    @extend_schema(request=s.TokenNewInput, responses={201: s.TokenCreatedOutput})
+    def create(self, request):
+        """A new token for me; its key is in this answer only."""
+        return _token_created(request, request.user, _valid(s.TokenNewInput, request.data))
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, pk=None):
+        token_services.token_revoke(
+            actor=request.user, token_id=_pk(pk, "token"), source=_source(request)
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -180,6 +218,10 @@ class MigInstanceViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(_device_history(mig.uuid, label, _history_query(request)))
 
 
+def _source(request) -> audit.Source:
+    return audit.source_of(request, audit.Via.API)
+
+
 def _valid(serializer_class, data) -> dict:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
@@ -236,7 +278,9 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
                 return self._render(
                     booking_services.booking_get_for_change(user=request.user, booking_id=earlier)
                 )
-            booking = booking_services.booking_submit(user=request.user, now=timezone.now(), **data)
+            booking = booking_services.booking_submit(
+                user=request.user, now=timezone.now(), source=_source(request), **data
+            )
             idempotency.remember(user_id=request.user.pk, key=key, booking_id=booking.pk)
         return self._render(booking, status.HTTP_201_CREATED)
 
@@ -258,7 +302,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         booking = booking_services.booking_cancel(
-            user=request.user, booking_id=_pk(pk), now=timezone.now()
+            user=request.user, booking_id=_pk(pk), now=timezone.now(), source=_source(request)
         )
         return self._render(booking)
 
@@ -266,7 +310,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def release(self, request, pk=None):
         booking = booking_services.booking_release(
-            user=request.user, booking_id=_pk(pk), now=timezone.now()
+            user=request.user, booking_id=_pk(pk), now=timezone.now(), source=_source(request)
         )
         return self._render(booking)
 
@@ -295,16 +339,20 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     def extend(self, request, pk=None):
         data = _valid(s.BookingExtendInput, request.data)
         booking = booking_services.booking_extend(
-            user=request.user, booking_id=_pk(pk), now=timezone.now(), by_s=data["by_s"]
+            user=request.user,
+            booking_id=_pk(pk),
+            now=timezone.now(),
+            by_s=data["by_s"],
+            source=_source(request),
         )
         return self._render(booking)
 
 
-def _pk(pk) -> int:
+def _pk(pk, what: str = "booking") -> int:
     try:
         return int(pk)
     except (TypeError, ValueError) as exc:
-        raise NotFound(f"No booking {pk}.") from exc
+        raise NotFound(f"No {what} {pk}.") from exc
 
 
 class AccountingView(APIView):
@@ -380,3 +428,41 @@ class MyQuotaView(APIView):
                 }
             )
         return Response({"results": rows})
+
+
+class AuditView(APIView):
+    """The audit log, newest first, with filters; `?format=csv` exports every match.
+    Staff and superusers read all of it; a project manager reads their projects' events."""
+
+    renderer_classes = [JSONRenderer, CsvRenderer]
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("action", str, description='e.g. "booking.cancel" or "booking."'),
+            OpenApiParameter("actor", str, description="username"),
+            OpenApiParameter("project", str, description="project slug"),
+            OpenApiParameter("target_type", str),
+            OpenApiParameter("target_id", str),
+            OpenApiParameter("from", OpenApiTypes.DATETIME),
+            OpenApiParameter("to", OpenApiTypes.DATETIME),
+            OpenApiParameter("format", str, enum=["json", "csv"]),
+        ],
+        responses={200: s.AuditEventOutput(many=True)},
+    )
+    def get(self, request):
+        if not permissions.can_some(request.user, "audit.view"):
+            raise NotAllowed("Only staff and project managers may read the audit log.")
+        query = _valid(s.AuditQuery, dict(request.query_params.items()))
+        events = audit_log.audit_events_filter(
+            audit_log.audit_events_visible(request.user),
+            **{k: v for k, v in query.items() if k not in ("format", "page", "page_size")},
+        )
+        if getattr(request.accepted_renderer, "format", "") == "csv":
+            limit = settings.AUDIT_EXPORT_MAX_ROWS
+            rows = [audit_log.audit_row(e, text=True) for e in events[:limit].iterator()]
+            response = Response(rows)
+            response["Content-Disposition"] = 'attachment; filename="gpu-portal-audit.csv"'
+            return response
+        paginator = OrderedPagination()
+        page = paginator.paginate_queryset(events, request, view=self)
+        return paginator.get_paginated_response([audit_log.audit_row(e) for e in page])

@@ -1,5 +1,6 @@
 """Data model of the portal, split by domain (NetBox dcim/models style)."""
 
+from portal.models.audit import AuditEvent
 from portal.models.bookings import Allocation, Booking, Qos
 from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
 from portal.models.projects import Membership, Project, Quota
@@ -10,6 +11,7 @@ from portal.models.tokens import ApiToken
 __all__ = [
     "Allocation",
     "ApiToken",
+    "AuditEvent",
     "Booking",
     "Gpu",
     "GroupMappingRule",

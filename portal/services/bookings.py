@@ -10,19 +10,21 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import F, Max, Q
+from django.db.models import F, Max
 from django.db.models.functions import Least
 
 import scheduler
 from portal.errors import (
     InvalidState,
     NoCapacity,
+    NotAllowed,
     NotFound,
     QuotaExceeded,
     ValidationFailed,
 )
-from portal.models import Allocation, Booking, Membership
-from portal.services import events, fairshare, inventory, placement
+from portal.models import Allocation, Booking
+from portal.services import events, fairshare, inventory, permissions, placement
+from portal.services.audit import SYSTEM, Source, audit_booking, booking_state
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
 from portal.services.quotas import peak_use_in_window, scheduler_quota, usage_current
@@ -45,6 +47,7 @@ def booking_submit(
     qos: str = "normal",
     preemptible: bool = False,
     command: str = "",
+    source: Source = SYSTEM,
 ) -> Booking:
     """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued."""
     request = check_request(
@@ -72,6 +75,7 @@ def booking_submit(
             booking.save()
         else:
             _reserve(booking, request, now)
+        audit_booking(action="booking.submit", booking=booking, actor=user, source=source)
         events.booking_changed(booking, "submitted")
     return booking
 
@@ -200,29 +204,30 @@ def _place(request: BookingRequest) -> list[Slot]:
 
 
 def visible_bookings(user):
-    """Bookings a user may see: their own, their managed projects', all for staff."""
-    qs = Booking.objects.all()
-    if user.is_staff:
-        return qs
-    # Read as a list first: for a user who manages nothing the filter is then `owner = id`, which
-    # the owner index answers, where an OR with a subquery scans every booking.
-    managed = list(
-        Membership.objects.filter(user=user, role=Membership.Role.MANAGER).values_list(
-            "project_id", flat=True
-        )
+    """Bookings a user may see (permissions.CAN["booking.view"]): own, managed projects', all."""
+    match = permissions.visible_filter(
+        user, "booking.view", owner_field="owner", project_field="project_id"
     )
-    return qs.filter(Q(owner=user) | Q(project_id__in=managed))
+    qs = Booking.objects.all()
+    return qs if match is None else qs.filter(match)
 
 
-def booking_get_for_change(*, user, booking_id: int) -> Booking:
-    """The booking if the user may change it; 404 if they may not even see it."""
+def booking_get_for_change(*, user, booking_id: int, action: str = "booking.view") -> Booking:
+    """The booking if the user may do `action` to it (permissions.CAN); 404 if they may not
+    even see it, 403 if they see it but the table does not let them do that."""
     booking = visible_bookings(user).filter(pk=booking_id).first()
     if booking is None:
         raise NotFound(f"No booking {booking_id} among yours.")
+    if not permissions.can(user, action, owner_id=booking.owner_id, project_id=booking.project_id):
+        verb = action.split(".")[1]
+        raise NotAllowed(
+            f"Booking {booking_id} is not yours; your role does not let you {verb} it "
+            "(see docs/roles.md)."
+        )
     return booking
 
 
-def booking_cancel(*, user, booking_id: int, now: datetime) -> Booking:
+def booking_cancel(*, user, booking_id: int, now: datetime, source: Source = SYSTEM) -> Booking:
     """Cancel a pending, planned or active booking; its devices are freed at once."""
     return _end(
         user=user,
@@ -231,10 +236,12 @@ def booking_cancel(*, user, booking_id: int, now: datetime) -> Booking:
         new_state=State.CANCELLED,
         from_states=Booking.LIVE_STATES,
         event="cancelled",
+        action="booking.cancel",
+        source=source,
     )
 
 
-def booking_release(*, user, booking_id: int, now: datetime) -> Booking:
+def booking_release(*, user, booking_id: int, now: datetime, source: Source = SYSTEM) -> Booking:
     """Hand back an active booking's devices early; it counts as finished."""
     return _end(
         user=user,
@@ -243,12 +250,16 @@ def booking_release(*, user, booking_id: int, now: datetime) -> Booking:
         new_state=State.FINISHED,
         from_states=(State.ACTIVE,),
         event="released",
+        action="booking.release",
+        source=source,
     )
 
 
-def _end(*, user, booking_id, now, new_state, from_states, event, detail: str = "") -> Booking:
+def _end(
+    *, user, booking_id, now, new_state, from_states, event, action, source, detail: str = ""
+) -> Booking:
     booking = (
-        booking_get_for_change(user=user, booking_id=booking_id)
+        booking_get_for_change(user=user, booking_id=booking_id, action=action)
         if user
         else Booking.objects.get(pk=booking_id)
     )
@@ -258,7 +269,9 @@ def _end(*, user, booking_id, now, new_state, from_states, event, detail: str = 
         ):
             booking.refresh_from_db()
             raise InvalidState(f"Booking {booking.pk} is {booking.state}; it cannot be {event}.")
+        before = booking_state(booking)
         booking.refresh_from_db()
+        audit_booking(action=action, booking=booking, actor=user, source=source, before=before)
         events.booking_changed(booking, event)
     return booking
 
@@ -286,11 +299,12 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
     ends it for good. Returns the event ("requeued", or the terminal state), None when the
     booking was no longer active. Runs inside the caller's transaction.
     """
-    booking = Booking.objects.filter(pk=booking_id).only("command", "start").first()
+    booking = Booking.objects.filter(pk=booking_id).select_related("project").first()
     if booking is None or not booking_transition(
         booking_id, from_states=(State.ACTIVE,), to=to, now=now, detail=detail
     ):
         return None
+    before = booking_state(booking)
     requeue = bool(booking.command) and booking.start is None
     if to == State.FAILED and not settings.REQUEUE_ON_NODE_FAILURE:
         requeue = False
@@ -303,13 +317,22 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
             planned_start=None,
             state_detail=f"{detail}; requeued",
         )
+    booking.refresh_from_db()
+    # Named by the cause; the after state says whether it went back to the queue.
+    if to == State.PREEMPTED:
+        action = "booking.preempt"
+    else:
+        action = "booking.requeue" if requeue else "booking.fail"
+    audit_booking(action=action, booking=booking, before=before)
     events.booking_changed(booking, event)
     return event
 
 
-def booking_extend(*, user, booking_id: int, now: datetime, by_s: int) -> Booking:
+def booking_extend(
+    *, user, booking_id: int, now: datetime, by_s: int, source: Source = SYSTEM
+) -> Booking:
     """Make a booking longer by `by_s` seconds, if its devices are free that long (else 409)."""
-    booking = booking_get_for_change(user=user, booking_id=booking_id)
+    booking = booking_get_for_change(user=user, booking_id=booking_id, action="booking.extend")
     if by_s <= 0:
         raise ValidationFailed.field("by_s", "must be a positive number of seconds.")
     with transaction.atomic(durable=True):
@@ -326,11 +349,15 @@ def booking_extend(*, user, booking_id: int, now: datetime, by_s: int) -> Bookin
                 f"Booking {booking.pk} is {booking.state}; only live bookings can be extended."
             )
         _check_extend_quota(booking, by_s)
+        before = booking_state(booking)
         if booking.state == State.PENDING:
             Booking.objects.filter(pk=booking.pk).update(duration_s=F("duration_s") + by_s)
         else:
             _extend_allocations(booking, timedelta(seconds=by_s))
         booking.refresh_from_db()
+        audit_booking(
+            action="booking.extend", booking=booking, actor=user, source=source, before=before
+        )
         events.booking_changed(booking, "extended")
     return booking
 

@@ -10,7 +10,8 @@ from portal.errors import NotAllowed
 from portal.models import Booking, Gpu, MigInstance, Node
 from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.models.tokens import hash_token, new_token
-from portal.services import events
+from portal.services import events, permissions
+from portal.services.audit import SYSTEM, Source, audit_record
 from portal.services.bookings import booking_stop
 
 
@@ -180,3 +181,44 @@ def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> 
 
 def _fail_booking(booking: Booking, reason: str, now: datetime) -> None:
     booking_stop(booking_id=booking.pk, to=Booking.State.FAILED, now=now, detail=reason)
+
+
+def node_drain(*, node_ids, actor, source: Source = SYSTEM) -> int:
+    """Drain nodes (running work finishes, nothing new is placed); each change audited."""
+    reason = f"drained by {actor.get_username()}"
+    return _node_set_state(
+        node_ids, Node.State.DRAIN, reason, "node.drain", actor, source, exclude=Node.State.DRAIN
+    )
+
+
+def node_return_to_service(*, node_ids, actor, source: Source = SYSTEM) -> int:
+    """Put drained nodes back in service; each change audited. Returns how many changed."""
+    return _node_set_state(
+        node_ids, Node.State.UP, "", "node.return", actor, source, only=Node.State.DRAIN
+    )
+
+
+def _node_set_state(node_ids, state, reason, action, actor, source, *, only=None, exclude=None):
+    if not permissions.can(actor, "node.drain"):
+        raise NotAllowed("Only admins with the right to change nodes may drain them.")
+    changed = 0
+    for node in Node.objects.filter(pk__in=list(node_ids)).order_by("pk"):
+        if node.state == exclude or (only and node.state != only):
+            continue
+        with transaction.atomic(durable=True):
+            # Compare-and-set: a heartbeat that marked the node down meanwhile wins.
+            rows = Node.objects.filter(pk=node.pk, state=node.state)
+            if not rows.update(state=state, state_reason=reason):
+                continue
+            audit_record(
+                action=action,
+                actor=actor,
+                source=source,
+                target=node,
+                before={"state": node.state, "state_reason": node.state_reason},
+                after={"state": state, "state_reason": reason},
+            )
+            changed += 1
+    if changed:
+        events.request_allocation_pass()
+    return changed

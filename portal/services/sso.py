@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from portal.models import GroupMappingRule, Membership
+from portal.services.audit import audit_record
 
 _ROLE_RANK = {Membership.Role.MEMBER: 0, Membership.Role.MANAGER: 1}
 
@@ -59,9 +60,11 @@ def memberships_sync(*, user, groups: Iterable[str], source: str) -> SyncResult:
                 continue
             role = grants.get(membership.project_id)
             if role is None:
+                _audit(membership, source, before=membership.role, after=None)
                 membership.delete()
                 removed.append(membership.project.slug)
             elif role != membership.role:
+                _audit(membership, source, before=membership.role, after=role)
                 membership.role = role
                 membership.save(update_fields=["role"])
                 changed.append(membership.project.slug)
@@ -70,8 +73,27 @@ def memberships_sync(*, user, groups: Iterable[str], source: str) -> SyncResult:
                 membership = Membership.objects.create(
                     user=user, project_id=project_id, role=role, granted_by_rule=True
                 )
+                _audit(membership, source, before=None, after=role)
                 added.append(membership.project.slug)
     return SyncResult(added=tuple(added), changed=tuple(changed), removed=tuple(removed))
+
+
+def _audit(membership: Membership, source: str, *, before: str | None, after: str | None) -> None:
+    action = "membership.change" if before and after else "membership.create"
+    if after is None:
+        action = "membership.delete"
+
+    def state(role):
+        return None if role is None else {"user": membership.user.username, "role": role}
+
+    audit_record(
+        action=action,
+        actor_name=f"{source} group rules",
+        target=membership,
+        project=membership.project,
+        before=state(before),
+        after=state(after),
+    )
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,40 @@
 """Formatting for the pages. static/portal/live.js formats live readings the same way."""
 
+import json
 from datetime import timedelta
 
 from django import template
 
+from portal.services import permissions
+
 register = template.Library()
 
 NO_READING = "no reading yet"
+
+
+@register.filter
+def json_text(value) -> str:
+    """An audit event's before or after as compact JSON ("—" when there is none)."""
+    if value is None:
+        return "—"
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+@register.simple_tag(takes_context=True)
+def user_can(context, action: str, booking) -> bool:
+    """Whether the page's user may do `action` (permissions.CAN) to `booking`."""
+    request = context["request"]
+    if not hasattr(request, "_managed_projects"):
+        request._managed_projects = permissions.managed_project_ids(request.user)
+    return permissions.can(
+        request.user,
+        action,
+        owner_id=booking.owner_id,
+        project_id=booking.project_id,
+        managed=request._managed_projects,
+    )
+
+
 NOT_MEASURED = "not measured"
 
 

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 from portal.errors import ApplicationError, NotFound
 from portal.models import Project
 from portal.services import bookings as booking_services
+from portal.services.audit import Via, source_of
 from portal.web.forms import BookForm, ExtendForm, add_service_errors
 
 PREFILL = ("start", "end", "gpu_model", "mig_profile", "kind", "when", "gpus", "project")
@@ -33,7 +34,10 @@ def book(request):
         if form.is_valid():
             try:
                 booking = booking_services.booking_submit(
-                    user=request.user, now=timezone.now(), **form.submit_kwargs()
+                    user=request.user,
+                    now=timezone.now(),
+                    source=source_of(request, Via.WEB),
+                    **form.submit_kwargs(),
                 )
             except ApplicationError as error:
                 add_service_errors(form, error)
@@ -66,7 +70,13 @@ def _back(request, booking_id: int):
 
 def _command(request, booking_id: int, service, done: str, **kwargs):
     try:
-        service(user=request.user, booking_id=booking_id, now=timezone.now(), **kwargs)
+        service(
+            user=request.user,
+            booking_id=booking_id,
+            now=timezone.now(),
+            source=source_of(request, Via.WEB),
+            **kwargs,
+        )
     except NotFound as error:
         raise Http404(error.message) from error
     except ApplicationError as error:

@@ -174,3 +174,22 @@ def add_service_errors(form: forms.Form, error: ApplicationError) -> None:
             placed = True
     if not placed:
         form.add_error(None, error.message)
+
+
+class TokenForm(AccessibleForm):
+    """A new API token: a name, read-only or read-write, and an optional lifetime."""
+
+    name = forms.CharField(max_length=100, help_text="What it is for, e.g. “laptop” or “grafana”.")
+    scope = forms.ChoiceField(
+        choices=[("read-write", "Read and write"), ("read", "Read only")],
+        widget=forms.RadioSelect,
+        initial="read-write",
+        label="Access",
+    )
+    expires_days = forms.IntegerField(
+        min_value=1,
+        max_value=3650,
+        required=False,
+        label="Expires after (days)",
+        help_text="Empty: never expires.",
+    )

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal.web import actions, views
+from portal.web import actions, tokens, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -16,4 +16,7 @@ urlpatterns = [
     path("gpus/<int:gpu_id>/", views.gpu_detail, name="gpu-detail"),
     path("projects/<slug:slug>/", views.project_detail, name="project"),
     path("accounting/", views.accounting, name="accounting"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token-revoke"),
+    path("audit/", tokens.audit, name="audit"),
 ]

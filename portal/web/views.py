@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from portal.models import Allocation, Booking, Gpu, Project
 from portal.services import accounting as accounting_services
+from portal.services import permissions
 from portal.services.quotas import quota_effective, quota_project, usage_current
 from portal.web import calendar, charts, history, selectors
 
@@ -236,6 +237,7 @@ def project_detail(request, slug: str):
         ),
         "members": [(m, round(sum(series.get(m.user.username, [])), 1)) for m in members],
         "hours_figure": charts.member_hours_figure(dates, series) if series else None,
+        "may_audit": permissions.can(request.user, "audit.view", project_id=project.pk),
     }
     return render(request, "portal/project.html", context)
 

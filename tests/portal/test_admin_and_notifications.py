@@ -10,16 +10,9 @@ from django.core import mail
 from django.utils import timezone
 
 from portal.services.notifications import booking_notify
-from tests.factories import AllocationFactory, BookingFactory, UserFactory, make_node
+from tests.factories import AllocationFactory, BookingFactory, make_node
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def admin_client(client):
-    admin = UserFactory(username="root", is_staff=True, is_superuser=True)
-    client.force_login(admin)
-    return client
 
 
 def test_it_lists_quotas_with_usage_beside_each_limit(admin_client, user, project):

@@ -62,7 +62,14 @@ def test_it_shows_a_pending_bookings_planned_start_position_reason_and_priority(
     planned = timezone.datetime.fromisoformat(waiting["planned_start"])
     hog_end = timezone.datetime.fromisoformat(_get(api, hog["id"])["devices"][0]["end"])
     assert abs((planned - hog_end).total_seconds()) < 5
-    assert set(waiting["priority"]) == {"total", "age", "fairshare", "size", "qos", "fairshare_charge"}
+    assert set(waiting["priority"]) == {
+        "total",
+        "age",
+        "fairshare",
+        "size",
+        "qos",
+        "fairshare_charge",
+    }
     assert waiting["priority"]["fairshare_charge"] == "allocated"
 
 

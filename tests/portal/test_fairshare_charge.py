@@ -82,9 +82,7 @@ def _queue_one_each(projects, now):
             owner=owner, project=projects[slug], submitted_at=now, duration_s=3600
         )
     allocation_pass(now=now)
-    return {
-        slug: Booking.objects.get(pk=b.pk).priority["fairshare"] for slug, b in waiting.items()
-    }
+    return {slug: Booking.objects.get(pk=b.pk).priority["fairshare"] for slug, b in waiting.items()}
 
 
 def test_it_measures_an_allocations_mean_utilization_when_its_booking_ends(site):

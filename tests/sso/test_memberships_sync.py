@@ -2,7 +2,7 @@
 
 import pytest
 
-from portal.models import GroupMappingRule, Membership
+from portal.models import AuditEvent, GroupMappingRule, Membership
 from portal.services.sso import Identity, memberships_sync, sso_user_provision
 from tests.factories import ProjectFactory, UserFactory, member
 
@@ -57,6 +57,33 @@ def test_it_changes_the_role_and_removes_what_no_rule_grants_any_more(projects):
 
     assert _held(user) == {"vision": "manager"}
     assert (result.changed, result.removed) == (("vision",), ("nlp",))
+
+
+def test_it_audits_each_membership_a_rule_adds_changes_or_removes(projects):
+    _rule("a", projects["vision"])
+    rule_b = _rule("b", projects["nlp"])
+    user = UserFactory(username="dana")
+    memberships_sync(user=user, groups=["a", "b"], source=OIDC)
+    GroupMappingRule.objects.filter(group="a").update(role="manager")
+    rule_b.delete()
+    memberships_sync(user=user, groups=["a", "b"], source=OIDC)
+
+    rows = AuditEvent.objects.order_by("id").values_list(
+        "action", "project__slug", "actor_name", "before", "after"
+    )
+    dana = {"user": "dana"}
+    assert list(rows) == [
+        ("membership.create", "vision", "oidc group rules", None, {**dana, "role": "member"}),
+        ("membership.create", "nlp", "oidc group rules", None, {**dana, "role": "member"}),
+        (
+            "membership.change",
+            "vision",
+            "oidc group rules",
+            {**dana, "role": "member"},
+            {**dana, "role": "manager"},
+        ),
+        ("membership.delete", "nlp", "oidc group rules", {**dana, "role": "member"}, None),
+    ]
 
 
 def test_it_never_changes_or_removes_a_membership_made_by_hand(projects):

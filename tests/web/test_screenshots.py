@@ -9,7 +9,9 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Allocation, Booking, Gpu, ProcessUsage, Sample
+from portal.services.audit import Source, audit_record
 from portal.services.telemetry_cache import latest_store
+from portal.services.tokens import token_create
 from tests.factories import (
     AllocationFactory,
     BookingFactory,
@@ -32,6 +34,7 @@ PAGES = [
     ("booking", "/bookings/{booking}/"),
     ("project", "/projects/vision/"),
     ("accounting", "/accounting/?period=7d"),
+    ("tokens", "/tokens/"),
 ]
 VIEWS = [("desktop", 1280, 900), ("phone", 390, 844)]
 
@@ -102,6 +105,18 @@ def site(transactional_db):
             foreign=foreign,
         )
     latest_store(readings)
+    token_create(user=alice, now=now, name="laptop", expires_at=now + timedelta(days=30))
+    token_create(user=alice, now=now, name="grafana dashboard", scope="read")
+    UserFactory(username="root", is_staff=True, is_superuser=True)
+    audit_record(action="login", actor=bob, source=Source(via="web", address="192.0.2.10"))
+    audit_record(
+        action="quota.change",
+        actor=alice,
+        source=Source(via="admin", address="2001:db8::1"),
+        project=project,
+        before={"max_gpus": 4.0, "gpu_hours_budget": 200.0},
+        after={"max_gpus": 8.0, "gpu_hours_budget": 500.0},
+    )
     # An hour of history on gpu0, every 30 s, with the node silent for ten minutes in between.
     Sample.objects.bulk_create(
         Sample(
@@ -152,5 +167,26 @@ def test_it_renders_every_page_on_desktop_and_phone(site, asgi_server, chromium,
                 "document.documentElement.scrollWidth - document.documentElement.clientWidth"
             )
             assert overflow <= 1, f"{path} scrolls sideways by {overflow}px at {view} width"
+        context.close()
+        assert errors == []
+
+
+def test_it_renders_the_audit_log_for_staff(site, asgi_server, chromium):
+    ARTIFACTS.mkdir(exist_ok=True)
+    for view, width, height in VIEWS:
+        context = chromium.new_context(viewport={"width": width, "height": height})
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error, errors=errors: errors.append(str(error)))
+        sign_in(page, asgi_server, "root", "pw-secret-123")
+        response = page.goto(asgi_server + "/audit/")
+        assert response.status == 200
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(ARTIFACTS / f"audit-{view}-light.png"), full_page=True)
+        assert page.locator("td", has_text="quota.change").count() == 1
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 1, f"/audit/ scrolls sideways by {overflow}px at {view} width"
         context.close()
         assert errors == []
