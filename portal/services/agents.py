@@ -223,8 +223,9 @@ def _record_exit(node: Node, event: Event, when: datetime) -> None:
         booking_id=event.booking_id, live=True, gpu__node=node
     ).exists()
     booking = Booking.objects.get(pk=event.booking_id)
-    if booking.state == Booking.State.ACTIVE and not held_here:
-        log.info("ignoring %s of booking %s: it runs elsewhere now", event.kind, booking.pk)
+    if booking.state in (Booking.State.ACTIVE, Booking.State.PENDING) and not held_here:
+        # Requeued: pending again, or already running elsewhere; the old run's exit is no news.
+        log.info("ignoring %s of booking %s: it was requeued", event.kind, booking.pk)
         return
     fields = {"log_tail": event.log_tail, "exit_code": event.exit_code}
     fields = {name: value for name, value in fields.items() if value is not None}
