@@ -14,20 +14,6 @@ from tests.factories import make_node
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def _after_commit(django_capture_on_commit_callbacks):
-    """Run after-commit effects (the allocation pass) as a real commit would."""
-    global _commits
-    _commits = django_capture_on_commit_callbacks
-
-
-def _submit(api, **body):
-    with _commits(execute=True):
-        response = api.post("/api/v1/bookings/", body, format="json")
-    assert response.status_code == 201, response.json()
-    return response.json()["id"]
-
-
 def _get(api, booking_id):
     return api.get(f"/api/v1/bookings/{booking_id}/").json()
 
@@ -37,10 +23,10 @@ def _listed(api, booking_id):
     return row
 
 
-def test_it_shows_an_asap_bookings_start_and_end_once_it_has_devices(api, project, cluster):
+def test_it_shows_an_asap_bookings_start_and_end_once_it_has_devices(api, project, cluster, submit):
     project.quotas.update(max_gpus=None)
-    running = _submit(api, gpus=16, duration_s=3600)
-    waiting = _submit(api, gpus=1, duration_s=600)
+    running = submit(gpus=16, duration_s=3600)
+    waiting = submit(gpus=1, duration_s=600)
     for view in (_get, _listed):
         body = view(api, running)
         assert body["state"] == "active"
@@ -54,41 +40,49 @@ def test_it_shows_an_asap_bookings_start_and_end_once_it_has_devices(api, projec
         assert queued["state"] == "pending" and queued["start"] is None and queued["end"] is None
 
 
-def test_it_shows_the_real_end_of_an_asap_booking_released_early(api, project, cluster):
-    booking = _submit(api, gpus=1, duration_s=3600)
-    with _commits(execute=True):
+def test_it_shows_the_real_end_of_an_asap_booking_released_early(
+    api, project, cluster, submit, django_capture_on_commit_callbacks
+):
+    booking = submit(gpus=1, duration_s=3600)
+    with django_capture_on_commit_callbacks(execute=True):
         released = api.post(f"/api/v1/bookings/{booking}/release/").json()
     assert released["state"] == "finished"
     assert released["end"] == released["ended_at"]
 
 
-def test_it_clears_the_planned_start_when_a_booking_is_cancelled(api, project, cluster):
+def test_it_clears_the_planned_start_when_a_booking_is_cancelled(
+    api, project, cluster, submit, django_capture_on_commit_callbacks
+):
     project.quotas.update(max_gpus=None)
-    _submit(api, gpus=16, duration_s=3600)
-    waiting = _submit(api, gpus=2, duration_s=600)
+    submit(gpus=16, duration_s=3600)
+    waiting = submit(gpus=2, duration_s=600)
     assert _get(api, waiting)["planned_start"] is not None
-    with _commits(execute=True):
+    with django_capture_on_commit_callbacks(execute=True):
         cancelled = api.post(f"/api/v1/bookings/{waiting}/cancel/").json()
     assert cancelled["state"] == "cancelled"
     assert cancelled["planned_start"] is None and cancelled["queue_position"] is None
     assert cancelled["pending_reason"] == ""
 
 
-def test_it_drops_why_a_booking_waited_once_it_starts(api, project, cluster):
+def test_it_drops_why_a_booking_waited_once_it_starts(
+    api, project, cluster, submit, django_capture_on_commit_callbacks
+):
     project.quotas.update(max_gpus=None)
-    hog = _submit(api, gpus=16, duration_s=3600)
-    waiting = _submit(api, gpus=2, duration_s=600)
+    hog = submit(gpus=16, duration_s=3600)
+    waiting = submit(gpus=2, duration_s=600)
     assert _get(api, waiting)["state_detail"]  # "Waiting for ..."
-    with _commits(execute=True):
+    with django_capture_on_commit_callbacks(execute=True):
         api.post(f"/api/v1/bookings/{hog}/release/")
     started = _get(api, waiting)
     assert started["state"] == "active"
     assert started["state_detail"] == "" and started["pending_reason"] == ""
 
 
-def test_it_shows_nothing_of_the_last_run_on_a_requeued_booking(api, user, project, db):
+def test_it_shows_nothing_of_the_last_run_on_a_requeued_booking(
+    api, user, project, db, submit, django_capture_on_commit_callbacks
+):
     node = make_node("node-a", gpus=2)
-    batch = _submit(api, gpus=2, duration_s=3600, command="python train.py")
+    batch = submit(gpus=2, duration_s=3600, command="python train.py")
     assert _get(api, batch)["state"] == "active"
     Booking.objects.filter(pk=batch).update(exit_code=137, log_tail="Killed\n")
     node.state = "down"
@@ -104,7 +98,7 @@ def test_it_shows_nothing_of_the_last_run_on_a_requeued_booking(api, user, proje
     node.state = "up"
     node.save(update_fields=["state"])
     allocation_pass(now=timezone.now())
-    with _commits(execute=True):
+    with django_capture_on_commit_callbacks(execute=True):
         ended = api.post(f"/api/v1/bookings/{batch}/release/").json()
     assert ended["state"] == "finished"
     assert Allocation.objects.filter(booking_id=batch).count() == 4
