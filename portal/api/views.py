@@ -52,7 +52,10 @@ class TokenCreateView(APIView):
     authentication_classes: list = []
     throttle_classes = [TokenThrottle]
 
-    @extend_schema(request=s.TokenCreateInput, responses={201: s.TokenCreatedOutput})
+    @extend_schema(
+        request=s.TokenCreateInput,
+        responses={201: s.TokenCreatedOutput, **s.error_responses(400, 429)},
+    )
     def post(self, request):
         data = _valid(s.TokenCreateInput, request.data)
         wait = login_throttle.wait_s(request, data["username"])
@@ -297,7 +300,13 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         booking = self.get_queryset().filter(pk=_pk(pk)).first()
         if booking is None:
             raise NotFound(f"No booking {pk} among yours.")
-        allocations = [a for a in booking.allocations.all() if a.live or booking.ended_at]
+        allocations = [
+            a
+            for a in booking.allocations.all()
+            if s.allocation_shown(
+                live=a.live, start=a.start, state=booking.state, requeued_at=booking.requeued_at
+            )
+        ]
         params = dict(request.query_params.items())
         if allocations and "from" not in params:
             params["from"] = min(a.start for a in allocations).isoformat()

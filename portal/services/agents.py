@@ -207,9 +207,10 @@ def _check_events(node: Node, batch: list[Event]) -> None:
 def _apply(node: Node, event: Event, now: datetime) -> None:
     log.info("agent %s: %s booking=%s: %s", node, event.kind, event.booking_id, event.detail)
     if event.kind == "started":
-        Booking.objects.filter(pk=event.booking_id, started_at__isnull=True).update(
-            started_at=event.time
-        )
+        # Only for a running booking: a requeued one waits, its old run's news is stale.
+        Booking.objects.filter(
+            pk=event.booking_id, state=Booking.State.ACTIVE, started_at__isnull=True
+        ).update(started_at=event.time)
     elif event.kind in ("exited", "stopped"):
         _record_exit(node, event, min(event.time, now))
     else:
