@@ -236,9 +236,7 @@ def _amounts(refusal: scheduler.Refusal) -> dict:
 def _quota_refusal(field: str, reason: str, **extra) -> QuotaExceeded:
     """A request over a quota limit even with nothing in use: 409 `quota`, naming the field and
     the limit (`limit`, `limit_value`, `asks`), like the refusals that count use."""
-    return QuotaExceeded(
-        f"Quota {extra['limit']}: {field}: {reason}", fields={field: reason}, extra=extra
-    )
+    return QuotaExceeded(f"Quota {extra['limit']}: {reason}", fields={field: reason}, extra=extra)
 
 
 def _inventory_refusal(request: BookingRequest, refusal: scheduler.Refusal) -> str:

@@ -370,7 +370,7 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
             f"your quota allows {quota.max_duration_s} s."
         )
         raise QuotaExceeded(
-            f"Quota max_duration_s: by_s: {reason}",
+            f"Quota max_duration_s: {reason}",
             fields={"by_s": reason},
             extra={"limit": "max_duration_s", "limit_value": quota.max_duration_s},
         )
@@ -404,7 +404,7 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
         f"your budget is {quota.gpu_hours_budget:g} per period."
     )
     raise QuotaExceeded(
-        f"Quota gpu_hours_budget: by_s: {reason}",
+        f"Quota gpu_hours_budget: {reason}",
         fields={"by_s": reason},
         extra={"limit": refusal.limit, "limit_value": refusal.limit_value},
     )
