@@ -45,11 +45,18 @@ class NoCapacity(Conflict):
 
 
 class QuotaExceeded(Conflict):
-    code = "quota_exceeded"
+    code = "quota"
 
 
 class InvalidState(Conflict):
     code = "invalid_state"
+
+
+class IdempotencyKeyReused(ApplicationError):
+    """An Idempotency-Key sent again with a different request body."""
+
+    status = 422
+    code = "idempotency_key_reused"
 
 
 class Busy(ApplicationError):

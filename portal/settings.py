@@ -6,6 +6,7 @@ channel layer, cache and Celery broker.
 """
 
 import ipaddress
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -315,6 +316,17 @@ if not 0 <= TOKEN_CACHE_S <= 3600:
 AUDIT_EXPORT_MAX_ROWS = envint("AUDIT_EXPORT_MAX_ROWS", 100_000)
 if not 1 <= AUDIT_EXPORT_MAX_ROWS <= 10_000_000:
     raise RuntimeError("AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000.")
+# POST bookings/estimate/ per user (the Book page asks as one types): "N/s", "N/min", "N/hour"
+# or "N/day"; past it 429 with Retry-After. Queued requests are planned on a copy of the queue
+# taken at most ESTIMATE_SNAPSHOT_TTL_S seconds ago (0: read it for every estimate).
+ESTIMATE_RATE = env("ESTIMATE_RATE", "60/min").strip() or "60/min"
+ESTIMATE_SNAPSHOT_TTL_S = envfloat("ESTIMATE_SNAPSHOT_TTL_S", 5.0)
+if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)", ESTIMATE_RATE):
+    raise RuntimeError(
+        'ESTIMATE_RATE must be like "60/min": a positive count per s, min, h or day.'
+    )
+if not 0 <= ESTIMATE_SNAPSHOT_TTL_S <= 300:
+    raise RuntimeError("ESTIMATE_SNAPSHOT_TTL_S must be between 0 and 300 seconds.")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -327,7 +339,7 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api.errors.exception_handler",
-    "DEFAULT_THROTTLE_RATES": {"token": "10/minute"},
+    "DEFAULT_THROTTLE_RATES": {"token": "10/minute", "estimate": ESTIMATE_RATE},
     # Rate limits key on the address the trusted proxies report, never on a client's own header.
     "NUM_PROXIES": TRUSTED_PROXY_COUNT,
 }

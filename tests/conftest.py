@@ -3,6 +3,7 @@
 import pytest
 from rest_framework.test import APIClient
 
+from portal.services.estimate import estimate_snapshot_forget
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
 
 
@@ -16,6 +17,7 @@ def _clean_cache(settings):
     if keys:
         client.delete(*keys)
     client.close()
+    estimate_snapshot_forget()  # the estimates' in-process copy of the queue, likewise
     yield
 
 

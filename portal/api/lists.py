@@ -10,8 +10,8 @@ from collections import defaultdict
 
 from django.utils import timezone
 
-from portal.api.serializers import iso, reading_json
-from portal.models import Allocation, Booking, MigInstance
+from portal.api.serializers import allocation_shown, booking_window, iso, reading_json
+from portal.models import Allocation, MigInstance
 from portal.services import fairshare, telemetry_cache
 
 BOOKING_FIELDS = (
@@ -39,7 +39,9 @@ BOOKING_FIELDS = (
     "exit_code",
     "log_tail",
 )
-_BOOKING_TIMES = ("start", "end", "submitted_at", "started_at", "ended_at", "planned_start")
+# Read with the fields: which allocations are the booking's current run.
+BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at")
+_BOOKING_TIMES = ("submitted_at", "started_at", "ended_at", "planned_start")
 _ALLOCATION_FIELDS = (
     "booking_id",
     "live",
@@ -56,16 +58,24 @@ GPU_FIELDS = ("id", "uuid", "node__hostname", "index", "model", "memory_mib", "m
 
 
 def booking_rows(page: list[dict]) -> list[dict]:
-    """BookingOutput's JSON for a page of `.values(*BOOKING_FIELDS)` rows, in one more query."""
+    """BookingOutput's JSON for a page of `.values(*BOOKING_VALUES)` rows, in one more query."""
     tz = timezone.get_current_timezone()
     devices = _devices_by_booking([row["id"] for row in page], tz)
-    live_states = set(Booking.LIVE_STATES)
     out = []
     for row in page:
-        live = row["state"] in live_states
-        held = [d for d in devices.get(row["id"], ()) if d["live"] or not live]
+        held = [
+            d
+            for d in devices.get(row["id"], ())
+            if allocation_shown(
+                live=d["live"], start=d["start"], state=row["state"], requeued_at=row["requeued_at"]
+            )
+        ]
         booking = {key: row[key] for key in BOOKING_FIELDS[3:]}
         booking.update({key: iso(row[key], tz) for key in _BOOKING_TIMES})
+        start, end = booking_window(
+            row["start"], row["end"], [(d["start"], d["end"]) for d in held]
+        )
+        booking["start"], booking["end"] = iso(start, tz), iso(end, tz)
         booking["id"] = row["id"]
         booking["priority"] = fairshare.priority_breakdown(row["priority"])
         booking["owner"] = row["owner__username"]
@@ -96,7 +106,9 @@ def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:
             "start": iso(a["start"], tz),
             "end": iso(a["end"], tz),
         }
-        found[a["booking_id"]].append({"live": a["live"], "row": row})
+        found[a["booking_id"]].append(
+            {"live": a["live"], "start": a["start"], "end": a["end"], "row": row}
+        )
     return found
 
 

@@ -8,6 +8,7 @@ OpenAPI schema) and render with a plain function, checked to match the generic r
 from datetime import timedelta
 
 from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
@@ -27,6 +28,47 @@ class StrictSerializer(serializers.Serializer):
         if unknown:
             raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
         return super().to_internal_value(data)
+
+
+class ErrorDetailOutput(serializers.Serializer):
+    code = serializers.CharField(
+        help_text="invalid, not_found, no_capacity, quota, invalid_state, "
+        "idempotency_key_reused, throttled, busy, ..."
+    )
+    message = serializers.CharField()
+    fields = serializers.DictField(
+        child=serializers.CharField(), help_text="the fields (or header) at fault, and why"
+    )
+    limit = serializers.CharField(
+        required=False, help_text="quota: max_gpus, gpu_hours_budget or max_duration_s"
+    )
+    limit_value = serializers.FloatField(required=False, help_text="quota: the limit's value")
+    usage = serializers.FloatField(required=False, help_text="quota: what is in use already")
+    asks = serializers.FloatField(required=False, help_text="quota: what the request asks")
+
+
+class ErrorOutput(serializers.Serializer):
+    """The one error shape of the API."""
+
+    error = ErrorDetailOutput()
+
+
+_ERRORS = {
+    400: "bad input: `fields` names each field at fault",
+    401: "`not_authenticated` or `token_expired`",
+    403: "`forbidden`, or `token_read_only` for a read-only token",
+    404: "not found among yours",
+    409: "conflict: `no_capacity`, `quota` (with limit, limit_value, usage or asks) or "
+    "`invalid_state`",
+    422: "`idempotency_key_reused`: the Idempotency-Key was used with another request",
+    429: "`throttled`: too many requests; retry after Retry-After seconds",
+    503: "`busy`: retry after Retry-After seconds",
+}
+
+
+def error_responses(*statuses: int) -> dict:
+    """OpenAPI responses in the one error shape, for extend_schema(responses=...)."""
+    return {code: OpenApiResponse(ErrorOutput, _ERRORS[code]) for code in statuses}
 
 
 class TokenNewInput(StrictSerializer):
@@ -98,6 +140,22 @@ def allocation_row(allocation, tz) -> dict:
     }
 
 
+def allocation_shown(*, live: bool, start, state: str, requeued_at) -> bool:
+    """Whether a booking shows this allocation: while the booking is live, its live ones; once
+    it ended, all of its last run's (those before a requeue were an earlier run's)."""
+    return (live or state not in Booking.LIVE_STATES) and (
+        requeued_at is None or start >= requeued_at
+    )
+
+
+def booking_window(booking_start, booking_end, held: list[tuple]) -> tuple:
+    """A booking's (start, end): a reservation's window, else its devices' span (start, end
+    pairs of the allocations it shows): None until an ASAP booking has devices."""
+    if booking_start is not None or not held:
+        return booking_start, booking_end
+    return min(start for start, _ in held), max(end for _, end in held)
+
+
 class AllocationOutput(serializers.Serializer):
     device = serializers.CharField(source="device_label")
     uuid = serializers.CharField(source="device_uuid")
@@ -109,6 +167,12 @@ class AllocationOutput(serializers.Serializer):
 class BookingOutput(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     project = serializers.CharField(source="project.slug")
+    start = serializers.SerializerMethodField(
+        help_text="a reservation's window start, else when its devices were given; null before"
+    )
+    end = serializers.SerializerMethodField(
+        help_text="a reservation's window end, else its devices' end (the real end once ended)"
+    )
     devices = serializers.SerializerMethodField()
     cuda_visible_devices = serializers.SerializerMethodField()
     priority = serializers.SerializerMethodField(
@@ -147,7 +211,22 @@ class BookingOutput(serializers.ModelSerializer):
         ]
 
     def _live(self, obj):
-        return [a for a in obj.allocations.all() if a.live or obj.state not in Booking.LIVE_STATES]
+        return [
+            a
+            for a in obj.allocations.all()
+            if allocation_shown(
+                live=a.live, start=a.start, state=obj.state, requeued_at=obj.requeued_at
+            )
+        ]
+
+    def _window(self, obj) -> tuple:
+        return booking_window(obj.start, obj.end, [(a.start, a.end) for a in self._live(obj)])
+
+    def get_start(self, obj) -> serializers.DateTimeField(allow_null=True):
+        return iso(self._window(obj)[0])
+
+    def get_end(self, obj) -> serializers.DateTimeField(allow_null=True):
+        return iso(self._window(obj)[1])
 
     def get_devices(self, obj) -> list[dict]:
         return AllocationOutput(self._live(obj), many=True).data
@@ -161,6 +240,7 @@ class BookingOutput(serializers.ModelSerializer):
     def to_representation(self, obj):
         live = self._live(obj)
         tz = timezone.get_current_timezone()
+        start, end = self._window(obj)
         return {
             "id": obj.id,
             "owner": obj.owner.username,
@@ -170,8 +250,8 @@ class BookingOutput(serializers.ModelSerializer):
             "gpus": obj.gpus,
             "mig_profile": obj.mig_profile,
             "gpu_model": obj.gpu_model,
-            "start": iso(obj.start, tz),
-            "end": iso(obj.end, tz),
+            "start": iso(start, tz),
+            "end": iso(end, tz),
             "duration_s": obj.duration_s,
             "qos": obj.qos,
             "preemptible": obj.preemptible,
@@ -347,21 +427,48 @@ class GpuOutput(serializers.ModelSerializer):
         }
 
 
+class QuotaLimitsOutput(serializers.Serializer):
+    max_gpus = serializers.FloatField(allow_null=True, help_text="GPU-equivalents at once")
+    gpu_hours_budget = serializers.FloatField(allow_null=True)
+    budget_period_days = serializers.IntegerField()
+    max_duration_s = serializers.IntegerField(allow_null=True)
+    allowed_models = serializers.ListField(child=serializers.CharField())
+    allowed_qos = serializers.ListField(child=serializers.CharField())
+    fairshare_shares = serializers.FloatField()
+
+
+class QuotaUsageOutput(serializers.Serializer):
+    gpus_in_use = serializers.FloatField()
+    gpu_hours_used = serializers.FloatField(help_text="in the rolling budget period")
+
+
 class QuotaLimitOutput(serializers.Serializer):
     project = serializers.CharField()
     role = serializers.CharField()
-    limits = serializers.DictField()
-    usage = serializers.DictField()
-    project_usage = serializers.DictField()
+    limits = QuotaLimitsOutput()
+    usage = QuotaUsageOutput(help_text="mine")
+    project_usage = QuotaUsageOutput(help_text="the whole project's")
+
+
+class MyQuotaOutput(serializers.Serializer):
+    results = QuotaLimitOutput(many=True, help_text="one per project, by project slug")
 
 
 class EstimateOutput(serializers.Serializer):
-    earliest_start = serializers.DateTimeField(allow_null=True)
-    reason = serializers.CharField(
-        help_text="fits, starting, priority, resources, reservation, quota, ..."
+    """Named as on a booking: what its planned_start, queue_position, pending_reason and
+    state_detail would be if it were submitted now."""
+
+    planned_start = serializers.DateTimeField(
+        allow_null=True, help_text="the earliest start; null if none can be found"
     )
-    detail = serializers.CharField()
-    queue_position = serializers.IntegerField(allow_null=True)
+    queue_position = serializers.IntegerField(
+        allow_null=True, help_text="null when it would start at once, or for a reservation"
+    )
+    pending_reason = serializers.CharField(
+        help_text="fits (a reservation), starting (at once), priority, resources, reservation, "
+        "quota, node_down, never, or a refusal's error code"
+    )
+    state_detail = serializers.CharField(help_text="a sentence: why not sooner")
 
 
 class FromToQuery(StrictSerializer):

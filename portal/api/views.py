@@ -5,16 +5,16 @@ from django.contrib.auth import authenticate
 from django.db.models import Count, Prefetch
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.throttling import AnonRateThrottle
+from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
 from rest_framework.views import APIView
 
-from portal.api import idempotency, lists
+from portal.api import lists
 from portal.api import serializers as s
 from portal.api.csv_renderer import CsvRenderer
 from portal.api.pagination import OrderedPagination
@@ -33,7 +33,8 @@ from portal.services import bookings as booking_services
 from portal.services import tokens as token_services
 from portal.services.accounting import accounting_report
 from portal.services.estimate import booking_estimate
-from portal.services.quotas import quota_effective, usage_current
+from portal.services.idempotency import booking_submit_once
+from portal.services.quotas import quota_overview
 
 
 class TokenThrottle(AnonRateThrottle):
@@ -43,6 +44,15 @@ class TokenThrottle(AnonRateThrottle):
         return login_throttle.client_address(request)
 
 
+class EstimateThrottle(UserRateThrottle):
+    """ESTIMATE_RATE per user (read per request, so a changed setting applies at once)."""
+
+    scope = "estimate"
+
+    def get_rate(self):
+        return settings.ESTIMATE_RATE
+
+
 class TokenCreateView(APIView):
     """Exchange a username and password for an API token (shown once)."""
 
@@ -50,7 +60,10 @@ class TokenCreateView(APIView):
     authentication_classes: list = []
     throttle_classes = [TokenThrottle]
 
-    @extend_schema(request=s.TokenCreateInput, responses={201: s.TokenCreatedOutput})
+    @extend_schema(
+        request=s.TokenCreateInput,
+        responses={201: s.TokenCreatedOutput, **s.error_responses(400, 429)},
+    )
     def post(self, request):
         data = _valid(s.TokenCreateInput, request.data)
         wait = login_throttle.wait_s(request, data["username"])
@@ -250,7 +263,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(
-            self.filter_queryset(self.get_queryset()).values(*lists.BOOKING_FIELDS)
+            self.filter_queryset(self.get_queryset()).values(*lists.BOOKING_VALUES)
         )
         return self.get_paginated_response(lists.booking_rows(page))
 
@@ -259,35 +272,43 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         request=s.BookingCreateInput,
-        responses={201: s.BookingOutput},
+        responses={
+            201: s.BookingOutput,
+            200: OpenApiResponse(
+                s.BookingOutput, "the booking an earlier request with this key made"
+            ),
+            **s.error_responses(400, 409, 422, 503),
+        },
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
                 str,
                 OpenApiParameter.HEADER,
                 required=False,
-                description="Retrying with the same key returns the first booking.",
+                description="At most 200 characters, one per booking. Retrying with the same key "
+                "and body returns the first booking (200); the same key with another body: 422.",
             )
         ],
     )
     def create(self, request, *args, **kwargs):
         data = _valid(s.BookingCreateInput, request.data)
-        key = request.headers.get("Idempotency-Key", "")
-        with idempotency.once(user_id=request.user.pk, key=key) as earlier:
-            if earlier is not None:
-                return self._render(
-                    booking_services.booking_get_for_change(user=request.user, booking_id=earlier)
-                )
-            booking = booking_services.booking_submit(
-                user=request.user, now=timezone.now(), source=_source(request), **data
-            )
-            idempotency.remember(user_id=request.user.pk, key=key, booking_id=booking.pk)
-        return self._render(booking, status.HTTP_201_CREATED)
+        booking, created = booking_submit_once(
+            user=request.user,
+            now=timezone.now(),
+            key=request.headers.get("Idempotency-Key", ""),
+            source=_source(request),
+            **data,
+        )
+        return self._render(booking, status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(request=s.BookingCreateInput, responses={200: s.EstimateOutput})
-    @action(detail=False, methods=["post"])
+    @extend_schema(
+        request=s.BookingCreateInput,
+        responses={200: s.EstimateOutput, **s.error_responses(400, 409, 429, 503)},
+    )
+    @action(detail=False, methods=["post"], throttle_classes=[EstimateThrottle])
     def estimate(self, request):
-        """When would this booking start if submitted now, and why not sooner? Writes nothing."""
+        """When would this booking start if submitted now, and why not sooner? Writes nothing.
+        Refused as a submission would be; at most ESTIMATE_RATE a user."""
         data = _valid(s.BookingCreateInput, request.data)
         result = booking_estimate(user=request.user, now=timezone.now(), **data)
         return Response(s.EstimateOutput(result).data)
@@ -298,7 +319,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             raise NotFound(f"No booking {kwargs['pk']} among yours.")
         return Response(s.BookingOutput(booking).data)
 
-    @extend_schema(request=None, responses={200: s.BookingOutput})
+    @extend_schema(request=None, responses={200: s.BookingOutput, **s.error_responses(404, 409)})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         booking = booking_services.booking_cancel(
@@ -306,7 +327,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         )
         return self._render(booking)
 
-    @extend_schema(request=None, responses={200: s.BookingOutput})
+    @extend_schema(request=None, responses={200: s.BookingOutput, **s.error_responses(404, 409)})
     @action(detail=True, methods=["post"])
     def release(self, request, pk=None):
         booking = booking_services.booking_release(
@@ -321,7 +342,13 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         booking = self.get_queryset().filter(pk=_pk(pk)).first()
         if booking is None:
             raise NotFound(f"No booking {pk} among yours.")
-        allocations = [a for a in booking.allocations.all() if a.live or booking.ended_at]
+        allocations = [
+            a
+            for a in booking.allocations.all()
+            if s.allocation_shown(
+                live=a.live, start=a.start, state=booking.state, requeued_at=booking.requeued_at
+            )
+        ]
         params = dict(request.query_params.items())
         if allocations and "from" not in params:
             params["from"] = min(a.start for a in allocations).isoformat()
@@ -334,7 +361,10 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         )
         return Response({"booking": booking.pk, "resolution": resolution, "devices": devices})
 
-    @extend_schema(request=s.BookingExtendInput, responses={200: s.BookingOutput})
+    @extend_schema(
+        request=s.BookingExtendInput,
+        responses={200: s.BookingOutput, **s.error_responses(400, 404, 409, 503)},
+    )
     @action(detail=True, methods=["post"])
     def extend(self, request, pk=None):
         data = _valid(s.BookingExtendInput, request.data)
@@ -391,43 +421,9 @@ class AccountingView(APIView):
 class MyQuotaView(APIView):
     """My limits and current usage in each of my projects."""
 
-    @extend_schema(responses={200: s.QuotaLimitOutput(many=True)})
+    @extend_schema(responses={200: s.MyQuotaOutput})
     def get(self, request):
-        now = timezone.now()
-        rows = []
-        for membership in request.user.memberships.select_related("project").order_by(
-            "project__slug"
-        ):
-            project = membership.project
-            quota = quota_effective(project=project, user=request.user)
-            mine = usage_current(
-                project=project, user=request.user, now=now, period_days=quota.budget_period_days
-            )
-            theirs = usage_current(project=project, now=now, period_days=quota.budget_period_days)
-            rows.append(
-                {
-                    "project": project.slug,
-                    "role": membership.role,
-                    "limits": {
-                        "max_gpus": quota.max_gpus,
-                        "gpu_hours_budget": quota.gpu_hours_budget,
-                        "budget_period_days": quota.budget_period_days,
-                        "max_duration_s": quota.max_duration_s,
-                        "allowed_models": list(quota.allowed_models),
-                        "allowed_qos": list(quota.allowed_qos),
-                        "fairshare_shares": quota.shares,
-                    },
-                    "usage": {
-                        "gpus_in_use": mine.gpus_in_use,
-                        "gpu_hours_used": mine.gpu_hours_used,
-                    },
-                    "project_usage": {
-                        "gpus_in_use": theirs.gpus_in_use,
-                        "gpu_hours_used": theirs.gpu_hours_used,
-                    },
-                }
-            )
-        return Response({"results": rows})
+        return Response({"results": quota_overview(user=request.user, now=timezone.now())})
 
 
 class AuditView(APIView):

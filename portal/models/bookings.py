@@ -68,10 +68,23 @@ class Booking(models.Model):
 
     exit_code = models.IntegerField(null=True, blank=True)
     log_tail = models.TextField(blank=True)
+    # When the site last sent it back to the queue (preempted, or its node failed): allocations
+    # that started before then belong to an earlier run, not to the one it shows.
+    requeued_at = models.DateTimeField(null=True, blank=True)
+
+    # POST bookings/ with an Idempotency-Key header: the key, unique per owner, and the SHA-256
+    # of the canonical request, so a retry gets this booking and another request a refusal.
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    request_digest = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
         constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="%(app_label)s_%(class)s_idempotency_key_once",
+            ),
             models.CheckConstraint(
                 condition=Q(gpus__gte=1, mig_profile="") | Q(gpus=0) & ~Q(mig_profile=""),
                 name="%(app_label)s_%(class)s_gpus_or_mig",

@@ -207,9 +207,10 @@ def _check_events(node: Node, batch: list[Event]) -> None:
 def _apply(node: Node, event: Event, now: datetime) -> None:
     log.info("agent %s: %s booking=%s: %s", node, event.kind, event.booking_id, event.detail)
     if event.kind == "started":
-        Booking.objects.filter(pk=event.booking_id, started_at__isnull=True).update(
-            started_at=event.time
-        )
+        # Only for a running booking: a requeued one waits, its old run's news is stale.
+        Booking.objects.filter(
+            pk=event.booking_id, state=Booking.State.ACTIVE, started_at__isnull=True
+        ).update(started_at=event.time)
     elif event.kind in ("exited", "stopped"):
         _record_exit(node, event, min(event.time, now))
     else:
@@ -223,8 +224,9 @@ def _record_exit(node: Node, event: Event, when: datetime) -> None:
         booking_id=event.booking_id, live=True, gpu__node=node
     ).exists()
     booking = Booking.objects.get(pk=event.booking_id)
-    if booking.state == Booking.State.ACTIVE and not held_here:
-        log.info("ignoring %s of booking %s: it runs elsewhere now", event.kind, booking.pk)
+    if booking.state in (Booking.State.ACTIVE, Booking.State.PENDING) and not held_here:
+        # Requeued: pending again, or already running elsewhere; the old run's exit is no news.
+        log.info("ignoring %s of booking %s: it was requeued", event.kind, booking.pk)
         return
     fields = {"log_tail": event.log_tail, "exit_code": event.exit_code}
     fields = {name: value for name, value in fields.items() if value is not None}

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 
 import scheduler
-from portal.errors import ValidationFailed
+from portal.errors import NoCapacity, QuotaExceeded, ValidationFailed
 from portal.models import Project, Qos, mig_fraction
 from portal.services import inventory
 from portal.services.quotas import EffectiveQuota, quota_effective, scheduler_quota
@@ -177,8 +177,12 @@ def _check_limits(request: BookingRequest) -> None:
     if request.duration_s > site_max:
         raise ValidationFailed.field(field, f"bookings last at most {site_max} s on this site.")
     if quota.max_duration_s and request.duration_s > quota.max_duration_s:
-        raise ValidationFailed.field(
-            field, f"your quota allows bookings of at most {quota.max_duration_s} s."
+        raise _quota_refusal(
+            field,
+            f"your quota allows bookings of at most {quota.max_duration_s} s.",
+            limit="max_duration_s",
+            limit_value=quota.max_duration_s,
+            asks=request.duration_s,
         )
     _check_admission(request)
 
@@ -186,7 +190,8 @@ def _check_limits(request: BookingRequest) -> None:
 def _check_admission(request: BookingRequest) -> None:
     """Could it ever run, on this inventory under these limits? The scheduler's rules answer
     (those of the allocator, or of reservation placement for a fixed window); use so far does
-    not count: the budget period rolls."""
+    not count: the budget period rolls. A refusal is a conflict with the site (409): no capacity
+    for it, or over a quota; only a request with no duration left is bad input (400)."""
     asked = scheduler.Request(
         booking_id="new",
         user="",
@@ -210,18 +215,28 @@ def _check_admission(request: BookingRequest) -> None:
     if refusal.limit == "request":
         raise ValidationFailed.field(when, "must leave the booking a positive duration.")
     if refusal.limit == "inventory":
-        raise ValidationFailed.field(what, _inventory_refusal(request, refusal))
+        reason = _inventory_refusal(request, refusal)
+        raise NoCapacity(f"{what}: {reason}", fields={what: reason})
     if refusal.limit == "max_gpus":
-        raise ValidationFailed.field(
-            what,
+        reason = (
             f"asks for {request.gpu_equivalents:g} GPUs but your quota allows "
-            f"{refusal.limit_value:g} at once.",
+            f"{refusal.limit_value:g} at once."
         )
-    raise ValidationFailed.field(
-        when,
-        f"needs {refusal.asks:.1f} GPU-hours but your budget is {refusal.limit_value:g} "
-        "per period.",
+        raise _quota_refusal(what, reason, limit="max_gpus", **_amounts(refusal))
+    reason = (
+        f"needs {refusal.asks:.1f} GPU-hours but your budget is {refusal.limit_value:g} per period."
     )
+    raise _quota_refusal(when, reason, limit="gpu_hours_budget", **_amounts(refusal))
+
+
+def _amounts(refusal: scheduler.Refusal) -> dict:
+    return {"limit_value": refusal.limit_value, "asks": refusal.asks}
+
+
+def _quota_refusal(field: str, reason: str, **extra) -> QuotaExceeded:
+    """A request over a quota limit even with nothing in use: 409 `quota`, naming the field and
+    the limit (`limit`, `limit_value`, `asks`), like the refusals that count use."""
+    return QuotaExceeded(f"Quota {extra['limit']}: {reason}", fields={field: reason}, extra=extra)
 
 
 def _inventory_refusal(request: BookingRequest, refusal: scheduler.Refusal) -> str:

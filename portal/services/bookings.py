@@ -48,8 +48,13 @@ def booking_submit(
     preemptible: bool = False,
     command: str = "",
     source: Source = SYSTEM,
+    idempotency_key: str = "",
+    request_digest: str = "",
 ) -> Booking:
-    """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued."""
+    """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
+
+    With an idempotency key (see services.idempotency) the booking row claims it: a second
+    booking with the key fails on the owner+key unique constraint (IntegrityError)."""
     request = check_request(
         user=user,
         now=now,
@@ -67,9 +72,11 @@ def booking_submit(
     state = State.PENDING if request.start is None else State.PLANNED
     booking = booking_from_request(user, request, now, state)
     booking.planned_start = request.start
+    booking.idempotency_key, booking.request_digest = idempotency_key, request_digest
     # Validated before the transaction: the model's checks read nothing the booking locks protect,
     # and each is a round trip that would otherwise be made while the candidate nodes are locked.
-    booking.full_clean()
+    # The key's uniqueness is the database's to check, in the transaction that claims it.
+    booking.full_clean(exclude=["idempotency_key"])
     with transaction.atomic(durable=True):
         if request.start is None:
             booking.save()
@@ -279,9 +286,16 @@ def _end(
 def booking_transition(
     booking_id: int, *, from_states, to: str, now: datetime, detail: str = ""
 ) -> bool:
-    """Compare-and-set a booking into a terminal state and free its devices. False: someone else did."""
+    """Compare-and-set a booking into a terminal state and free its devices. False: someone else did.
+
+    What the queue said about it (planned start, position, reason) goes: it no longer waits."""
     changed = Booking.objects.filter(pk=booking_id, state__in=from_states).update(
-        state=to, ended_at=now, state_detail=detail, queue_position=None, pending_reason=""
+        state=to,
+        ended_at=now,
+        state_detail=detail,
+        planned_start=None,
+        queue_position=None,
+        pending_reason="",
     )
     if changed:
         allocations = Allocation.objects.filter(booking_id=booking_id, live=True)
@@ -310,11 +324,15 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
         requeue = False
     event = "requeued" if requeue else to
     if requeue:
+        # A new run: nothing of the last one (its exit, log, devices: see requeued_at) shows.
         Booking.objects.filter(pk=booking_id, state=to).update(
             state=State.PENDING,
             ended_at=None,
             started_at=None,
             planned_start=None,
+            requeued_at=now,
+            exit_code=None,
+            log_tail="",
             state_detail=f"{detail}; requeued",
         )
     booking.refresh_from_db()
@@ -375,10 +393,14 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
             "on this site.",
         )
     if quota.max_duration_s and new_duration > quota.max_duration_s:
-        raise ValidationFailed.field(
-            "by_s",
+        reason = (
             f"would make the booking {new_duration} s long; "
-            f"your quota allows {quota.max_duration_s} s.",
+            f"your quota allows {quota.max_duration_s} s."
+        )
+        raise QuotaExceeded(
+            f"Quota max_duration_s: {reason}",
+            fields={"by_s": reason},
+            extra={"limit": "max_duration_s", "limit_value": quota.max_duration_s},
         )
     # By the one quota rule: the booking's own length against the budget (the period rolls),
     # and its width against the concurrency limit over the added time, where it holds devices.
@@ -405,10 +427,14 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
             fields={"by_s": "over the concurrent-GPU quota"},
             extra={"limit": refusal.limit, "limit_value": refusal.limit_value, "usage": held},
         )
-    raise ValidationFailed.field(
-        "by_s",
+    reason = (
         f"would make the booking need {hours:.1f} GPU-hours; "
-        f"your budget is {quota.gpu_hours_budget:g} per period.",
+        f"your budget is {quota.gpu_hours_budget:g} per period."
+    )
+    raise QuotaExceeded(
+        f"Quota gpu_hours_budget: {reason}",
+        fields={"by_s": reason},
+        extra={"limit": refusal.limit, "limit_value": refusal.limit_value},
     )
 
 

@@ -216,6 +216,8 @@ def _pass_metrics():
 COUNTERS = {
     "lock_timeouts": "Requests refused busy (503) because a row lock was not granted in time.",
     "readings_ingested": "Device readings stored from node agents.",
+    "estimate_snapshots": "Copies of the queue read for start estimates (one serves "
+    "ESTIMATE_SNAPSHOT_TTL_S seconds of them).",
     "notification_failures:email": "Notifications that could not be sent, by channel.",
     "notification_failures:slack": "Notifications that could not be sent, by channel.",
 }
@@ -232,6 +234,11 @@ def _counter_metrics():
         "gpu_portal_readings_ingested",
         COUNTERS["readings_ingested"],
         value=stored.get("readings_ingested", 0),
+    )
+    yield CounterMetricFamily(
+        "gpu_portal_estimate_snapshots",
+        COUNTERS["estimate_snapshots"],
+        value=stored.get("estimate_snapshots", 0),
     )
     failures = CounterMetricFamily(
         "gpu_portal_notification_failures",
@@ -265,3 +272,8 @@ def _node_metrics(now: datetime):
 def _cache_many(names: list[str]) -> dict[str, int]:
     found = cache.get_many([_PREFIX + name for name in names])
     return {key.removeprefix(_PREFIX): int(value) for key, value in found.items()}
+
+
+def counter_value(name: str) -> int:
+    """A shared counter's value (0 before its first use)."""
+    return _cache_many([name]).get(name, 0)

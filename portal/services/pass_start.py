@@ -85,7 +85,7 @@ WITH valid AS (
         AND NOT a.booking_id = ANY(%(done)s::bigint[])) AS ok
 ), started AS (
   UPDATE {booking} SET state = 'active', started_at = %(now)s, planned_start = %(now)s,
-    queue_position = NULL, pending_reason = ''
+    queue_position = NULL, pending_reason = '', state_detail = ''
   WHERE id = %(booking)s AND state = 'pending' AND duration_s = %(duration)s
     AND (SELECT ok FROM valid)
   RETURNING id
@@ -144,6 +144,7 @@ def _start_portable(pending, rows, snap, now, end, done) -> bool:
         planned_start=now,
         queue_position=None,
         pending_reason="",
+        state_detail="",
     ):
         return False
     Allocation.objects.bulk_create(

@@ -175,3 +175,36 @@ def peak_use_in_window(*, project: Project, user=None, start: datetime, end: dat
         level += delta
         peak = max(peak, level)
     return round(peak, 4)
+
+
+def quota_overview(*, user, now: datetime) -> list[dict]:
+    """The user's limits and current use in each of their projects (GET me/quota/)."""
+    rows = []
+    for membership in user.memberships.select_related("project").order_by("project__slug"):
+        project = membership.project
+        quota = quota_effective(project=project, user=user)
+        mine = usage_current(
+            project=project, user=user, now=now, period_days=quota.budget_period_days
+        )
+        theirs = usage_current(project=project, now=now, period_days=quota.budget_period_days)
+        rows.append(
+            {
+                "project": project.slug,
+                "role": membership.role,
+                "limits": {
+                    "max_gpus": quota.max_gpus,
+                    "gpu_hours_budget": quota.gpu_hours_budget,
+                    "budget_period_days": quota.budget_period_days,
+                    "max_duration_s": quota.max_duration_s,
+                    "allowed_models": list(quota.allowed_models),
+                    "allowed_qos": list(quota.allowed_qos),
+                    "fairshare_shares": quota.shares,
+                },
+                "usage": {"gpus_in_use": mine.gpus_in_use, "gpu_hours_used": mine.gpu_hours_used},
+                "project_usage": {
+                    "gpus_in_use": theirs.gpus_in_use,
+                    "gpu_hours_used": theirs.gpu_hours_used,
+                },
+            }
+        )
+    return rows

@@ -6,7 +6,7 @@ and GPU-hour use come from one query each, not one per user.
 """
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import NamedTuple
 
@@ -74,6 +74,7 @@ class Snapshot:
     devices: dict[str, DeviceRow]
     pending: dict[int, PendingRow]
     last_allocation_id: int
+    recent_runs: dict[str, list[float]] = field(default_factory=dict)  # for run prediction
 
 
 _PENDING_FIELDS = (
@@ -118,14 +119,14 @@ def snapshot_take(*, now: datetime) -> Snapshot:
         )
         requests = [_request_row(row) for row in rows]
         keys = {(row[3], row[1]): (row[4], row[2]) for row in rows}
-        state, devices = _state(now, requests, keys)
+        state, devices, recent = _state(now, requests, keys)
     pending = {
         row[0]: PendingRow(
             row[0], row[3], row[6], (_whole(row[12]), row[13], row[14], row[15], row[16])
         )
         for row in rows
     }
-    return Snapshot(state, devices, pending, last)
+    return Snapshot(state, devices, pending, last, recent)
 
 
 def _whole(ts: float | None) -> int | None:
@@ -147,15 +148,29 @@ def _request_row(row: tuple):
     )
 
 
-def snapshot_state(now: datetime, pending: list[Booking]):
-    """The scheduler State for these (possibly unsaved) pending bookings, and the devices."""
-    requests = [_request(b) for b in pending]
-    keys = {(b.project.pk, b.owner.pk): (b.project.slug, b.owner.username) for b in pending}
-    return _state(now, requests, keys)
+def snapshot_plus(snap: Snapshot, *, now: datetime, bookings: list[Booking]):
+    """The snapshot's scheduler State at `now` with these unsaved bookings queued too.
+
+    Their owners' quotas and use are read afresh: a snapshot taken a moment ago may not have
+    them (no pending booking of theirs), and their own latest use matters most to them.
+    """
+    keys = {(b.project.pk, b.owner.pk): (b.project.slug, b.owner.username) for b in bookings}
+    user_quotas, project_quotas, shares = _quotas(now, keys)
+    requests = tuple(_predicted(_request(b), snap.recent_runs) for b in bookings)
+    state = snap.state
+    return replace(
+        state,
+        now=_ts(now),
+        pending=state.pending + requests,
+        user_quotas={**state.user_quotas, **user_quotas},
+        project_quotas={**state.project_quotas, **project_quotas},
+        project_shares={**state.project_shares, **shares},
+    )
 
 
-def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str, str]]):
-    devices = _devices()
+def _quotas(now: datetime, keys: dict[tuple[int, int], tuple[str, str]]):
+    """The scheduler's user and project quotas (with use) and project shares for these
+    (project id, user id): (slug, username) pairs."""
     quotas = quotas_effective_many(pairs=set(keys))
     periods = {q.budget_period_days for q in quotas.values() if q.gpu_hours_budget is not None}
     used = usage_gpu_hours_many(project_ids={p for p, _ in keys}, now=now, periods=periods)
@@ -170,16 +185,26 @@ def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str,
             project_quota = quotas[(project_id, None)]
             quotas_project[slug] = _quota(project_quota, used, (project_id, None))
             shares[slug] = project_quota.shares
-    requests = tuple(requests)
+    return quotas_user, quotas_project, shares
+
+
+def _predicted(request, recent: dict[str, list[float]]):
+    if not recent:
+        return request
+    return replace(
+        request, duration_s=scheduler.predict_run(recent.get(request.user, ()), request.duration_s)
+    )
+
+
+def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str, str]]):
+    devices = _devices()
+    quotas_user, quotas_project, shares = _quotas(now, keys)
     allocations = _allocations(now)
     recent = _recent_runs(scheduler_policy().predict_last, now)
+    # Run-time prediction (docs/scheduling.md): plan with the predicted run, the booking's
+    # own end stays the hard end; a running booking past its prediction is planned to its end.
+    requests = tuple(_predicted(r, recent) for r in requests)
     if recent:
-        # Run-time prediction (docs/scheduling.md): plan with the predicted run, the booking's
-        # own end stays the hard end; a running booking past its prediction is planned to its end.
-        requests = tuple(
-            replace(r, duration_s=scheduler.predict_run(recent.get(r.user, ()), r.duration_s))
-            for r in requests
-        )
         allocations = tuple(
             _predicted_end(a, recent.get(a.user, ()), _ts(now)) for a in allocations
         )
@@ -193,7 +218,7 @@ def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str,
         user_quotas=quotas_user,
         project_quotas=quotas_project,
     )
-    return state, {key: row for key, (_, row) in devices.items()}
+    return state, {key: row for key, (_, row) in devices.items()}, recent
 
 
 def _quota(effective: EffectiveQuota, used: dict, key: tuple):

@@ -97,11 +97,11 @@
       if (response.status === 404 || response.status === 405 || response.status >= 500) { show('<span class="muted">Estimate unavailable.</span>', "unavailable"); return; }
       return response.json().then(function (data) {
         if (mine !== seq) return;
-        if (response.ok && data.earliest_start) {
-          show("Earliest start: <strong>" + escape(when(data.earliest_start)) + "</strong>" +
-            (data.detail ? ' <span class="muted">' + escape(data.detail) + "</span>" : ""), "ok");
+        if (response.ok && data.planned_start) {
+          show("Earliest start: <strong>" + escape(when(data.planned_start)) + "</strong>" +
+            (data.state_detail ? ' <span class="muted">' + escape(data.state_detail) + "</span>" : ""), "ok");
         } else if (response.ok) {
-          show("No start found yet. " + escape(data.detail || data.reason), "none");
+          show("No start found yet. " + escape(data.state_detail || data.pending_reason), "none");
         } else if (data.error) {
           show("Cannot start as asked: " + escape(data.error.message), "error");
         } else {

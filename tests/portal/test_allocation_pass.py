@@ -144,10 +144,11 @@ def test_it_estimates_the_start_of_a_request_before_it_is_submitted(api, project
     response = api.post("/api/v1/bookings/estimate/", {"gpus": 2, "duration_s": 600}, format="json")
     assert response.status_code == 200, response.json()
     body = response.json()
-    hog_end = timezone.datetime.fromisoformat(_get(api, hog["id"])["devices"][0]["end"])
-    assert body["reason"] == "resources"
+    hog_end = timezone.datetime.fromisoformat(_get(api, hog["id"])["end"])
+    assert body["pending_reason"] == "resources" and body["queue_position"] == 1
+    assert "earliest_start" not in body and "reason" not in body  # named as on a booking
     assert (
-        abs((timezone.datetime.fromisoformat(body["earliest_start"]) - hog_end).total_seconds()) < 5
+        abs((timezone.datetime.fromisoformat(body["planned_start"]) - hog_end).total_seconds()) < 5
     )
     assert Booking.objects.count() == 1  # nothing written
     free = api.post(
@@ -159,15 +160,17 @@ def test_it_estimates_the_start_of_a_request_before_it_is_submitted(api, project
         },
         format="json",
     )
-    assert free.json()["reason"] == "fits"
+    assert free.json()["pending_reason"] == "fits" and free.json()["queue_position"] is None
 
 
 def test_it_validates_an_estimate_like_a_submission(api, project, cluster):
     response = api.post(
         "/api/v1/bookings/estimate/", {"gpus": 99, "duration_s": 600}, format="json"
     )
-    assert response.status_code == 400
-    assert "gpus" in error_of(response)["fields"]
+    assert response.status_code == 409
+    assert error_of(response)["code"] == "no_capacity" and "gpus" in error_of(response)["fields"]
+    response = api.post("/api/v1/bookings/estimate/", {"gpus": 1}, format="json")
+    assert response.status_code == 400 and "duration_s" in error_of(response)["fields"]
 
 
 def test_it_skips_a_pass_while_another_holds_the_lock(project, cluster):

@@ -82,7 +82,6 @@ def test_it_queues_an_asap_request_as_pending(api, project, cluster):
         ({"gpus": -3, "duration_s": 3600}, "gpus", "greater than or equal to 1"),
         ({"gpus": 10**30, "duration_s": 3600}, "gpus", "less than or equal to"),
         ({"gpus": "two", "duration_s": 3600}, "gpus", "valid integer"),
-        ({"gpus": 17, "duration_s": 3600}, "gpus", "cluster has 16"),
         ({"gpus": 1, "duration_s": 3600, "gpu_model": "Z9000"}, "gpu_model", "unknown GPU model"),
         ({"mig_profile": "9g.99gb", "duration_s": 3600}, "mig_profile", "unknown MIG profile"),
         ({"gpus": 1, "mig_profile": "1g.10gb", "duration_s": 3600}, "gpus", "not both"),
@@ -139,25 +138,36 @@ def mixed(db):
         GpuFactory(node=node_b, index=index, model="H100")
 
 
-@pytest.mark.parametrize(("gpus", "status"), [(8, 201), (10, 400), (12, 400)])
+@pytest.mark.parametrize(("gpus", "status"), [(8, 201), (10, 409), (12, 409)])
 def test_it_refuses_a_queued_booking_no_node_set_could_ever_hold(api, project, mixed, gpus, status):
     body = {"gpus": gpus, "gpu_model": "A100-80GB", "duration_s": 3600}
     response = api.post("/api/v1/bookings/", body, format="json")
     assert response.status_code == status, response.json()
-    if status == 400:
-        assert (
-            "the cluster has 8 A100-80GB GPUs for one queued booking"
-            in (error_of(response)["fields"]["gpus"])
-        )
+    if status == 409:
+        error = error_of(response)
+        assert error["code"] == "no_capacity"
+        assert "the cluster has 8 A100-80GB GPUs for one queued booking" in error["fields"]["gpus"]
         assert not Booking.objects.exists()
 
 
-@pytest.mark.parametrize(("gpus", "status"), [(12, 201), (13, 400)])
+@pytest.mark.parametrize(("gpus", "status"), [(12, 201), (13, 409)])
 def test_it_admits_a_reservation_by_the_reservation_rules(api, project, mixed, gpus, status):
     response = _reserve(api, gpus=gpus, gpu_model="A100-80GB")
     assert response.status_code == status, response.json()
-    if status == 400:
-        assert "the cluster has 12 A100-80GB GPUs" in error_of(response)["fields"]["gpus"]
+    if status == 409:
+        error = error_of(response)
+        assert error["code"] == "no_capacity"
+        assert "the cluster has 12 A100-80GB GPUs" in error["fields"]["gpus"]
+
+
+def test_it_refuses_an_asap_request_larger_than_the_cluster_with_409_no_capacity(
+    api, project, cluster
+):
+    response = api.post("/api/v1/bookings/", {"gpus": 17, "duration_s": 3600}, format="json")
+    assert response.status_code == 409, response.json()
+    error = error_of(response)
+    assert error["code"] == "no_capacity" and "cluster has 16" in error["fields"]["gpus"]
+    assert not Booking.objects.exists()
 
 
 def test_it_refuses_a_window_that_ended_within_the_past_slack(api, project, cluster):
@@ -185,15 +195,22 @@ def test_it_rejects_a_json_array_body(api, project, cluster):
 def test_it_refuses_a_duration_over_the_quota_maximum(api, project, cluster):
     project.quotas.update(max_duration_s=7200)
     response = api.post("/api/v1/bookings/", {"gpus": 1, "duration_s": 7201}, format="json")
-    assert response.status_code == 400
-    assert "at most 7200 s" in error_of(response)["fields"]["duration_s"]
+    assert response.status_code == 409
+    error = error_of(response)
+    assert error["code"] == "quota" and error["limit"] == "max_duration_s"
+    assert "at most 7200 s" in error["fields"]["duration_s"]
+    assert not Booking.objects.exists()
 
 
 def test_it_refuses_a_request_larger_than_the_quota_ever_allows(api, project, cluster):
     project.quotas.update(max_gpus=4)
     response = api.post("/api/v1/bookings/", {"gpus": 5, "duration_s": 3600}, format="json")
-    assert response.status_code == 400
-    assert "quota allows 4 at once" in error_of(response)["fields"]["gpus"]
+    assert response.status_code == 409
+    error = error_of(response)
+    assert error["code"] == "quota" and error["limit"] == "max_gpus"
+    assert error["limit_value"] == 4.0 and error["asks"] == 5.0
+    assert "quota allows 4 at once" in error["fields"]["gpus"]
+    assert not Booking.objects.exists()
 
 
 def test_it_refuses_a_reservation_over_the_concurrent_quota_with_usage(api, project, cluster):
@@ -202,7 +219,7 @@ def test_it_refuses_a_reservation_over_the_concurrent_quota_with_usage(api, proj
     response = _reserve(api, gpus=4)
     assert response.status_code == 409
     error = error_of(response)
-    assert error["code"] == "quota_exceeded"
+    assert error["code"] == "quota"
     assert error["limit"] == "max_gpus" and error["usage"] == 4.0 and error["limit_value"] == 6.0
     assert Booking.objects.count() == 1
 
@@ -210,8 +227,20 @@ def test_it_refuses_a_reservation_over_the_concurrent_quota_with_usage(api, proj
 def test_it_refuses_a_reservation_over_the_gpu_hour_budget(api, project, cluster):
     project.quotas.update(gpu_hours_budget=10)
     response = _reserve(api, gpus=8)  # 8 GPUs x 2 h = 16 GPU-hours
-    assert response.status_code == 400
-    assert "budget is 10" in error_of(response)["fields"]["end"]
+    assert response.status_code == 409
+    error = error_of(response)
+    assert error["code"] == "quota" and error["limit"] == "gpu_hours_budget"
+    assert "budget is 10" in error["fields"]["end"]
+
+
+def test_it_refuses_an_asap_request_over_the_gpu_hour_budget_with_409_quota(api, project, cluster):
+    project.quotas.update(gpu_hours_budget=10)
+    response = api.post("/api/v1/bookings/", {"gpus": 8, "duration_s": 7200}, format="json")
+    assert response.status_code == 409
+    error = error_of(response)
+    assert error["code"] == "quota" and error["limit"] == "gpu_hours_budget"
+    assert "budget is 10" in error["fields"]["duration_s"]
+    assert not Booking.objects.exists()
 
 
 def test_it_refuses_a_qos_the_quota_does_not_allow(api, project, cluster):
@@ -341,7 +370,7 @@ def test_it_refuses_an_extension_over_the_concurrent_gpu_quota(api, project, clu
     response = api.post(f"/api/v1/bookings/{first['id']}/extend/", {"by_s": 1800}, format="json")
     assert response.status_code == 409, response.json()
     error = error_of(response)
-    assert error["code"] == "quota_exceeded" and "by_s" in error["fields"]
+    assert error["code"] == "quota" and "by_s" in error["fields"]
     assert Booking.objects.get(pk=first["id"]).duration_s == first["duration_s"]
 
 
@@ -366,8 +395,9 @@ def test_it_refuses_an_extension_past_the_gpu_hour_budget(api, project, cluster)
     project.quotas.update(gpu_hours_budget=3)
     booking = _reserve(api).json()  # 2 GPU-hours
     response = api.post(f"/api/v1/bookings/{booking['id']}/extend/", {"by_s": 7200}, format="json")
-    assert response.status_code == 400
-    assert "by_s" in error_of(response)["fields"]
+    assert response.status_code == 409
+    error = error_of(response)
+    assert error["code"] == "quota" and "by_s" in error["fields"]
     assert Booking.objects.get().duration_s == booking["duration_s"]
 
 
@@ -409,31 +439,6 @@ def test_it_requires_authentication(db):
     response = APIClient().get("/api/v1/bookings/")
     assert response.status_code in (401, 403)
     assert error_of(response)["code"] == "not_authenticated"
-
-
-def test_it_returns_the_first_booking_for_a_repeated_idempotency_key(api, project, cluster):
-    start, end = _window()
-    body = {"gpus": 1, "start": start, "end": end}
-    first = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-1")
-    again = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-1")
-    assert first.status_code == 201 and again.status_code == 200
-    assert again.json()["id"] == first.json()["id"]
-    assert Booking.objects.count() == 1
-    other = api.post("/api/v1/bookings/", body, format="json", HTTP_IDEMPOTENCY_KEY="abc-2")
-    assert other.status_code == 201 and Booking.objects.count() == 2
-
-
-def test_it_forgets_an_idempotency_key_whose_request_failed(api, project, cluster):
-    bad = {"gpus": 17, "duration_s": 3600}  # refused by the service, inside the key's hold
-    assert (
-        api.post("/api/v1/bookings/", bad, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code
-        == 400
-    )
-    good = {"gpus": 1, "duration_s": 3600}
-    assert (
-        api.post("/api/v1/bookings/", good, format="json", HTTP_IDEMPOTENCY_KEY="k").status_code
-        == 201
-    )
 
 
 def test_it_books_the_only_model_the_quota_allows_when_none_is_asked(api, project, db):

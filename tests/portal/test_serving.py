@@ -87,6 +87,10 @@ def test_it_serves_on_several_workers_in_server_mode_and_one_embedded(settings):
         ("WEB_WORKERS", "0", "WEB_WORKERS"),
         ("WEB_QUEUE_WAIT_S", "-1", "WEB_QUEUE_WAIT_S"),
         ("TOKEN_CACHE_S", "-5", "TOKEN_CACHE_S"),
+        ("ESTIMATE_RATE", "lots", "ESTIMATE_RATE"),
+        ("ESTIMATE_RATE", "0/min", "ESTIMATE_RATE"),
+        ("ESTIMATE_SNAPSHOT_TTL_S", "-1", "ESTIMATE_SNAPSHOT_TTL_S"),
+        ("ESTIMATE_SNAPSHOT_TTL_S", "301", "ESTIMATE_SNAPSHOT_TTL_S"),
     ],
 )
 def test_it_refuses_serving_settings_out_of_range(name, value, said):

@@ -479,6 +479,19 @@ def test_it_ignores_the_exit_of_a_leftover_job_when_the_booking_runs_elsewhere_n
     assert (booking.state, booking.exit_code) == ("active", None)
 
 
+def test_it_ignores_the_old_runs_exit_while_a_requeued_booking_waits(node_a, agent_a):
+    from portal.services.bookings import booking_stop
+
+    booking = make_active_booking([node_a[0].gpus.first()], command="x")
+    event = booking_stop(
+        booking_id=booking.pk, to="preempted", now=timezone.now(), detail="preempted for 9"
+    )
+    assert event == "requeued"
+    assert agent_a.events(_exited(booking, 137, tail="Killed\n")).status_code == 202
+    booking.refresh_from_db()
+    assert (booking.state, booking.exit_code, booking.log_tail) == ("pending", None, "")
+
+
 def test_it_names_models_as_users_type_them():
     from portal.services.nodes import gpu_model_name
 

@@ -1,0 +1,94 @@
+"""POST bookings/estimate/: named as on a booking, throttled per user, one queue copy shared."""
+
+import time
+
+import pytest
+from django.utils import timezone
+
+from portal.services.metrics import counter_value
+from tests.conftest import error_of
+from tests.factories import UserFactory, member
+
+pytestmark = pytest.mark.django_db
+
+ASAP = {"gpus": 2, "duration_s": 600}
+
+
+def _estimate(api, body=ASAP):
+    return api.post("/api/v1/bookings/estimate/", body, format="json")
+
+
+def _hog(user, project):
+    """All 16 GPUs held for two hours from now."""
+    from portal.models import Allocation, Booking, Gpu
+
+    project.quotas.update(max_gpus=None)  # the estimates wait for devices, not for quota
+    now = timezone.now()
+    booking = Booking.objects.create(
+        owner=user,
+        project=project,
+        gpus=16,
+        duration_s=7200,
+        state="active",
+        submitted_at=now,
+        started_at=now,
+    )
+    Allocation.objects.bulk_create(
+        Allocation(
+            booking=booking, gpu=gpu, start=now, end=now + timezone.timedelta(hours=2), fraction=1
+        )
+        for gpu in Gpu.objects.all()
+    )
+
+
+def test_it_gives_no_queue_position_to_a_request_that_starts_now(api, project, cluster):
+    response = _estimate(api)
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert body["pending_reason"] == "starting"
+    assert body["queue_position"] is None  # was 1: it never waits in the queue
+    started = timezone.datetime.fromisoformat(body["planned_start"])
+    assert abs((started - timezone.now()).total_seconds()) < 30
+    assert set(body) == {"planned_start", "queue_position", "pending_reason", "state_detail"}
+
+
+def test_it_answers_429_with_retry_after_past_the_per_user_rate(api, project, cluster, settings):
+    settings.ESTIMATE_RATE = "2/min"
+    assert [_estimate(api).status_code for _ in range(2)] == [200, 200]
+    response = _estimate(api)
+    assert response.status_code == 429
+    assert error_of(response)["code"] == "throttled"
+    assert 1 <= int(response["Retry-After"]) <= 60
+    other = UserFactory(username="bob")
+    member(other, project)
+    api.force_authenticate(other)
+    assert _estimate(api).status_code == 200  # per user: bob has his own allowance
+
+
+def test_it_plans_estimates_within_the_ttl_on_one_copy_of_the_queue(
+    api, user, project, cluster, settings
+):
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 60
+    before = counter_value("estimate_snapshots")
+    assert _estimate(api).json()["pending_reason"] == "starting"
+    _hog(user, project)
+    # The same copy: the hog that came since is not in it yet, the request itself is.
+    again = _estimate(api, {"gpus": 4, "duration_s": 600}).json()
+    assert again["pending_reason"] == "starting"
+    assert counter_value("estimate_snapshots") == before + 1
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 0.2
+    time.sleep(0.3)
+    later = _estimate(api).json()
+    assert later["pending_reason"] == "resources" and later["queue_position"] == 1
+    assert counter_value("estimate_snapshots") == before + 2
+
+
+def test_it_reads_the_queue_for_each_estimate_with_a_ttl_of_zero(
+    api, user, project, cluster, settings
+):
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 0
+    before = counter_value("estimate_snapshots")
+    assert _estimate(api).json()["pending_reason"] == "starting"
+    _hog(user, project)
+    assert _estimate(api).json()["pending_reason"] == "resources"
+    assert counter_value("estimate_snapshots") == before + 2
