@@ -18,6 +18,19 @@
     status.textContent = text;
   }
 
+  // The portal closes with 4401 when the session is gone (signed out, expired): reconnecting
+  // cannot help, so say so and offer the sign-in page, coming back here afterwards.
+  function signedOut() {
+    body.dataset.liveState = "signed-out";
+    if (!status) return;
+    status.dataset.state = "closed";
+    status.textContent = "Signed out — ";
+    var link = document.createElement("a");
+    link.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname + location.search);
+    link.textContent = "sign in again";
+    status.appendChild(link);
+  }
+
   function format(key, r) {
     var v = r[key];
     if (key === "utilization_gpu") return v === null || v === undefined ? "not measured" : Math.round(v) + " %";
@@ -102,7 +115,7 @@
       try { handle(JSON.parse(event.data)); } catch (e) { /* ignore a malformed message */ }
     };
     socket.onclose = function (event) {
-      if (event.code === 4401) { setStatus("closed", "Signed out: reload to sign in"); return; }
+      if (event.code === 4401) { signedOut(); return; }
       var delay = Math.min(30000, 500 * Math.pow(2, attempt)) * (0.5 + Math.random() / 2);
       attempt += 1;
       setStatus("connecting", "Reconnecting…");

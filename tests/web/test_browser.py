@@ -10,7 +10,7 @@ from django.utils import timezone
 from portal.models import Booking
 from portal.services.bookings import booking_extend
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
-from tests.web.conftest import in_thread, sign_in, wait_for
+from tests.web.conftest import ARTIFACTS, in_thread, sign_in, wait_for
 
 pytestmark = pytest.mark.browser
 PASSWORD = "pw-secret-123"
@@ -177,3 +177,23 @@ def test_it_offers_a_zoomed_chart_range_as_a_page_of_its_own(alice, asgi_server,
     href = page.get_attribute("[data-zoom-link]", "href")
     assert "range=custom" in href and "from=2026-12-01T09%3A10%3A00" in href
     assert "to=2026-12-01T09%3A20%3A30" in href
+
+
+def test_it_says_signed_out_and_stops_reconnecting(alice, asgi_server, browser_page):
+    page = browser_page
+    sockets = []
+    page.on("websocket", lambda socket: sockets.append(socket.url))
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.wait_for_selector("body[data-live-state='open']")
+    assert len(sockets) == 1
+
+    # The session goes away (signed out elsewhere, expired); the next connect is anonymous.
+    page.context.clear_cookies()
+    page.evaluate("window.portalLive.drop()")
+    wait_for(page, "document.body.dataset.liveState === 'signed-out'")
+    status = page.locator("#live-status")
+    assert status.text_content() == "Signed out — sign in again"
+    assert status.locator("a").get_attribute("href") == "/accounts/login/?next=%2F"
+    page.wait_for_timeout(3000)  # backoff would have tried again by now (0.5-1 s, then 1-2 s)
+    assert len(sockets) == 2
+    page.screenshot(path=str(ARTIFACTS / "signed-out.png"))
