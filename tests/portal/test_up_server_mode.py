@@ -21,6 +21,7 @@ def no_servers(monkeypatch):
     monkeypatch.setattr(up, "_start_agents", lambda url: started.append("agents") or [])
     monkeypatch.setattr(up, "_start_celery", lambda: started.append("celery") or [])
     monkeypatch.setattr(up, "serve", lambda **kwargs: started.append("web"))
+    monkeypatch.setattr(up, "_when_listening", lambda host, port, then: then())
     monkeypatch.setattr(
         up, "_exit_now", lambda children: None
     )  # up leaves the process after serving
