@@ -27,7 +27,7 @@ EVENTS_PATH = "/api/v1/agent/events/"
 WEBSOCKET_PATH = "/ws/agent/"
 
 Enforcement = Literal["report", "warn", "kill"]
-EventKind = Literal["started", "exited", "stopped", "foreign_process", "unbooked_process"]
+EventKind = Literal["started", "exited", "stopped", "output", "foreign_process", "unbooked_process"]
 
 # The schema's bounds, enforced by from_json on both sides. Lengths are the portal's column sizes
 # (a portal test keeps them equal); every string refuses NUL (PostgreSQL text cannot hold it).
@@ -170,7 +170,11 @@ class DesiredState:
 
 @dataclass(frozen=True)
 class Event:
-    """Something the agent did or saw: a launch, an exit, a stop, a process it objects to."""
+    """Something the agent did or saw: a launch, an exit, a stop, a process it objects to.
+
+    `output` carries the tail of a running batch job's output (`log_tail`), sent with a readings
+    cycle when the job's log grew since the last one; `exited` and `stopped` carry the final tail.
+    """
 
     kind: EventKind
     time: datetime
