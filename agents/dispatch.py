@@ -23,11 +23,10 @@ from pathlib import Path
 
 from agents import confine
 from agents.procfs import is_alive, read_stat
-from agents.protocol import DesiredBooking, Event
+from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_BYTES = 4096
 # Jobs never run as root or a system account, whatever the user map says (--min-uid).
 DEFAULT_MIN_UID = 1000
 _STATE_FILE = "state.json"

@@ -44,6 +44,8 @@ MIG_SLICES = 7
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)  # primary keys
 FLOAT_LIMIT = 1e9
+# How much of a batch job's output (its last bytes) events carry; the booking page says so.
+LOG_TAIL_BYTES = 4096
 
 
 def bounded(

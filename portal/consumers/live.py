@@ -52,5 +52,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def booking_changed(self, event):
         await self.send_json(event)
 
+    async def booking_output(self, event):
+        await self.send_json(event)
+
     async def queue_changed(self, event):
         await self.send_json(event)

@@ -13,6 +13,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
+from agents.protocol import LOG_TAIL_BYTES
 from portal.models import Allocation, Booking, Gpu, Project
 from portal.services import accounting as accounting_services
 from portal.services.quotas import quota_effective, quota_project, usage_current
@@ -98,10 +99,10 @@ def booking_detail(request, booking_id: int):
         "processes_seen": selectors.processes_seen(booking_id=booking.pk),
         "is_mig": is_mig,
         "now": now,
+        "log_tail_kib": LOG_TAIL_BYTES // 1024,
     }
-    return render_page(
-        request, "portal/booking_detail.html", context, {"booking": "portal/_booking_state.html"}
-    )
+    fragments = {"booking": "portal/_booking_state.html", "output": "portal/_booking_output.html"}
+    return render_page(request, "portal/booking_detail.html", context, fragments)
 
 
 def _booking_history(booking: Booking, allocations: list[Allocation], now: datetime):

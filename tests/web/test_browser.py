@@ -197,3 +197,43 @@ def test_it_says_signed_out_and_stops_reconnecting(alice, asgi_server, browser_p
     page.wait_for_timeout(3000)  # backoff would have tried again by now (0.5-1 s, then 1-2 s)
     assert len(sockets) == 2
     page.screenshot(path=str(ARTIFACTS / "signed-out.png"))
+
+
+def _output(node, booking, tail: str) -> None:
+    from agents.protocol import Event, EventsRequest
+    from portal.services.agents import agent_events_record
+
+    event = Event("output", timezone.now(), booking_id=booking.pk, log_tail=tail)
+    agent_events_record(node=node, request=EventsRequest([event]))
+
+
+def test_it_shows_a_batch_bookings_output_live(alice, asgi_server, browser_page, settings):
+    from portal.models import Gpu
+    from tests.factories import make_active_booking
+
+    settings.BOOKING_OUTPUT_MIN_INTERVAL_S = 0
+    page = browser_page
+    gpu = Gpu.objects.filter(node__hostname="node-a").order_by("index").first()
+    booking = make_active_booking(
+        [gpu], owner=alice, project=alice.projects.get(), command="python train.py --epochs 200"
+    )
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.goto(f"{asgi_server}/bookings/{booking.pk}/")
+    page.wait_for_selector("body[data-live-state='open']")
+    assert "No output yet" in page.text_content("#output-empty")
+    assert page.get_attribute("#booking-output", "aria-labelledby") == "output-h"
+
+    in_thread(_output, gpu.node, booking, "loading data\n")
+    wait_for(page, "document.getElementById('booking-output').textContent === 'loading data\\n'")
+    assert page.is_hidden("#output-empty")
+
+    lines = "".join(f"epoch {i}: loss {1 / i:.4f}\n" for i in range(1, 121))
+    in_thread(_output, gpu.node, booking, lines)
+    wait_for(page, "document.getElementById('booking-output').textContent.includes('epoch 120')")
+    # It follows the newest line: scrolled to the bottom of a box shorter than the output.
+    scroll = page.evaluate(
+        "(() => { const p = document.getElementById('booking-output');"
+        " return [p.scrollTop, p.scrollHeight - p.clientHeight]; })()"
+    )
+    assert scroll[0] > 0 and abs(scroll[0] - scroll[1]) < 2
+    page.screenshot(path=str(ARTIFACTS / "booking-output.png"), full_page=True)
