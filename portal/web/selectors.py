@@ -293,6 +293,14 @@ def time_left(booking: Booking, now: datetime) -> timedelta | None:
     return max(timedelta(0), max(ends) - now)
 
 
+def booking_length(booking: Booking) -> tuple[int, bool]:
+    """(seconds, ran?) to show as a booking's length: how long it ran once it has ended after
+    starting, else the length asked for (pending, planned, running, or ended before it started)."""
+    if booking.started_at and booking.ended_at:
+        return max(0, int((booking.ended_at - booking.started_at).total_seconds())), True
+    return booking.duration_s, False
+
+
 def pending_reason_text(code: str) -> str:
     return PENDING_REASONS.get(code, "")
 

@@ -58,6 +58,7 @@ def overview(request):
 def _with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
     for booking in bookings:
         booking.time_left = selectors.time_left(booking, now)
+        booking.length_s, booking.length_ran = selectors.booking_length(booking)
         booking.reason_text = selectors.pending_reason_text(booking.pending_reason)
         booking.hints = selectors.usage_hints(booking)
     return bookings
