@@ -77,11 +77,14 @@ def _current_allocations(now: datetime) -> tuple[dict, dict]:
     return by_gpu, by_mig
 
 
-def device_rows(*, now: datetime) -> list[DeviceRow]:
-    """Every GPU (and, under a GPU in MIG mode, each slice), with booking, reading and state."""
+def device_rows(*, now: datetime, gpu_id: int | None = None) -> list[DeviceRow]:
+    """Every GPU (or just `gpu_id`) and, under a GPU in MIG mode, each slice, with booking,
+    reading and state."""
     gpus = Gpu.objects.select_related("node").prefetch_related(
         Prefetch("mig_instances", queryset=MigInstance.objects.order_by("-slices", "uuid"))
     )
+    if gpu_id is not None:
+        gpus = gpus.filter(pk=gpu_id)
     gpus = list(gpus.order_by("node__hostname", "index"))
     uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig_instances.all()]
     readings = latest_by_uuid(uuids)
@@ -95,6 +98,16 @@ def device_rows(*, now: datetime) -> list[DeviceRow]:
             row.state = _parent_state(row)
         rows.append(row)
     return rows
+
+
+def device_row(*, now: datetime, gpu_id: int, mig_id: int | None = None) -> DeviceRow | None:
+    """One GPU's row, or one of its slices' (`mig_id`): the same state the overview shows."""
+    rows = device_rows(now=now, gpu_id=gpu_id)
+    if not rows:
+        return None
+    if mig_id is None:
+        return rows[0]
+    return next((c for c in rows[0].children if c.mig_id == mig_id), None)
 
 
 def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None) -> DeviceRow:

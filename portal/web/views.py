@@ -152,6 +152,7 @@ def gpu_detail(request, gpu_id: int):
     booked = {a.device_uuid for a in upcoming if a.start <= now}
     context = {
         "gpu": gpu,
+        "row": selectors.device_row(now=now, gpu_id=gpu.pk, mig_id=chosen.pk if chosen else None),
         "processes_now": selectors.processes_now(devices, readings, booked),
         "processes_seen": selectors.processes_seen(
             devices=devices, since=now - timedelta(hours=24)
@@ -177,7 +178,9 @@ def gpu_detail(request, gpu_id: int):
             .values_list("pk", flat=True)
         ),
     }
-    return render(request, "portal/gpu_detail.html", context)
+    return render_page(
+        request, "portal/gpu_detail.html", context, {"state": "portal/_device_state.html"}
+    )
 
 
 @login_required

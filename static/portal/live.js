@@ -44,8 +44,21 @@
     return String(v);
   }
 
+  // A device shown "free" that now runs processes is "in use, unbooked" (and the other way
+  // round): the server decides the state, so re-fetch the fragments that show it.
+  function stateChanged(reading, uuid) {
+    var busy = (reading.processes || []).length > 0;
+    var stale = false;
+    document.querySelectorAll('[data-state-of="' + uuid + '"]').forEach(function (shown) {
+      if ((shown.dataset.state === "free" && busy) || (shown.dataset.state === "unbooked" && !busy)) stale = true;
+    });
+    return stale;
+  }
+
   function showReading(reading) {
-    var selector = '[data-uuid="' + (window.CSS && CSS.escape ? CSS.escape(reading.uuid) : reading.uuid) + '"]';
+    var uuid = window.CSS && CSS.escape ? CSS.escape(reading.uuid) : reading.uuid;
+    if (stateChanged(reading, uuid)) refetchAll();
+    var selector = '[data-uuid="' + uuid + '"]';
     document.querySelectorAll(selector).forEach(function (holder) {
       holder.querySelectorAll("[data-metric]").forEach(function (cell) {
         var text = format(cell.dataset.metric, reading);

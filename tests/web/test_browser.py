@@ -237,3 +237,33 @@ def test_it_shows_a_batch_bookings_output_live(alice, asgi_server, browser_page,
     )
     assert scroll[0] > 0 and abs(scroll[0] - scroll[1]) < 2
     page.screenshot(path=str(ARTIFACTS / "booking-output.png"), full_page=True)
+
+
+def _unbooked_process(node, uuid: str) -> None:
+    from agents.protocol import DeviceReading, ProcessReading, ReadingsRequest
+    from portal.services.telemetry import samples_ingest
+
+    reading = DeviceReading(
+        uuid, 3.0, 1.0, 900, 81920, 40.0, 90.0, [ProcessReading(666, "eve", 512, "miner")]
+    )
+    samples_ingest(
+        node=node,
+        request=ReadingsRequest(hostname=node.hostname, time=timezone.now(), readings=[reading]),
+    )
+
+
+def test_it_turns_a_free_device_to_in_use_unbooked_live(alice, asgi_server, browser_page):
+    from portal.models import Gpu
+
+    page = browser_page
+    gpu = Gpu.objects.filter(node__hostname="node-a").order_by("index").first()
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.wait_for_selector("body[data-live-state='open']")
+    badge = f"tr[data-uuid='{gpu.uuid}'] .badge"
+    assert page.text_content(badge).strip() == "free"
+    page.evaluate("window.__sameDocument = true")
+
+    in_thread(_unbooked_process, gpu.node, gpu.uuid)
+    wait_for(page, f"document.querySelector(\"{badge}\").textContent.trim() === 'in use, unbooked'")
+    assert "7" in page.text_content("[data-fragment='totals'] dd")  # 7 of 8 free now
+    assert page.evaluate("window.__sameDocument") is True
