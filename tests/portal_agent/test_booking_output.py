@@ -1,7 +1,6 @@
 """A running batch job's output: the agent's output events stored on the booking and sent live."""
 
 import asyncio
-import getpass
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -9,11 +8,8 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from agents.agent import Agent
-from agents.simulate import SimulatedBackend
 from portal.models import Booking, Gpu, Node
 from portal.services.live import user_group
-from portal.services.nodes import node_token_issue
 from tests.agent_cycles import cycle_until
 from tests.factories import UserFactory, make_active_booking
 
@@ -84,37 +80,17 @@ def test_it_ignores_output_from_a_node_the_booking_no_longer_runs_on(node_a, age
     assert Booking.objects.get(pk=booking.pk).log_tail == ""
 
 
-def test_it_shows_a_real_jobs_output_while_it_runs(live_server, tmp_path, settings):
+def test_it_shows_a_real_jobs_output_while_it_runs(real_agents, tmp_path, settings):
     settings.BOOKING_OUTPUT_MIN_INTERVAL_S = 0
-    hostname = "sim-output"
-    agent = Agent(
-        live_server.url,
-        node_token_issue(hostname=hostname),
-        SimulatedBackend("1xH100-80GB", hostname, seed=1),
-        hostname=hostname,
-        state_dir=tmp_path / "state",
-        user_map={"alice": getpass.getuser()},
-        report_interval_s=0.2,
-        sync_interval_s=0.2,
-        grace_s=1.0,
-        push=False,
-        min_uid=0,
-    )
-    agent.start()
-    try:
-        cycle_until(agent, lambda: Gpu.objects.filter(node__hostname=hostname).exists())
-        gpu = Gpu.objects.get(node=Node.objects.get(hostname=hostname))
-        go = tmp_path / "go"
-        command = f"echo loading data; while [ ! -e {go} ]; do sleep 0.05; done; echo epoch 1 done"
-        alice = UserFactory(username="alice")
-        booking = make_active_booking([gpu], owner=alice, command=command)
-        cycle_until(agent, lambda: Booking.objects.get(pk=booking.pk).log_tail == "loading data\n")
-        assert Booking.objects.get(pk=booking.pk).state == "active"
-        go.touch()
-        cycle_until(agent, lambda: Booking.objects.get(pk=booking.pk).state == "finished")
-        assert Booking.objects.get(pk=booking.pk).log_tail == "loading data\nepoch 1 done\n"
-    finally:
-        for job in agent.dispatcher.jobs.values():
-            if job.popen is not None and job.popen.poll() is None:
-                job.popen.kill()
-        agent.close()
+    agent = real_agents("sim-output", "1xH100-80GB")
+    cycle_until(agent, lambda: Gpu.objects.filter(node__hostname="sim-output").exists())
+    gpu = Gpu.objects.get(node=Node.objects.get(hostname="sim-output"))
+    go = tmp_path / "go"
+    command = f"echo loading data; while [ ! -e {go} ]; do sleep 0.05; done; echo epoch 1 done"
+    alice = UserFactory(username="alice")
+    booking = make_active_booking([gpu], owner=alice, command=command)
+    cycle_until(agent, lambda: Booking.objects.get(pk=booking.pk).log_tail == "loading data\n")
+    assert Booking.objects.get(pk=booking.pk).state == "active"
+    go.touch()
+    cycle_until(agent, lambda: Booking.objects.get(pk=booking.pk).state == "finished")
+    assert Booking.objects.get(pk=booking.pk).log_tail == "loading data\nepoch 1 done\n"
