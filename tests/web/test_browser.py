@@ -267,3 +267,23 @@ def test_it_turns_a_free_device_to_in_use_unbooked_live(alice, asgi_server, brow
     wait_for(page, f"document.querySelector(\"{badge}\").textContent.trim() === 'in use, unbooked'")
     assert "7" in page.text_content("[data-fragment='totals'] dd")  # 7 of 8 free now
     assert page.evaluate("window.__sameDocument") is True
+
+
+def test_it_shows_the_year_of_an_estimate_only_when_it_is_not_this_year(
+    alice, asgi_server, browser_page
+):
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    year = timezone.now().year
+    answers = iter([f"{year + 1}-01-05T10:00:00Z", f"{year}-12-31T10:00:00Z"])
+
+    def estimate(route):
+        route.fulfill(json={"earliest_start": next(answers), "reason": "fits", "detail": ""})
+
+    page.route("**/estimate/", estimate)
+    page.goto(f"{asgi_server}/book/")
+    wait_for(page, 'document.getElementById("estimate").dataset.state === "ok"')
+    assert f"5 Jan {year + 1}" in page.inner_text("#estimate")
+    page.fill("#id_gpus", "2")
+    wait_for(page, 'document.getElementById("estimate").textContent.includes("31 Dec")')
+    assert str(year) not in page.inner_text("#estimate")
