@@ -99,3 +99,10 @@ def test_it_logs_requests_only_at_debug_level(settings, monkeypatch, level, acce
     serve.serve(host="127.0.0.1", port=0, workers=1)
     assert ran["access_log"] is access_log
     assert ran["log_level"] == ("debug" if access_log else "warning")
+
+
+def test_it_starts_celery_without_banners_of_its_own(monkeypatch):
+    started = []
+    monkeypatch.setattr(up.subprocess, "Popen", lambda argv, **kwargs: started.append(argv))
+    up._start_celery()
+    assert [argv[argv.index("--quiet") + 1] for argv in started] == ["worker", "beat"]

@@ -227,7 +227,8 @@ def _site_id() -> str:
 
 
 def _start_celery() -> list[subprocess.Popen]:
-    base = [sys.executable, "-m", "celery", "-A", "portal"]
+    # --quiet: no startup banners of their own after (or in the middle of) up's banner.
+    base = [sys.executable, "-m", "celery", "-A", "portal", "--quiet"]
     return [
         subprocess.Popen(
             base + ["worker", "--loglevel", "WARNING", "--concurrency", "2"], cwd=settings.BASE_DIR
