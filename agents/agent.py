@@ -178,6 +178,8 @@ class Agent:
         if readings is not None:
             self._talk(lambda: self._send_readings(readings, now))
             self._queue(self._enforce(readings, now))
+            # A running job's output rides along at the readings' pace, not as new work.
+            self._queue_output(self.dispatcher.output(now))
         escalated = self.enforcer.escalate()
         self._talk(self._flush_events)
         # Queued-but-unsent events are not new work: counting them would spin while offline.
@@ -262,11 +264,6 @@ class Agent:
 
     def _queue(self, events: list[Event]) -> None:
         for event in events:
-            if len(self.events) == self.events.maxlen:
-                self._dropped_events += 1
-                log.warning(
-                    "event queue full: dropped the oldest (%d so far)", self._dropped_events
-                )
             log.info(
                 "event %s booking=%s pid=%s: %s",
                 event.kind,
@@ -274,8 +271,23 @@ class Agent:
                 event.pid,
                 event.detail,
             )
-            self.events.append(event)
+            self._append(event)
             self._events_seen += 1
+
+    def _queue_output(self, events: list[Event]) -> None:
+        # Only a job's latest output matters: while the portal is away, a long job's output
+        # must not fill the queue and push out the events that end bookings.
+        jobs = {event.booking_id for event in events}
+        for stale in [e for e in self.events if e.kind == "output" and e.booking_id in jobs]:
+            self.events.remove(stale)
+        for event in events:
+            self._append(event)
+
+    def _append(self, event: Event) -> None:
+        if len(self.events) == self.events.maxlen:
+            self._dropped_events += 1
+            log.warning("event queue full: dropped the oldest (%d so far)", self._dropped_events)
+        self.events.append(event)
 
     def _flush_events(self) -> None:
         while self.events:

@@ -23,11 +23,10 @@ from pathlib import Path
 
 from agents import confine
 from agents.procfs import is_alive, read_stat
-from agents.protocol import DesiredBooking, Event
+from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_BYTES = 4096
 # Jobs never run as root or a system account, whatever the user map says (--min-uid).
 DEFAULT_MIN_UID = 1000
 _STATE_FILE = "state.json"
@@ -52,10 +51,11 @@ class Job:
     kill_at: float | None = None
     relaunch: bool = False  # stopped because its booking moved: launch it again once gone
     confinement: str | None = None  # its cgroup or scope (agents.confine.release), if any
+    reported_size: int = 0  # the log's size when its tail was last reported (output events)
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
-        transient = ("popen", "stop_reason", "kill_at", "relaunch")
+        transient = ("popen", "stop_reason", "kill_at", "relaunch", "reported_size")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in transient}
 
     def exit_code(self) -> tuple[bool, int | None]:
@@ -113,6 +113,23 @@ class Dispatcher:
         log.info("re-adopting %d job(s) from %s", len(self.jobs), path)
         events = self._reap(now)
         self._sweep_cgroups()
+        return events
+
+    def output(self, now: datetime) -> list[Event]:
+        """An `output` event with the log tail of each running job whose log grew since the last."""
+        events = []
+        for job in self.jobs.values():
+            try:
+                size = os.path.getsize(job.log_path)
+            except OSError:
+                continue
+            if size == job.reported_size:
+                continue
+            tail = log_tail(job.log_path)
+            if tail is None:
+                continue
+            job.reported_size = size
+            events.append(Event("output", now, "", job.booking_id, log_tail=tail))
         return events
 
     def _sweep_cgroups(self) -> None:

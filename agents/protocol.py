@@ -27,7 +27,7 @@ EVENTS_PATH = "/api/v1/agent/events/"
 WEBSOCKET_PATH = "/ws/agent/"
 
 Enforcement = Literal["report", "warn", "kill"]
-EventKind = Literal["started", "exited", "stopped", "foreign_process", "unbooked_process"]
+EventKind = Literal["started", "exited", "stopped", "output", "foreign_process", "unbooked_process"]
 
 # The schema's bounds, enforced by from_json on both sides. Lengths are the portal's column sizes
 # (a portal test keeps them equal); every string refuses NUL (PostgreSQL text cannot hold it).
@@ -44,6 +44,8 @@ MIG_SLICES = 7
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)  # primary keys
 FLOAT_LIMIT = 1e9
+# How much of a batch job's output (its last bytes) events carry; the booking page says so.
+LOG_TAIL_BYTES = 4096
 
 
 def bounded(
@@ -170,7 +172,11 @@ class DesiredState:
 
 @dataclass(frozen=True)
 class Event:
-    """Something the agent did or saw: a launch, an exit, a stop, a process it objects to."""
+    """Something the agent did or saw: a launch, an exit, a stop, a process it objects to.
+
+    `output` carries the tail of a running batch job's output (`log_tail`), sent with a readings
+    cycle when the job's log grew since the last one; `exited` and `stopped` carry the final tail.
+    """
 
     kind: EventKind
     time: datetime

@@ -255,6 +255,24 @@ AGENT_ENFORCEMENT = env("AGENT_ENFORCEMENT", "report")  # report | warn | kill
 if AGENT_ENFORCEMENT not in ("report", "warn", "kill"):
     raise RuntimeError("AGENT_ENFORCEMENT must be report, warn or kill.")
 NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0)
+# A booked device is "in use" (not just "booked") from a reading at or above IN_USE_UTIL_ON %
+# utilization until one at or below IN_USE_UTIL_OFF %, over its readings of the last
+# IN_USE_WINDOW_S seconds (hysteresis: idle noise around a few percent does not flip it).
+IN_USE_UTIL_ON = envfloat("IN_USE_UTIL_ON", 10.0)
+IN_USE_UTIL_OFF = envfloat("IN_USE_UTIL_OFF", 3.0)
+IN_USE_WINDOW_S = envfloat("IN_USE_WINDOW_S", 60.0)
+if not 0 <= IN_USE_UTIL_OFF < IN_USE_UTIL_ON <= 100:
+    raise RuntimeError(
+        "IN_USE_UTIL_OFF and IN_USE_UTIL_ON must be percentages with OFF below ON "
+        f"(got OFF={IN_USE_UTIL_OFF}, ON={IN_USE_UTIL_ON})."
+    )
+if not 0 < IN_USE_WINDOW_S <= 3600:
+    raise RuntimeError("IN_USE_WINDOW_S must be between 0 and 3600 seconds (not 0).")
+# A running batch job's output (the agent sends its tail when it grew, once per report): the
+# portal stores and broadcasts at most one per booking this often (a guard against a chatty agent).
+BOOKING_OUTPUT_MIN_INTERVAL_S = envfloat("BOOKING_OUTPUT_MIN_INTERVAL_S", 2.0)
+if not 0 <= BOOKING_OUTPUT_MIN_INTERVAL_S <= 3600:
+    raise RuntimeError("BOOKING_OUTPUT_MIN_INTERVAL_S must be between 0 and 3600 seconds.")
 REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
 # Telemetry history: raw samples for hours, per-minute rollups for days.
 TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)

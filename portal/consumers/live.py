@@ -9,7 +9,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from portal.services.live import QUEUE_GROUP, user_group
 
 TELEMETRY_GROUP = "telemetry"
-# Close code the page reads as "signed out: do not reconnect".
+# Close code the page reads as "signed out: do not reconnect" (docs/live.md). The socket is
+# accepted first and then closed with it: a refusal before accept reaches the browser as a
+# failed handshake (code 1006), which the page cannot tell from a network drop.
 UNAUTHENTICATED = 4401
 
 
@@ -19,6 +21,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
+            await self.accept()
             await self.close(code=UNAUTHENTICATED)
             return
         self.groups_joined = [TELEMETRY_GROUP, QUEUE_GROUP, user_group(user.pk)]
@@ -47,6 +50,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(event)
 
     async def booking_changed(self, event):
+        await self.send_json(event)
+
+    async def booking_output(self, event):
         await self.send_json(event)
 
     async def queue_changed(self, event):

@@ -11,6 +11,7 @@ import logging
 from datetime import datetime
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -171,6 +172,7 @@ def agent_events_record(*, node: Node, request: EventsRequest) -> int:
     """Apply a batch of agent events in one transaction, after checking them all.
 
     exited ends a batch booking (exit 0: finished, else failed) with its exit code and log tail;
+    output stores a running job's log tail and sends it to the owner's pages after commit;
     started and stopped are logged; foreign_process / unbooked_process become NodeAlert rows
     and notify the booking owner and the site after commit.
     """
@@ -213,8 +215,34 @@ def _apply(node: Node, event: Event, now: datetime) -> None:
         ).update(started_at=event.time)
     elif event.kind in ("exited", "stopped"):
         _record_exit(node, event, min(event.time, now))
+    elif event.kind == "output":
+        _record_output(node, event)
     else:
         _alert(node, event)
+
+
+def _record_output(node: Node, event: Event) -> None:
+    # Only the node running the booking now may write its output, and at most once per
+    # BOOKING_OUTPUT_MIN_INTERVAL_S (a cache key as the clock): the final tail comes with the exit.
+    if event.log_tail is None:
+        return
+    running_here = Allocation.objects.filter(
+        booking_id=event.booking_id,
+        live=True,
+        gpu__node=node,
+        booking__state=Booking.State.ACTIVE,
+    ).exists()
+    throttle = f"booking-output:{event.booking_id}"
+    if not running_here or not cache.add(throttle, 1, settings.BOOKING_OUTPUT_MIN_INTERVAL_S):
+        return
+    Booking.objects.filter(pk=event.booking_id).update(log_tail=event.log_tail)
+    owner_id = Booking.objects.values_list("owner_id", flat=True).get(pk=event.booking_id)
+    transaction.on_commit(
+        lambda: live.booking_output_broadcast(
+            booking_id=event.booking_id, owner_id=owner_id, log_tail=event.log_tail
+        ),
+        robust=True,
+    )
 
 
 def _record_exit(node: Node, event: Event, when: datetime) -> None:

@@ -27,6 +27,12 @@ def booking_broadcast(*, booking_id: int, owner_id: int, state: str, event: str)
     group_send(user_group(owner_id), message)
 
 
+def booking_output_broadcast(*, booking_id: int, owner_id: int, log_tail: str) -> None:
+    """Send a running booking's latest output tail to its owner's open pages."""
+    message = {"type": "booking.output", "booking_id": booking_id, "log_tail": log_tail}
+    group_send(user_group(owner_id), message)
+
+
 def agents_push(node_ids) -> None:
     """Nudge the agents of these nodes to pull their desired state now (with its generation)."""
     from portal.services.agents import desired_push

@@ -4,6 +4,7 @@ import json
 from datetime import timedelta
 
 from django import template
+from django.utils import dateformat, timezone
 
 from portal.services import permissions
 
@@ -89,6 +90,17 @@ def duration(value) -> str:
     if hours:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     return f"{minutes} min"
+
+
+@register.filter
+def when(value) -> str:
+    """A moment as 'Tue 3 Mar 14:05', with the year ('Tue 3 Mar 2025 14:05') when it is not
+    this year; '' for none (so `|default:"—"` applies). Times are shown in the site's zone (UTC)."""
+    if not value:
+        return ""
+    shown = timezone.localtime(value) if timezone.is_aware(value) else value
+    year = "" if shown.year == timezone.localtime().year else " Y"
+    return dateformat.format(shown, f"D j M{year} H:i")
 
 
 @register.filter

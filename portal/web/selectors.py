@@ -11,9 +11,9 @@ from django.db.models import Prefetch
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert, ProcessUsage
 from portal.services.bookings import visible_bookings
 from portal.services.telemetry_cache import latest_by_uuid
+from portal.web.device_usage import busy_devices
 
 # A device whose reading shows processes, or more than this utilization, is "in use".
-IN_USE_UTILIZATION = 5.0
 STATE_LABELS = {"in_use": "in use", "unbooked": "in use, unbooked"}
 
 PENDING_REASONS = {
@@ -49,16 +49,18 @@ class DeviceRow:
         return STATE_LABELS.get(self.state, self.state)
 
 
-def device_state(*, node_state: str, booking: Booking | None, reading: dict | None) -> str:
+def device_state(
+    *, node_state: str, booking: Booking | None, reading: dict | None, busy: bool = False
+) -> str:
     """free / booked / in_use / unbooked / down: what a researcher needs to know about a device
-    now. "unbooked": processes on it that no booking accounts for (not free, whatever it says)."""
+    now. "unbooked": processes on it that no booking accounts for (not free, whatever it says).
+    A booked device is "in_use" with processes on it, or when `busy` (device_usage: utilization
+    with hysteresis, so idle noise does not flip it)."""
     if node_state != Node.State.UP:
         return "down"
     if booking is None:
         return "unbooked" if reading and reading.get("processes") else "free"
-    if reading and (
-        reading.get("processes") or (reading.get("utilization_gpu") or 0) > IN_USE_UTILIZATION
-    ):
+    if busy or (reading and reading.get("processes")):
         return "in_use"
     return "booked"
 
@@ -77,27 +79,44 @@ def _current_allocations(now: datetime) -> tuple[dict, dict]:
     return by_gpu, by_mig
 
 
-def device_rows(*, now: datetime) -> list[DeviceRow]:
-    """Every GPU (and, under a GPU in MIG mode, each slice), with booking, reading and state."""
+def device_rows(*, now: datetime, gpu_id: int | None = None) -> list[DeviceRow]:
+    """Every GPU (or just `gpu_id`) and, under a GPU in MIG mode, each slice, with booking,
+    reading and state."""
     gpus = Gpu.objects.select_related("node").prefetch_related(
         Prefetch("mig_instances", queryset=MigInstance.objects.order_by("-slices", "uuid"))
     )
+    if gpu_id is not None:
+        gpus = gpus.filter(pk=gpu_id)
     gpus = list(gpus.order_by("node__hostname", "index"))
     uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig_instances.all()]
     readings = latest_by_uuid(uuids)
     by_gpu, by_mig = _current_allocations(now)
+    booked = [g.uuid for g in gpus if g.pk in by_gpu] + [
+        m.uuid for g in gpus for m in g.mig_instances.all() if m.pk in by_mig
+    ]
+    busy = busy_devices(uuids=booked, latest=readings, now=now)
     rows = []
     for gpu in gpus:
-        row = _gpu_row(gpu, readings, by_gpu.get(gpu.pk))
+        row = _gpu_row(gpu, readings, by_gpu.get(gpu.pk), busy)
         for mig in gpu.mig_instances.all():
-            row.children.append(_mig_row(gpu, mig, readings, by_mig.get(mig.pk)))
+            row.children.append(_mig_row(gpu, mig, readings, by_mig.get(mig.pk), busy))
         if row.children:
             row.state = _parent_state(row)
         rows.append(row)
     return rows
 
 
-def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None) -> DeviceRow:
+def device_row(*, now: datetime, gpu_id: int, mig_id: int | None = None) -> DeviceRow | None:
+    """One GPU's row, or one of its slices' (`mig_id`): the same state the overview shows."""
+    rows = device_rows(now=now, gpu_id=gpu_id)
+    if not rows:
+        return None
+    if mig_id is None:
+        return rows[0]
+    return next((c for c in rows[0].children if c.mig_id == mig_id), None)
+
+
+def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None, busy: set[str]) -> DeviceRow:
     return _row(
         gpu,
         uuid=gpu.uuid,
@@ -107,10 +126,13 @@ def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None) -> DeviceRow:
         mig_id=None,
         reading=readings.get(gpu.uuid),
         booking=booking,
+        busy=gpu.uuid in busy,
     )
 
 
-def _mig_row(gpu: Gpu, mig: MigInstance, readings: dict, booking: Booking | None) -> DeviceRow:
+def _mig_row(
+    gpu: Gpu, mig: MigInstance, readings: dict, booking: Booking | None, busy: set[str]
+) -> DeviceRow:
     return _row(
         gpu,
         uuid=mig.uuid,
@@ -120,10 +142,11 @@ def _mig_row(gpu: Gpu, mig: MigInstance, readings: dict, booking: Booking | None
         mig_id=mig.pk,
         reading=readings.get(mig.uuid),
         booking=booking,
+        busy=mig.uuid in busy,
     )
 
 
-def _row(gpu: Gpu, *, mig_id: int | None, reading, booking, **fields) -> DeviceRow:
+def _row(gpu: Gpu, *, mig_id: int | None, reading, booking, busy: bool, **fields) -> DeviceRow:
     return DeviceRow(
         node=gpu.node.hostname,
         node_state=gpu.node.state,
@@ -131,7 +154,7 @@ def _row(gpu: Gpu, *, mig_id: int | None, reading, booking, **fields) -> DeviceR
         model=gpu.model,
         is_mig=mig_id is not None,
         mig_id=mig_id,
-        state=device_state(node_state=gpu.node.state, booking=booking, reading=reading),
+        state=device_state(node_state=gpu.node.state, booking=booking, reading=reading, busy=busy),
         booking=booking,
         reading=reading,
         **fields,
@@ -291,6 +314,14 @@ def time_left(booking: Booking, now: datetime) -> timedelta | None:
     if booking.state != Booking.State.ACTIVE or not ends:
         return None
     return max(timedelta(0), max(ends) - now)
+
+
+def booking_length(booking: Booking) -> tuple[int, bool]:
+    """(seconds, ran?) to show as a booking's length: how long it ran once it has ended after
+    starting, else the length asked for (pending, planned, running, or ended before it started)."""
+    if booking.started_at and booking.ended_at:
+        return max(0, int((booking.ended_at - booking.started_at).total_seconds())), True
+    return booking.duration_s, False
 
 
 def pending_reason_text(code: str) -> str:

@@ -13,6 +13,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
+from agents.protocol import LOG_TAIL_BYTES
 from portal.models import Allocation, Booking, Gpu, Project
 from portal.services import accounting as accounting_services
 from portal.services import permissions
@@ -58,6 +59,7 @@ def overview(request):
 def _with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
     for booking in bookings:
         booking.time_left = selectors.time_left(booking, now)
+        booking.length_s, booking.length_ran = selectors.booking_length(booking)
         booking.reason_text = selectors.pending_reason_text(booking.pending_reason)
         booking.hints = selectors.usage_hints(booking)
     return bookings
@@ -99,10 +101,10 @@ def booking_detail(request, booking_id: int):
         "processes_seen": selectors.processes_seen(booking_id=booking.pk),
         "is_mig": is_mig,
         "now": now,
+        "log_tail_kib": LOG_TAIL_BYTES // 1024,
     }
-    return render_page(
-        request, "portal/booking_detail.html", context, {"booking": "portal/_booking_state.html"}
-    )
+    fragments = {"booking": "portal/_booking_state.html", "output": "portal/_booking_output.html"}
+    return render_page(request, "portal/booking_detail.html", context, fragments)
 
 
 def _booking_history(booking: Booking, allocations: list[Allocation], now: datetime):
@@ -151,6 +153,7 @@ def gpu_detail(request, gpu_id: int):
     booked = {a.device_uuid for a in upcoming if a.start <= now}
     context = {
         "gpu": gpu,
+        "row": selectors.device_row(now=now, gpu_id=gpu.pk, mig_id=chosen.pk if chosen else None),
         "processes_now": selectors.processes_now(devices, readings, booked),
         "processes_seen": selectors.processes_seen(
             devices=devices, since=now - timedelta(hours=24)
@@ -176,7 +179,9 @@ def gpu_detail(request, gpu_id: int):
             .values_list("pk", flat=True)
         ),
     }
-    return render(request, "portal/gpu_detail.html", context)
+    return render_page(
+        request, "portal/gpu_detail.html", context, {"state": "portal/_device_state.html"}
+    )
 
 
 @login_required

@@ -52,9 +52,10 @@
 
   function when(iso) {
     var date = new Date(iso);
-    var text = date.toLocaleString("en-GB", {
-      weekday: "short", day: "numeric", month: "short", hour: "2-digit", minute: "2-digit", timeZone: "UTC"
-    }) + " UTC";
+    // As the pages show dates: the year only when it is not this year.
+    var options = { weekday: "short", day: "numeric", month: "short", hour: "2-digit", minute: "2-digit", timeZone: "UTC" };
+    if (date.getUTCFullYear() !== new Date().getUTCFullYear()) options.year = "numeric";
+    var text = date.toLocaleString("en-GB", options) + " UTC";
     var minutes = Math.round((date - Date.now()) / 60000);
     if (minutes <= 1) return "now (" + text + ")";
     if (minutes < 120) return text + " (in " + minutes + " min)";

@@ -18,6 +18,19 @@
     status.textContent = text;
   }
 
+  // The portal closes with 4401 when the session is gone (signed out, expired): reconnecting
+  // cannot help, so say so and offer the sign-in page, coming back here afterwards.
+  function signedOut() {
+    body.dataset.liveState = "signed-out";
+    if (!status) return;
+    status.dataset.state = "closed";
+    status.textContent = "Signed out — ";
+    var link = document.createElement("a");
+    link.href = "/accounts/login/?next=" + encodeURIComponent(location.pathname + location.search);
+    link.textContent = "sign in again";
+    status.appendChild(link);
+  }
+
   function format(key, r) {
     var v = r[key];
     if (key === "utilization_gpu") return v === null || v === undefined ? "not measured" : Math.round(v) + " %";
@@ -31,8 +44,21 @@
     return String(v);
   }
 
+  // A device shown "free" that now runs processes is "in use, unbooked" (and the other way
+  // round): the server decides the state, so re-fetch the fragments that show it.
+  function stateChanged(reading, uuid) {
+    var busy = (reading.processes || []).length > 0;
+    var stale = false;
+    document.querySelectorAll('[data-state-of="' + uuid + '"]').forEach(function (shown) {
+      if ((shown.dataset.state === "free" && busy) || (shown.dataset.state === "unbooked" && !busy)) stale = true;
+    });
+    return stale;
+  }
+
   function showReading(reading) {
-    var selector = '[data-uuid="' + (window.CSS && CSS.escape ? CSS.escape(reading.uuid) : reading.uuid) + '"]';
+    var uuid = window.CSS && CSS.escape ? CSS.escape(reading.uuid) : reading.uuid;
+    if (stateChanged(reading, uuid)) refetchAll();
+    var selector = '[data-uuid="' + uuid + '"]';
     document.querySelectorAll(selector).forEach(function (holder) {
       holder.querySelectorAll("[data-metric]").forEach(function (cell) {
         var text = format(cell.dataset.metric, reading);
@@ -102,7 +128,7 @@
       try { handle(JSON.parse(event.data)); } catch (e) { /* ignore a malformed message */ }
     };
     socket.onclose = function (event) {
-      if (event.code === 4401) { setStatus("closed", "Signed out: reload to sign in"); return; }
+      if (event.code === 4401) { signedOut(); return; }
       var delay = Math.min(30000, 500 * Math.pow(2, attempt)) * (0.5 + Math.random() / 2);
       attempt += 1;
       setStatus("connecting", "Reconnecting…");

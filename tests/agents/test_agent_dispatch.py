@@ -9,7 +9,7 @@ import zlib
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from agents import confine, protocol
+from agents import confine, dispatch, protocol
 from agents.procfs import is_alive, read_cuda_devices, read_stat
 from agents.simulate import SimulatedBackend
 
@@ -23,7 +23,14 @@ def _gpu_uuids(agent):
 
 
 def _kinds(portal):
-    return [(e.kind, e.booking_id) for e in portal.events()]
+    # Output events come whenever a running job's log grew: timing, not the lifecycle.
+    return [(e.kind, e.booking_id) for e in portal.events() if e.kind != "output"]
+
+
+def _outputs(portal, booking_id):
+    return [
+        e.log_tail for e in portal.events() if e.kind == "output" and e.booking_id == booking_id
+    ]
 
 
 def _event(portal, kind, booking_id):
@@ -46,6 +53,58 @@ def test_it_launches_a_command_and_reports_its_exit_code_and_log_tail(
     for _ in range(3):
         agent.handle_one_cycle()
     assert _kinds(portal) == [("started", 1), ("exited", 1)]  # never relaunched
+
+
+def test_it_reports_a_running_jobs_output_as_it_grows(
+    portal, make_agent, cycle_until, me, tmp_path
+):
+    agent = make_agent()
+    gpu = _gpu_uuids(agent)[0]
+    go = tmp_path / "go"
+    # Prints a line, waits for the test's signal, prints a second one, then runs on.
+    command = f"echo step 1; while [ ! -e {go} ]; do sleep 0.05; done; echo step 2; sleep 30"
+    portal.book(5, me, [gpu], command=command)
+    cycle_until(agent, lambda: _outputs(portal, 5))
+    assert _outputs(portal, 5) == ["step 1\n"]
+    for _ in range(3):
+        agent.handle_one_cycle()
+    assert _outputs(portal, 5) == ["step 1\n"]  # nothing new written: nothing sent again
+    go.touch()
+    cycle_until(agent, lambda: len(_outputs(portal, 5)) == 2)
+    assert _outputs(portal, 5)[-1] == "step 1\nstep 2\n"
+    assert ("exited", 5) not in _kinds(portal)  # all of it while the job still runs
+    portal.desired["bookings"].clear()
+    cycle_until(agent, lambda: ("stopped", 5) in _kinds(portal))
+
+
+def test_it_reports_only_the_last_bytes_of_a_long_output(portal, make_agent, cycle_until, me):
+    agent = make_agent()
+    gpu = _gpu_uuids(agent)[0]
+    portal.book(6, me, [gpu], command="seq 1 5000; echo last line; sleep 30")
+    cycle_until(agent, lambda: any("last line" in t for t in _outputs(portal, 6)))
+    tail = _outputs(portal, 6)[-1]
+    assert len(tail.encode()) == dispatch.LOG_TAIL_BYTES
+    assert tail.endswith("4999\n5000\nlast line\n")
+    portal.desired["bookings"].clear()
+    cycle_until(agent, lambda: ("stopped", 6) in _kinds(portal))
+
+
+def test_it_keeps_only_the_latest_output_of_a_job_while_the_portal_is_away(
+    portal, make_agent, cycle_until, me
+):
+    agent = make_agent()
+    gpu = _gpu_uuids(agent)[0]
+    portal.book(7, me, [gpu], command="i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done")
+    cycle_until(agent, lambda: _outputs(portal, 7))
+    agent._offline_until = float("inf")  # the portal is unreachable: events queue up
+    for _ in range(20):
+        agent.handle_one_cycle()
+        time.sleep(0.02)
+    queued = [e for e in agent.events if e.kind == "output"]
+    assert len(queued) == 1
+    agent._offline_until = None
+    portal.desired["bookings"].clear()
+    cycle_until(agent, lambda: ("stopped", 7) in _kinds(portal))
 
 
 def test_it_runs_the_command_as_the_mapped_unix_user(portal, make_agent, cycle_until, as_root):

@@ -146,6 +146,12 @@ def test_it_runs_the_embedded_demo_with_live_simulated_nodes(embedded_portal):
         "three simulated nodes to report",
     )
     assert sorted(n["hostname"] for n in nodes) == ["gpu-a01", "gpu-a02", "gpu-a03"]
+    # The banner comes once the server listens and stays the last thing on the console: no
+    # agent retrying a closed port before it, no per-task or per-request lines after it.
+    console = log_path.read_text().strip().splitlines()
+    assert console[-1].strip().startswith("demo logins:"), console
+    assert console[-3].startswith("GPU Portal running at"), console
+    assert not any("Connection refused" in line or "succeeded in" in line for line in console)
     static = urllib.request.urlopen(
         f"{base}/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui.css"
     )

@@ -21,6 +21,7 @@ def no_servers(monkeypatch):
     monkeypatch.setattr(up, "_start_agents", lambda url: started.append("agents") or [])
     monkeypatch.setattr(up, "_start_celery", lambda: started.append("celery") or [])
     monkeypatch.setattr(up, "serve", lambda **kwargs: started.append("web"))
+    monkeypatch.setattr(up, "_when_listening", lambda host, port, then: then())
     monkeypatch.setattr(
         up, "_exit_now", lambda children: None
     )  # up leaves the process after serving
@@ -82,3 +83,26 @@ def test_it_says_in_one_line_when_the_database_cannot_be_reached():
     assert "Traceback" not in done.stderr, done.stderr
     assert "Cannot reach the database (gpuportal on 127.0.0.1:1)" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("level", "access_log"), [("INFO", False), ("WARNING", False), ("DEBUG", True)]
+)
+def test_it_logs_requests_only_at_debug_level(settings, monkeypatch, level, access_log):
+    import uvicorn
+
+    from portal.management.commands import serve
+
+    ran = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: ran.update(kwargs))
+    settings.LOGGING = {**settings.LOGGING, "root": {**settings.LOGGING["root"], "level": level}}
+    serve.serve(host="127.0.0.1", port=0, workers=1)
+    assert ran["access_log"] is access_log
+    assert ran["log_level"] == ("debug" if access_log else "warning")
+
+
+def test_it_starts_celery_without_banners_of_its_own(monkeypatch):
+    started = []
+    monkeypatch.setattr(up.subprocess, "Popen", lambda argv, **kwargs: started.append(argv))
+    up._start_celery()
+    assert [argv[argv.index("--quiet") + 1] for argv in started] == ["worker", "beat"]

@@ -103,3 +103,30 @@ def test_it_shows_a_device_with_unbooked_processes_as_in_use_not_free(scene, use
     assert 'state-unbooked">in use, unbooked</span>' in page and "node-w/gpu1" in page
     everything = client.get("/").content.decode()
     assert everything.count('state-unbooked">in use, unbooked</span>') == 1  # gpu0 is booked
+
+
+def test_it_says_in_use_unbooked_not_free_on_the_gpu_page_and_the_calendar(scene, user):
+    node, gpu0, gpu1, booking, t0 = scene
+    client = Client()
+    client.force_login(user)
+    page = client.get(f"/gpus/{gpu1.pk}/").content.decode()
+    assert 'id="device-state" data-state-of="' in page
+    assert 'data-state="unbooked">in use, unbooked</span>' in page
+    assert "not free" in page
+    # The state is a fragment, so the live page can re-fetch it when the processes change.
+    fragment = client.get(f"/gpus/{gpu1.pk}/?fragment=state").content.decode()
+    assert "in use, unbooked" in fragment
+    booked = client.get(f"/gpus/{gpu0.pk}/?fragment=state").content.decode()
+    assert 'data-state="in_use">in use</span>' in booked and f"#{booking.pk}" in booked
+    calendar = client.get("/calendar/").content.decode()
+    assert calendar.count('class="badge state-unbooked"') == 1
+    assert 'unbooked<span class="visually-hidden"> use now, not free</span>' in calendar
+    assert f'data-state-of="{gpu1.uuid}" data-state="unbooked"' in calendar
+
+
+def test_it_says_free_on_the_gpu_page_of_an_idle_unbooked_gpu(user):
+    node = make_node("node-idle", gpus=1)
+    client = Client()
+    client.force_login(user)
+    page = client.get(f"/gpus/{node.gpus.get().pk}/").content.decode()
+    assert 'data-state="free">free</span>' in page and "not free" not in page

@@ -1,5 +1,6 @@
 """Fixtures for the portal side of the node agent: nodes with tokens, an agent's HTTP client."""
 
+import getpass
 import json
 
 import pytest
@@ -72,3 +73,43 @@ def allocation_passes(monkeypatch):
     requested: list[int] = []
     monkeypatch.setattr(tasks.allocation_pass, "delay", lambda: requested.append(1))
     return requested
+
+
+@pytest.fixture
+def real_agents(live_server, tmp_path):
+    """Make real agents (agents.agent.Agent, simulated backend) talking to the live portal over
+    HTTP: `make(hostname, spec)`. Their jobs run as whoever runs the suite; all are killed after."""
+    from agents.agent import Agent
+    from agents.simulate import SimulatedBackend
+    from portal.services.nodes import node_token_issue
+
+    made: list = []
+    tokens: dict[str, str] = {}
+
+    def make(hostname: str, spec: str):
+        if hostname not in tokens:  # issuing another would revoke the first agent's
+            tokens[hostname] = node_token_issue(hostname=hostname)
+        token = tokens[hostname]
+        agent = Agent(
+            live_server.url,
+            token,
+            SimulatedBackend(spec, hostname, seed=1),
+            hostname=hostname,
+            state_dir=tmp_path / "state",
+            user_map={"alice": getpass.getuser()},
+            report_interval_s=0.2,
+            sync_interval_s=0.2,
+            grace_s=1.0,
+            push=False,
+            min_uid=0,  # jobs run as whoever runs the suite, root included
+        )
+        agent.start()
+        made.append(agent)
+        return agent
+
+    yield make
+    for agent in made:
+        for job in agent.dispatcher.jobs.values():
+            if job.popen is not None and job.popen.poll() is None:
+                job.popen.kill()
+                job.popen.wait()

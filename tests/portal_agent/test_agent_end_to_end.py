@@ -1,16 +1,12 @@
 """A real agent (agents.agent.Agent on the simulated backend) against the real portal over HTTP."""
 
-import getpass
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
-from agents.agent import Agent
-from agents.simulate import SimulatedBackend
 from portal.models import Booking, Gpu, Node, Sample
 from portal.services.bookings import booking_cancel
-from portal.services.nodes import node_token_issue
 from portal.services.telemetry_cache import latest_by_uuid
 from tests.agent_cycles import cycle_until
 from tests.factories import UserFactory, make_active_booking
@@ -21,34 +17,8 @@ HOSTNAME = "sim-e2e"
 
 
 @pytest.fixture
-def make_agent(live_server, tmp_path):
-    token = node_token_issue(hostname=HOSTNAME)
-    made: list[Agent] = []
-
-    def make() -> Agent:
-        agent = Agent(
-            live_server.url,
-            token,
-            SimulatedBackend("2xH100-80GB,1xA100-80GB:mig=3g.40gb+2x2g.20gb", HOSTNAME, seed=1),
-            hostname=HOSTNAME,
-            state_dir=tmp_path / "state",
-            user_map={"alice": getpass.getuser()},
-            report_interval_s=0.2,
-            sync_interval_s=0.2,
-            grace_s=1.0,
-            push=False,
-            min_uid=0,  # jobs run as whoever runs the suite, root included
-        )
-        agent.start()
-        made.append(agent)
-        return agent
-
-    yield make
-    for agent in made:
-        for job in agent.dispatcher.jobs.values():
-            if job.popen is not None and job.popen.poll() is None:
-                job.popen.kill()
-                job.popen.wait()
+def make_agent(real_agents):
+    return lambda: real_agents(HOSTNAME, "2xH100-80GB,1xA100-80GB:mig=3g.40gb+2x2g.20gb")
 
 
 def test_it_registers_reports_runs_a_booking_and_reconciles_after_a_restart(

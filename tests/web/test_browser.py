@@ -10,7 +10,7 @@ from django.utils import timezone
 from portal.models import Booking
 from portal.services.bookings import booking_extend
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
-from tests.web.conftest import in_thread, sign_in, wait_for
+from tests.web.conftest import ARTIFACTS, in_thread, sign_in, wait_for
 
 pytestmark = pytest.mark.browser
 PASSWORD = "pw-secret-123"
@@ -177,3 +177,113 @@ def test_it_offers_a_zoomed_chart_range_as_a_page_of_its_own(alice, asgi_server,
     href = page.get_attribute("[data-zoom-link]", "href")
     assert "range=custom" in href and "from=2026-12-01T09%3A10%3A00" in href
     assert "to=2026-12-01T09%3A20%3A30" in href
+
+
+def test_it_says_signed_out_and_stops_reconnecting(alice, asgi_server, browser_page):
+    page = browser_page
+    sockets = []
+    page.on("websocket", lambda socket: sockets.append(socket.url))
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.wait_for_selector("body[data-live-state='open']")
+    assert len(sockets) == 1
+
+    # The session goes away (signed out elsewhere, expired); the next connect is anonymous.
+    page.context.clear_cookies()
+    page.evaluate("window.portalLive.drop()")
+    wait_for(page, "document.body.dataset.liveState === 'signed-out'")
+    status = page.locator("#live-status")
+    assert status.text_content() == "Signed out — sign in again"
+    assert status.locator("a").get_attribute("href") == "/accounts/login/?next=%2F"
+    page.wait_for_timeout(3000)  # backoff would have tried again by now (0.5-1 s, then 1-2 s)
+    assert len(sockets) == 2
+    page.screenshot(path=str(ARTIFACTS / "signed-out.png"))
+
+
+def _output(node, booking, tail: str) -> None:
+    from agents.protocol import Event, EventsRequest
+    from portal.services.agents import agent_events_record
+
+    event = Event("output", timezone.now(), booking_id=booking.pk, log_tail=tail)
+    agent_events_record(node=node, request=EventsRequest([event]))
+
+
+def test_it_shows_a_batch_bookings_output_live(alice, asgi_server, browser_page, settings):
+    from portal.models import Gpu
+    from tests.factories import make_active_booking
+
+    settings.BOOKING_OUTPUT_MIN_INTERVAL_S = 0
+    page = browser_page
+    gpu = Gpu.objects.filter(node__hostname="node-a").order_by("index").first()
+    booking = make_active_booking(
+        [gpu], owner=alice, project=alice.projects.get(), command="python train.py --epochs 200"
+    )
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.goto(f"{asgi_server}/bookings/{booking.pk}/")
+    page.wait_for_selector("body[data-live-state='open']")
+    assert "No output yet" in page.text_content("#output-empty")
+    assert page.get_attribute("#booking-output", "aria-labelledby") == "output-h"
+
+    in_thread(_output, gpu.node, booking, "loading data\n")
+    wait_for(page, "document.getElementById('booking-output').textContent === 'loading data\\n'")
+    assert page.is_hidden("#output-empty")
+
+    lines = "".join(f"epoch {i}: loss {1 / i:.4f}\n" for i in range(1, 121))
+    in_thread(_output, gpu.node, booking, lines)
+    wait_for(page, "document.getElementById('booking-output').textContent.includes('epoch 120')")
+    # It follows the newest line: scrolled to the bottom of a box shorter than the output.
+    scroll = page.evaluate(
+        "(() => { const p = document.getElementById('booking-output');"
+        " return [p.scrollTop, p.scrollHeight - p.clientHeight]; })()"
+    )
+    assert scroll[0] > 0 and abs(scroll[0] - scroll[1]) < 2
+    page.screenshot(path=str(ARTIFACTS / "booking-output.png"), full_page=True)
+
+
+def _unbooked_process(node, uuid: str) -> None:
+    from agents.protocol import DeviceReading, ProcessReading, ReadingsRequest
+    from portal.services.telemetry import samples_ingest
+
+    reading = DeviceReading(
+        uuid, 3.0, 1.0, 900, 81920, 40.0, 90.0, [ProcessReading(666, "eve", 512, "miner")]
+    )
+    samples_ingest(
+        node=node,
+        request=ReadingsRequest(hostname=node.hostname, time=timezone.now(), readings=[reading]),
+    )
+
+
+def test_it_turns_a_free_device_to_in_use_unbooked_live(alice, asgi_server, browser_page):
+    from portal.models import Gpu
+
+    page = browser_page
+    gpu = Gpu.objects.filter(node__hostname="node-a").order_by("index").first()
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.wait_for_selector("body[data-live-state='open']")
+    badge = f"tr[data-uuid='{gpu.uuid}'] .badge"
+    assert page.text_content(badge).strip() == "free"
+    page.evaluate("window.__sameDocument = true")
+
+    in_thread(_unbooked_process, gpu.node, gpu.uuid)
+    wait_for(page, f"document.querySelector(\"{badge}\").textContent.trim() === 'in use, unbooked'")
+    assert "7" in page.text_content("[data-fragment='totals'] dd")  # 7 of 8 free now
+    assert page.evaluate("window.__sameDocument") is True
+
+
+def test_it_shows_the_year_of_an_estimate_only_when_it_is_not_this_year(
+    alice, asgi_server, browser_page
+):
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    year = timezone.now().year
+    answers = iter([f"{year + 1}-01-05T10:00:00Z", f"{year}-12-31T10:00:00Z"])
+
+    def estimate(route):
+        route.fulfill(json={"earliest_start": next(answers), "reason": "fits", "detail": ""})
+
+    page.route("**/estimate/", estimate)
+    page.goto(f"{asgi_server}/book/")
+    wait_for(page, 'document.getElementById("estimate").dataset.state === "ok"')
+    assert f"5 Jan {year + 1}" in page.inner_text("#estimate")
+    page.fill("#id_gpus", "2")
+    wait_for(page, 'document.getElementById("estimate").textContent.includes("31 Dec")')
+    assert str(year) not in page.inner_text("#estimate")

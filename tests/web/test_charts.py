@@ -120,7 +120,9 @@ def test_it_calls_a_device_in_use_only_when_work_runs_on_it():
     busy = {"utilization_gpu": 80.0, "processes": []}
     idle = {"utilization_gpu": 0.0, "processes": []}
     assert selectors.device_state(node_state="up", booking=None, reading=busy) == "free"
-    assert selectors.device_state(node_state="up", booking=booking, reading=busy) == "in_use"
+    assert selectors.device_state(node_state="up", booking=booking, reading=busy, busy=True) == (
+        "in_use"
+    )
     assert selectors.device_state(node_state="up", booking=booking, reading=idle) == "booked"
     assert selectors.device_state(node_state="down", booking=None, reading=None) == "down"
 

@@ -18,13 +18,18 @@ async def _connect(user):
 
 
 @pytest.mark.django_db
-def test_it_rejects_anonymous_sockets():
+def test_it_accepts_then_closes_anonymous_sockets_with_4401():
+    # Closed before accept, the browser would see a failed handshake (1006), not 4401, and
+    # keep reconnecting: the page must get the close code that tells it "signed out".
     async def run():
-        communicator, connected, code = await _connect(AnonymousUser())
+        communicator, connected, _ = await _connect(AnonymousUser())
+        closed = await communicator.receive_output(timeout=5)
         await communicator.disconnect()
-        return connected, code
+        return connected, closed
 
-    assert async_to_sync(run)() == (False, 4401)
+    connected, closed = async_to_sync(run)()
+    assert connected is True
+    assert closed == {"type": "websocket.close", "code": 4401}
 
 
 @pytest.mark.django_db

@@ -26,8 +26,13 @@ def web_workers() -> int:
 
 
 def serve(*, host: str, port: int, workers: int) -> None:
-    """Run uvicorn until SIGTERM/SIGINT. Several workers are its own supervised processes."""
+    """Run uvicorn until SIGTERM/SIGINT. Several workers are its own supervised processes.
+
+    Request lines (uvicorn's access log) are debug-level: only with LOG_LEVEL=DEBUG.
+    """
     import uvicorn
+
+    debug = settings.LOGGING["root"]["level"].upper() == "DEBUG"
 
     uvicorn.run(
         "portal.asgi:application",
@@ -38,8 +43,8 @@ def serve(*, host: str, port: int, workers: int) -> None:
         # read by the login throttle per TRUSTED_PROXY_COUNT and by Django's SECURE_PROXY_SSL_HEADER).
         lifespan="off",
         proxy_headers=False,
-        access_log=False,
-        log_level="warning",
+        access_log=debug,
+        log_level="debug" if debug else "warning",
         backlog=4096,
         # Live messages are small JSON sent to hundreds of sockets a second: compressing each one
         # for each socket is CPU spent per socket for a few hundred bytes saved.

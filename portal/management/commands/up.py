@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -34,8 +35,10 @@ class Command(BaseCommand):
     help = "Migrate, seed the demo, start simulated agents and the scheduler, and serve the portal."
 
     def add_arguments(self, parser):
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."
+        )
+        parser.add_argument("--port", type=int, default=8000, help="Port to listen on.")
         parser.add_argument(
             "--demo",
             action="store_true",
@@ -46,6 +49,7 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, demo, no_demo, **options):
         # A real database never gets the published demo password unless the operator asks.
         no_demo = no_demo or not (demo or settings.EMBEDDED)
+        _quiet_console()
         database_ensure()
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
@@ -54,12 +58,19 @@ class Command(BaseCommand):
         atexit.register(_stop, children)
         if not no_demo:
             call_command("seed_demo")
-            children += _start_agents(url)
         if settings.REDIS_URL:
             children += _start_celery()
         else:
             threading.Thread(target=_embedded_beat, name="embedded-beat", daemon=True).start()
-        self._banner(url, no_demo)
+
+        def listening() -> None:
+            # Agents started earlier would only log "connection refused" until the port opens,
+            # and the banner is the last thing on the console: what to open, and the logins.
+            if not no_demo:
+                children.extend(_start_agents(url))
+            self._banner(url, no_demo)
+
+        _when_listening(host, port, listening)
         serve(host=host, port=port, workers=web_workers())
         _exit_now(children)
 
@@ -75,6 +86,39 @@ class Command(BaseCommand):
             users = ", ".join(name for name, _, _ in DEMO_USERS)
             lines.append(f"  demo logins: {users}  password: {DEMO_PASSWORD}")
         self.stdout.write(self.style.SUCCESS("\n".join(lines)))
+
+
+def _quiet_console() -> None:
+    """Keep `up`'s console to warnings unless LOG_LEVEL asks for more.
+
+    Request logs (uvicorn's access log is off; Django's "Not Found" lines are request-level) and
+    the periodic jobs' "task succeeded" lines would bury the banner and any real warning.
+    """
+    if "LOG_LEVEL" not in os.environ:
+        logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger("django.request").setLevel(logging.ERROR)
+        # Celery sets its task-trace logger to INFO itself: one line per finished periodic job.
+        logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
+    if not settings.REDIS_URL:
+        # The embedded in-memory broker has no host name; kombu warns about that on every task.
+        logging.getLogger("kombu.connection").setLevel(logging.ERROR)
+
+
+def _when_listening(host: str, port: int, then) -> None:
+    """Call `then()` in a thread once something accepts connections on (host, port)."""
+    address = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    threading.Thread(target=_wait_then, args=(address, port, then), daemon=True).start()
+
+
+def _wait_then(address: str, port: int, then, poll_s: float = 0.1) -> None:
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+        except OSError:
+            time.sleep(poll_s)
+        else:
+            then()
+            return
 
 
 def database_ensure() -> None:
@@ -183,7 +227,8 @@ def _site_id() -> str:
 
 
 def _start_celery() -> list[subprocess.Popen]:
-    base = [sys.executable, "-m", "celery", "-A", "portal"]
+    # --quiet: no startup banners of their own after (or in the middle of) up's banner.
+    base = [sys.executable, "-m", "celery", "-A", "portal", "--quiet"]
     return [
         subprocess.Popen(
             base + ["worker", "--loglevel", "WARNING", "--concurrency", "2"], cwd=settings.BASE_DIR
