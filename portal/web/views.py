@@ -8,17 +8,21 @@ from datetime import datetime, time, timedelta
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q
-from django.http import Http404
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
+from django.templatetags.static import static
 from django.utils import timezone
 
 from portal.models import Allocation, Booking, Gpu, Project
 from portal.services import accounting as accounting_services
 from portal.services.quotas import quota_effective, quota_project, usage_current
-from portal.web import calendar, charts, history, selectors
+from portal.web import calendar, charts, history, panels, selectors
 
 FILTERS = ("model", "node", "state")
+# How far back the staff panel looks for alerts whose process still runs.
+STAFF_ALERTS_SINCE = timedelta(days=7)
 
 
 def render_page(request, template: str, context: dict, fragments: dict[str, str]):
@@ -29,6 +33,13 @@ def render_page(request, template: str, context: dict, fragments: dict[str, str]
             raise Http404("No such fragment.")
         return render(request, fragments[name], context)
     return render(request, template, context)
+
+
+def favicon(request):
+    """Browsers ask for /favicon.ico whatever the page links: send them to the portal's icon."""
+    response = HttpResponseRedirect(static("portal/icon.svg"))
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 @login_required
@@ -205,6 +216,28 @@ def calendar_week(request):
     return render_page(
         request, "portal/calendar.html", context, {"timeline": "portal/_timeline.html"}
     )
+
+
+@login_required
+def queue(request):
+    rows = panels.queue_rows(user=request.user)
+    context = {"rows": rows, "total": panels.queue_length(), "now": timezone.now()}
+    return render_page(request, "portal/queue.html", context, {"queue": "portal/_queue.html"})
+
+
+@login_required
+def staff_panel(request):
+    if not request.user.is_staff:
+        raise PermissionDenied("Staff only.")
+    now = timezone.now()
+    alerts = panels.open_alerts(since=now - STAFF_ALERTS_SINCE)
+    context = {
+        "nodes": panels.node_lines(alerts=alerts),
+        "alerts": alerts,
+        "alerts_since": now - STAFF_ALERTS_SINCE,
+        "now": now,
+    }
+    return render(request, "portal/staff.html", context)
 
 
 @login_required
