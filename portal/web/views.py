@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404, render
 from django.templatetags.static import static
 from django.utils import timezone
 
-from portal.models import Allocation, Booking, Gpu, Project
+from portal.models import Allocation, Booking, Gpu, Node, Project
 from portal.services import accounting as accounting_services
 from portal.services.quotas import quota_effective, quota_project, usage_current
 from portal.web import calendar, charts, history, panels, selectors
@@ -190,27 +190,37 @@ def gpu_detail(request, gpu_id: int):
 
 
 @login_required
-def calendar_week(request):
+def calendar_page(request):
     now = timezone.now()
-    monday = calendar.week_start(request.GET.get("week", ""), now.date())
-    since = datetime.combine(monday, time.min, tzinfo=now.tzinfo)
-    until = since + calendar.WEEK
+    view = request.GET.get("view", "week")
+    value = request.GET.get("day" if view == "day" else "week", "")
+    window = calendar.calendar_window(view=view, value=value, now=now)
+    since, until = window.since, window.until
     filters = {name: request.GET.get(name, "") for name in ("model", "node")}
     rows = selectors.filter_rows(selectors.device_rows(now=now), **filters)
     devices = [d for r in rows for d in (r.children or [r])]
     bars = calendar.week_bars(user=request.user, since=since, until=until)
+    held = calendar.held_spans(since=since, until=until)
     for device in devices:
         device.bars = bars.get(device.uuid, [])
+        device.slots = calendar.free_slots(
+            window=window,
+            now=now,
+            held=held.get(device.uuid, []),
+            bookable=device.node_state == Node.State.UP,
+        )
     now_place = calendar.geometry(now, now + timedelta(seconds=1), since, until)
     context = {
+        "window": window,
         "devices": devices,
-        "days": calendar.day_slots(since, now),
+        "ticks": calendar.ticks(window),
+        "days": [since + timedelta(days=i) for i in range(7)],
         "planned": calendar.planned_starts(user=request.user, since=since, until=until),
         "since": since,
-        "prev_week": (monday - timedelta(days=7)).isoformat(),
-        "next_week": (monday + timedelta(days=7)).isoformat(),
+        "today": now.date(),
         "now_left": now_place[0] if now_place else None,
         "filters": filters,
+        "filter_query": urlencode({k: v for k, v in filters.items() if v}),
         "choices": selectors.filter_choices(),
     }
     return render_page(
