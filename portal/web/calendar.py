@@ -197,8 +197,10 @@ def free_slots(
 def held_spans(*, since: datetime, until: datetime) -> dict[str, list[tuple[datetime, datetime]]]:
     """Live allocations overlapping [since, until) per device UUID. A whole GPU's allocation also
     holds every MIG slice of it, under each slice's UUID."""
-    rows = Allocation.objects.filter(live=True, start__lt=until, end__gt=since).values_list(
-        "gpu__uuid", "mig_instance__uuid", "start", "end"
+    rows = list(
+        Allocation.objects.filter(live=True, start__lt=until, end__gt=since).values_list(
+            "gpu__uuid", "mig_instance__uuid", "start", "end"
+        )
     )
     slices: dict[str, list[str]] = {}
     for gpu_uuid, mig_uuid in Gpu.objects.filter(

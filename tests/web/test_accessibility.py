@@ -21,7 +21,7 @@ USER_PAGES = [
     ("overview", "/"),
     ("overview-filtered", "/?state=free"),
     ("book", "/book/"),
-    ("book-errors", "/book/?gpus=0"),
+    ("book-errors", "/book/?gpus=0"),  # submitted: the form with its field errors
     ("bookings", "/bookings/"),
     ("booking", "/bookings/{booking}/"),
     ("calendar-week", "/calendar/"),
@@ -55,20 +55,24 @@ def staffed_site(site):  # noqa: F811
 
 
 def _check(chromium, base_url: str, path: str, name: str, username: str | None) -> None:
-    for scheme in ("light", "dark"):
-        context = chromium.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
-        page = context.new_page()
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
         if username:
             sign_in(page, base_url, username, "pw-secret-123")
         response = page.goto(base_url + path)
         assert response.status == 200, path
+        if name == "book-errors":
+            page.click("button:has-text('Submit booking')")
+            page.wait_for_selector("#id_gpus_error")
         page.wait_for_load_state("networkidle")
-        try:
-            assert_accessible(page, label=f"{path} ({scheme})")
-        finally:
+        for scheme in ("light", "dark"):
+            page.emulate_media(color_scheme=scheme)
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / f"a11y-{name}-{scheme}.png"), full_page=True)
-            context.close()
+            assert_accessible(page, label=f"{path} ({scheme})")
+    finally:
+        context.close()
 
 
 @pytest.mark.parametrize(("name", "path"), USER_PAGES, ids=[n for n, _ in USER_PAGES])
@@ -89,3 +93,15 @@ def test_it_has_no_serious_accessibility_violation_on_the_sign_in_page(
     transactional_db, asgi_server, chromium
 ):
     _check(chromium, asgi_server, "/accounts/login/", "login", None)
+
+
+def test_it_fails_a_page_with_a_serious_violation(transactional_db, asgi_server, chromium):
+    context = chromium.new_context()
+    page = context.new_page()
+    page.goto(f"{asgi_server}/accounts/login/")
+    page.evaluate("document.querySelector('main').append(document.createElement('button'))")
+    try:
+        with pytest.raises(AssertionError, match=r"button-name \(critical\)"):
+            assert_accessible(page)
+    finally:
+        context.close()
