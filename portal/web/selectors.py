@@ -379,7 +379,7 @@ def processes_seen(
     if since is not None:
         rows = rows.filter(last_seen__gte=since)
     rows = list(rows[:limit])
-    labels = devices or _labels({r.device_uuid for r in rows})
+    labels = devices or device_labels({r.device_uuid for r in rows})
     objected = _objected(list({r.device_uuid for r in rows}))
     return [
         ProcessLine(
@@ -409,7 +409,7 @@ def _mark(uuid: str, pid: int | None, objected: set[tuple[str, int]]) -> str:
     return "foreign" if (uuid, pid) in objected else ""
 
 
-def _labels(uuids: set[str]) -> dict[str, str]:
+def device_labels(uuids: set[str]) -> dict[str, str]:
     labels = {
         g.uuid: f"{g.node.hostname}/gpu{g.index}"
         for g in Gpu.objects.filter(uuid__in=uuids).select_related("node")

@@ -8,19 +8,23 @@ from datetime import datetime, time, timedelta
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q
-from django.http import Http404
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
+from django.templatetags.static import static
 from django.utils import timezone
 
 from agents.protocol import LOG_TAIL_BYTES
-from portal.models import Allocation, Booking, Gpu, Project
+from portal.models import Allocation, Booking, Gpu, Node, Project
 from portal.services import accounting as accounting_services
 from portal.services import permissions
 from portal.services.quotas import quota_effective, quota_project, usage_current
-from portal.web import calendar, charts, history, selectors
+from portal.web import calendar, charts, history, panels, selectors
 
 FILTERS = ("model", "node", "state")
+# How far back the staff panel looks for alerts whose process still runs.
+STAFF_ALERTS_SINCE = timedelta(days=7)
 
 
 def render_page(request, template: str, context: dict, fragments: dict[str, str]):
@@ -31,6 +35,13 @@ def render_page(request, template: str, context: dict, fragments: dict[str, str]
             raise Http404("No such fragment.")
         return render(request, fragments[name], context)
     return render(request, template, context)
+
+
+def favicon(request):
+    """Browsers ask for /favicon.ico whatever the page links: send them to the portal's icon."""
+    response = HttpResponseRedirect(static("portal/icon.svg"))
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
 
 
 @login_required
@@ -185,32 +196,64 @@ def gpu_detail(request, gpu_id: int):
 
 
 @login_required
-def calendar_week(request):
+def calendar_page(request):
     now = timezone.now()
-    monday = calendar.week_start(request.GET.get("week", ""), now.date())
-    since = datetime.combine(monday, time.min, tzinfo=now.tzinfo)
-    until = since + calendar.WEEK
+    view = request.GET.get("view", "week")
+    value = request.GET.get("day" if view == "day" else "week", "")
+    window = calendar.calendar_window(view=view, value=value, now=now)
+    since, until = window.since, window.until
     filters = {name: request.GET.get(name, "") for name in ("model", "node")}
     rows = selectors.filter_rows(selectors.device_rows(now=now), **filters)
     devices = [d for r in rows for d in (r.children or [r])]
     bars = calendar.week_bars(user=request.user, since=since, until=until)
+    held = calendar.held_spans(since=since, until=until)
     for device in devices:
         device.bars = bars.get(device.uuid, [])
+        device.slots = calendar.free_slots(
+            window=window,
+            now=now,
+            held=held.get(device.uuid, []),
+            bookable=device.node_state == Node.State.UP,
+        )
     now_place = calendar.geometry(now, now + timedelta(seconds=1), since, until)
     context = {
+        "window": window,
         "devices": devices,
-        "days": calendar.day_slots(since, now),
+        "ticks": calendar.ticks(window),
+        "days": [since + timedelta(days=i) for i in range(7)],
         "planned": calendar.planned_starts(user=request.user, since=since, until=until),
         "since": since,
-        "prev_week": (monday - timedelta(days=7)).isoformat(),
-        "next_week": (monday + timedelta(days=7)).isoformat(),
+        "today": now.date(),
         "now_left": now_place[0] if now_place else None,
         "filters": filters,
+        "filter_query": urlencode({k: v for k, v in filters.items() if v}),
         "choices": selectors.filter_choices(),
     }
     return render_page(
         request, "portal/calendar.html", context, {"timeline": "portal/_timeline.html"}
     )
+
+
+@login_required
+def queue(request):
+    rows = panels.queue_rows(user=request.user)
+    context = {"rows": rows, "total": panels.queue_length(), "now": timezone.now()}
+    return render_page(request, "portal/queue.html", context, {"queue": "portal/_queue.html"})
+
+
+@login_required
+def staff_panel(request):
+    if not request.user.is_staff:
+        raise PermissionDenied("Staff only.")
+    now = timezone.now()
+    alerts = panels.open_alerts(since=now - STAFF_ALERTS_SINCE)
+    context = {
+        "nodes": panels.node_lines(alerts=alerts),
+        "alerts": alerts,
+        "alerts_since": now - STAFF_ALERTS_SINCE,
+        "now": now,
+    }
+    return render(request, "portal/staff.html", context)
 
 
 @login_required

@@ -135,3 +135,23 @@ def sign_in(page, base_url: str, username: str, password: str) -> None:
     page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_url(f"{base_url}/")
+
+
+# axe-core impacts that fail a page; "moderate" and "minor" are reported by axe but let through.
+AXE_FAILING = ("serious", "critical")
+
+
+def assert_accessible(page, *, label: str = "") -> None:
+    """Run axe-core (bundled by axe-playwright-python, injected through the debugger, so the
+    page's Content-Security-Policy does not stand in the way) on the page as it stands now;
+    fail on any serious or critical violation, naming the rule and the elements."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    violations = Axe().run(page).response["violations"]
+    failing = [v for v in violations if v["impact"] in AXE_FAILING]
+    lines = [
+        f"{label or page.url}: {v['id']} ({v['impact']}) {v['help']}: "
+        + "; ".join(" ".join(node["target"]) + " " + node["html"][:160] for node in v["nodes"][:5])
+        for v in failing
+    ]
+    assert not failing, "\n".join(lines)

@@ -64,7 +64,7 @@ def test_it_serves_plotlys_own_style_rules_as_the_bundle_holds_them():
     assert ".js-plotly-plot .plotly .modebar{" in served
 
 
-def test_it_keeps_the_admin_within_the_policy(site, asgi_server, chromium):  # noqa: F811
+def test_it_keeps_the_admin_and_the_staff_panel_within_the_policy(site, asgi_server, chromium):  # noqa: F811
     from tests.factories import UserFactory
 
     UserFactory(username="root", is_staff=True, is_superuser=True)
@@ -81,6 +81,7 @@ def test_it_keeps_the_admin_within_the_policy(site, asgi_server, chromium):  # n
         "/admin/",
         "/admin/portal/booking/",
         f"/admin/portal/booking/{site['booking']}/change/",
+        "/staff/",
     ):
         assert page.goto(asgi_server + path).status == 200, path
         page.wait_for_load_state("networkidle")

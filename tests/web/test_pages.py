@@ -327,7 +327,7 @@ def test_it_keeps_calendar_filters_with_odd_characters_in_the_week_links(client_
 
     make_node("lab&co", gpus=1, model="A100+NVL")
     body = client_in.get("/calendar/", {"model": "A100+NVL", "node": "lab&co"}).content.decode()
-    assert "?week=" in body and "&model=A100%2BNVL&node=lab%26co" in body
+    assert "?week=" in body and "&amp;model=A100%2BNVL&amp;node=lab%26co" in body
 
 
 def test_it_charts_a_custom_range_with_the_bookings_on_the_gpu_shaded(

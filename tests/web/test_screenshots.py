@@ -30,6 +30,8 @@ PAGES = [
     ("bookings", "/bookings/"),
     ("book", "/book/"),
     ("calendar", "/calendar/"),
+    ("calendar-day", "/calendar/?view=day"),
+    ("queue", "/queue/"),
     ("gpu", "/gpus/{gpu}/"),
     ("booking", "/bookings/{booking}/"),
     ("project", "/projects/vision/"),
@@ -71,6 +73,7 @@ def site(transactional_db):
         queue_position=1,
         pending_reason="resources",
         state_detail="Waiting for 4 free H100-80GB GPUs; two free at the planned start.",
+        priority={"age": 12, "qos": 100, "size": 4, "total": 1316, "fairshare": 1200},
     )
     readings = {}
     for index, gpu in enumerate(Gpu.objects.all()):
