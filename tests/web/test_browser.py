@@ -278,7 +278,9 @@ def test_it_shows_the_year_of_an_estimate_only_when_it_is_not_this_year(
     answers = iter([f"{year + 1}-01-05T10:00:00Z", f"{year}-12-31T10:00:00Z"])
 
     def estimate(route):
-        route.fulfill(json={"earliest_start": next(answers), "reason": "fits", "detail": ""})
+        route.fulfill(
+            json={"planned_start": next(answers), "pending_reason": "fits", "state_detail": ""}
+        )
 
     page.route("**/estimate/", estimate)
     page.goto(f"{asgi_server}/book/")
