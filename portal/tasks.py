@@ -3,7 +3,7 @@
 from celery import shared_task
 from django.utils import timezone
 
-from portal.models import Allocation, Booking
+from portal.models import Allocation, Booking, Delivery
 from portal.services import live, notifications
 
 # Idempotent jobs are acknowledged only when done, and put back if the process running them dies
@@ -32,7 +32,6 @@ def booking_event(booking_id: int, event: str) -> None:
     live.agents_push(
         Allocation.objects.filter(booking=booking).values_list("gpu__node_id", flat=True)
     )
-    notifications.booking_notify(booking=booking, event=event)
 
 
 @shared_task(**IDEMPOTENT)
@@ -53,5 +52,42 @@ def node_heartbeat_check() -> None:
 
 @shared_task(ignore_result=True)
 def node_alert_notify(alert_id: int) -> None:
-    """Email and Slack about a process an agent objected to."""
+    """Record the messages about a process an agent objected to (they are sent as deliveries)."""
     notifications.alert_notify(alert_id=alert_id)
+
+
+# A delivery claims its row before sending (portal.services.delivery), so running the task again
+# after a worker died is safe: it sends only a delivery nobody has claimed.
+@shared_task(bind=True, max_retries=None, **IDEMPOTENT)
+def delivery_send(self, delivery_id: int) -> None:
+    """Send one recorded notification delivery; retried with backoff while it fails."""
+    from portal.services.delivery import SendFailed, retry_backoff
+    from portal.services.delivery import delivery_send as send
+
+    while True:
+        try:
+            send(delivery_id=delivery_id, now=timezone.now())
+            return
+        except SendFailed as exc:
+            if not self.request.is_eager:
+                attempts = Delivery.objects.filter(pk=delivery_id).values_list(
+                    "attempts", flat=True
+                )
+                raise self.retry(countdown=retry_backoff(attempts.first() or 1), exc=exc) from exc
+            # Run in-process (embedded mode, tests): try again at once, up to the attempt limit.
+
+
+@shared_task(**IDEMPOTENT)
+def notifications_scan() -> None:
+    """Starting soon, ending soon, planned start moved, budget; resend stuck deliveries."""
+    from portal.services.notify_scan import notifications_scan as scan
+
+    scan(now=timezone.now())
+
+
+@shared_task(**IDEMPOTENT)
+def idle_reclaim() -> None:
+    """Warn idle bookings, release the ones nobody kept (when the site turned it on)."""
+    from portal.services.reclaim import idle_reclaim_scan
+
+    idle_reclaim_scan(now=timezone.now())

@@ -2,11 +2,31 @@
 
 from portal.models.bookings import Allocation, Booking, Qos
 from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
+from portal.models.notifications import (
+    ActionUse,
+    Channel,
+    Delivery,
+    Event,
+    IdleReclaim,
+    Notification,
+    NotificationContact,
+    NotificationPreference,
+    ProjectNotificationSettings,
+)
 from portal.models.projects import Membership, Project, Quota
 from portal.models.telemetry import NodeAlert, ProcessUsage, Sample, SampleMinute
 from portal.models.tokens import ApiToken
 
 __all__ = [
+    "ActionUse",
+    "Channel",
+    "Delivery",
+    "Event",
+    "IdleReclaim",
+    "Notification",
+    "NotificationContact",
+    "NotificationPreference",
+    "ProjectNotificationSettings",
     "Allocation",
     "ApiToken",
     "Booking",

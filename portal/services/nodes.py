@@ -12,6 +12,7 @@ from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.models.tokens import hash_token, new_token
 from portal.services import events
 from portal.services.bookings import booking_stop
+from portal.services.notifications import node_down_record
 
 
 def node_token_issue(*, hostname: str) -> str:
@@ -174,6 +175,7 @@ def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> 
         ).distinct()
         for booking in held:
             _fail_booking(booking, reason, now)
+        node_down_record(node_id=node_id, hostname=hostname, reason=reason, now=now)
         events.request_allocation_pass()
     return True
 

@@ -1,0 +1,167 @@
+"""Booking events reach their owner by mail (plain text and HTML), Slack and a signed webhook,
+through real servers on loopback; each delivery is sent once and recorded."""
+
+import hashlib
+import hmac
+import json
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from portal.models import (
+    Delivery,
+    NotificationContact,
+    NotificationPreference,
+    ProjectNotificationSettings,
+)
+from portal.services.delivery import delivery_send
+from portal.services.notifications import booking_event_record
+from tests.factories import make_active_booking, make_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def started(owner, project):
+    gpus = list(make_node("gpu-a", gpus=2).gpus.order_by("index"))
+    return make_active_booking(gpus, owner=owner, project=project, gpus=2)
+
+
+def _record(booking, event, capture):
+    with capture(execute=True), transaction.atomic():
+        return booking_event_record(booking_id=booking.pk, event=event)
+
+
+def test_it_mails_plain_text_and_html_with_action_links_at_the_sites_address(
+    smtp, started, settings, django_capture_on_commit_callbacks
+):
+    settings.SITE_URL = "http://portal.example.org:8123"
+    _record(started, "started", django_capture_on_commit_callbacks)
+    (mail,) = smtp
+    assert mail["To"] == "alice@example.org"
+    assert mail["Subject"] == f"Booking {started.pk} is active: 2 GPUs on gpu-a"
+    text = mail.get_body(("plain",)).get_content()
+    html = mail.get_body(("html",)).get_content()
+    assert "export CUDA_VISIBLE_DEVICES=GPU-" in text
+    assert "Extend by an hour: http://portal.example.org:8123/actions/" in text
+    assert 'href="http://portal.example.org:8123/actions/' in html
+    assert f"http://portal.example.org:8123/bookings/{started.pk}/" in html
+    delivery = Delivery.objects.get(channel="email")
+    assert (delivery.status, delivery.attempts) == ("sent", 1)
+    assert mail["Message-ID"].startswith(f"<{delivery.idempotency_key}@")
+
+
+def test_it_posts_a_signed_webhook(receiver, started, owner, django_capture_on_commit_callbacks):
+    NotificationContact.objects.create(
+        user=owner, webhook_url=f"{receiver.url}/hook", webhook_secret="s3cret"
+    )
+    _record(started, "started", django_capture_on_commit_callbacks)
+    (post,) = receiver.posts
+    expected = "sha256=" + hmac.new(b"s3cret", post["body"], hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(post["headers"]["X-GPU-Portal-Signature-256"], expected)
+    body = receiver.json()
+    assert body["event"] == "started"
+    assert body["booking"] == {"id": started.pk, "state": "active", "owner": "alice"}
+    assert set(body["actions"]) == {"extend", "release"}
+    assert post["headers"]["X-GPU-Portal-Delivery"] == body["delivery"]
+
+
+def test_it_messages_the_owner_on_slack_with_block_kit_buttons(
+    receiver, started, owner, settings, django_capture_on_commit_callbacks
+):
+    settings.SLACK_BOT_TOKEN = "xoxb-test"
+    settings.SLACK_API_URL = receiver.url
+    receiver.answer = b'{"ok": true}'
+    NotificationContact.objects.create(user=owner, slack_user_id="U024BE7LH")
+    _record(started, "started", django_capture_on_commit_callbacks)
+    (post,) = receiver.posts
+    assert post["path"] == "/chat.postMessage"
+    assert post["headers"]["Authorization"] == "Bearer xoxb-test"
+    body = receiver.json()
+    assert body["channel"] == "U024BE7LH"
+    (actions,) = [b for b in body["blocks"] if b["type"] == "actions"]
+    assert [e["action_id"] for e in actions["elements"]] == ["extend", "release", "open"]
+    assert body["blocks"][0] == {
+        "type": "header",
+        "text": {"type": "plain_text", "text": f"Booking {started.pk} is active: 2 GPUs on gpu-a"},
+    }
+
+
+def test_it_posts_to_the_projects_channel_for_the_events_it_takes(
+    receiver, started, project, django_capture_on_commit_callbacks
+):
+    ProjectNotificationSettings.objects.create(
+        project=project, slack_webhook_url=f"{receiver.url}/channel", channel_events=["failed"]
+    )
+    _record(started, "started", django_capture_on_commit_callbacks)
+    assert receiver.posts == []
+    _record(started, "failed", django_capture_on_commit_callbacks)
+    assert [p["path"] for p in receiver.posts] == ["/channel"]
+    assert receiver.json()["text"].startswith(f"Booking {started.pk} failed")
+
+
+def test_it_keeps_mailing_when_slack_is_down(
+    smtp, started, owner, settings, django_capture_on_commit_callbacks
+):
+    NotificationContact.objects.create(user=owner, slack_webhook_url="http://127.0.0.1:9/refused")
+    settings.NOTIFY_MAX_ATTEMPTS = 2
+    _record(started, "failed", django_capture_on_commit_callbacks)
+    assert len(smtp) == 1
+    slack = Delivery.objects.get(channel="slack")
+    assert (slack.status, slack.attempts) == ("failed", 2)
+    assert "127.0.0.1:9" in slack.last_error
+
+
+def test_it_delivers_once_after_a_server_error(
+    receiver, started, owner, django_capture_on_commit_callbacks
+):
+    NotificationContact.objects.create(user=owner, webhook_url=f"{receiver.url}/hook")
+    receiver.fail_first = 1
+    _record(started, "started", django_capture_on_commit_callbacks)
+    assert len(receiver.posts) == 1
+    delivery = Delivery.objects.get(channel="webhook")
+    assert (delivery.status, delivery.attempts) == ("sent", 2)
+
+
+def test_it_sends_a_delivery_once_however_often_its_task_runs(smtp, started):
+    with transaction.atomic():
+        booking_event_record(booking_id=started.pk, event="started")
+    delivery = Delivery.objects.get(channel="email")
+    for _ in range(3):
+        delivery_send(delivery_id=delivery.pk, now=timezone.now())
+    assert len(smtp) == 1
+
+
+def test_it_follows_the_users_choice_over_the_projects_and_the_sites(smtp, started, owner, project):
+    ProjectNotificationSettings.objects.create(
+        project=project, default_channels={"started": [], "extended": ["email"]}
+    )
+    with transaction.atomic():
+        booking_event_record(booking_id=started.pk, event="started")
+        booking_event_record(booking_id=started.pk, event="extended")
+        booking_event_record(booking_id=started.pk, event="failed")  # the site's default
+    assert sorted(Delivery.objects.values_list("event", flat=True)) == ["extended", "failed"]
+    NotificationPreference.objects.create(
+        user=owner, event="started", channel="email", enabled=True
+    )
+    with transaction.atomic():
+        booking_event_record(booking_id=started.pk, event="started")
+    assert Delivery.objects.filter(event="started").count() == 1
+
+
+def test_it_words_an_ended_booking_with_its_usage(smtp, started, settings):
+    from portal.models import Notification
+    from portal.services.messages import message_build
+    from tests.factories import SampleFactory
+
+    for a in started.allocations.all():
+        SampleFactory(
+            node=a.gpu.node, uuid=a.gpu.uuid, time=a.start, utilization_gpu=40, power_w=300
+        )
+    with transaction.atomic():
+        booking_event_record(booking_id=started.pk, event="released")
+    message = message_build(Notification.objects.get(event="ended"))
+    facts = dict(message.facts)
+    assert facts["Mean utilization"] == "40 %"
+    assert json.dumps(facts)  # plain strings throughout
