@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal.web import actions, views
+from portal.web import actions, notify, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -16,4 +16,7 @@ urlpatterns = [
     path("gpus/<int:gpu_id>/", views.gpu_detail, name="gpu-detail"),
     path("projects/<slug:slug>/", views.project_detail, name="project"),
     path("accounting/", views.accounting, name="accounting"),
+    path("actions/<str:token>/", notify.booking_action, name="booking-action"),
+    path("slack/interactivity/", notify.slack_interactivity, name="slack-interactivity"),
+    path("settings/notifications/", notify.notification_settings, name="notification-settings"),
 ]
