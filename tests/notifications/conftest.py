@@ -43,6 +43,7 @@ class Receiver:
 
     def __init__(self):
         self.posts: list[dict] = []
+        self.arrivals = 0  # requests received, counted before any delay
         self.fail_first = 0
         self.delay_s = 0.0
         self.answer = b"ok"
@@ -51,6 +52,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.arrivals += 1
                 if receiver.fail_first > 0:
                     receiver.fail_first -= 1
                     self.send_response(500)

@@ -1,0 +1,82 @@
+"""A worker killed in the middle of a send: the task comes back (acks_late) and finds the
+delivery claimed, so the receiver never gets a second copy."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from portal.models import Delivery, NotificationContact
+from portal.services.notifications import booking_event_record
+from tests.factories import make_active_booking, make_node
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def worker(settings):
+    """A prefork Celery worker with one child process, on this checkout's test queue."""
+    from portal.celery import app
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{connection.settings_dict['NAME']}",
+        "CELERY_WORKER_EAGER": "0",
+    }
+    argv = ["-m", "celery", "-A", "portal", "worker", "--pool", "prefork", "--concurrency", "1"]
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    process = subprocess.Popen(
+        [sys.executable, *argv, "--loglevel", "WARNING", "--queues", queue],
+        cwd=settings.BASE_DIR,
+        env=env,
+    )
+    app.conf.task_always_eager = False
+    try:
+        yield process
+    finally:
+        app.conf.task_always_eager = True
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_it_sends_no_second_copy_after_a_worker_dies_mid_send(worker, receiver, owner, project):
+    receiver.delay_s = 3  # a slow receiver: the send is in flight when the worker dies
+    NotificationContact.objects.create(user=owner, webhook_url=f"{receiver.url}/hook")
+    booking = make_active_booking(list(make_node("kill-a", gpus=1).gpus.all()), owner=owner,
+                                  project=project)  # fmt: skip
+    with transaction.atomic():
+        booking_event_record(booking_id=booking.pk, event="started", now=timezone.now())
+    _wait(lambda: receiver.arrivals, 60, "the worker to start sending")
+    (child,) = subprocess.run(
+        ["pgrep", "-P", str(worker.pid)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    os.kill(int(child), signal.SIGKILL)
+    # The worker forks a new child and the task comes back to it (reject_on_worker_lost).
+    _wait(
+        lambda: (
+            subprocess.run(["pgrep", "-P", str(worker.pid)], capture_output=True).stdout
+            not in (b"", child.encode() + b"\n")
+        ),
+        60,
+        "a new worker child",
+    )
+    time.sleep(5)
+    assert receiver.arrivals == 1
+    delivery = Delivery.objects.get(channel="webhook")
+    assert delivery.status == "sending" and delivery.attempts == 1
