@@ -1,8 +1,9 @@
 """Idle reclaim: warn a booking whose devices sit idle, release it if nobody keeps it.
 
 Site policy (IDLE_RECLAIM_ENABLED, off by default), thresholds per site and per project. A
-booking is idle when, over the last IDLE_MINUTES, every device it holds stayed under
-IDLE_UTIL_THRESHOLD % utilization and no process of its owner held GPU memory. MIG slices,
+booking is idle when, over the last IDLE_MINUTES, every device it holds averaged under
+IDLE_UTIL_THRESHOLD % utilization (a mean, so one noisy reading does not keep a forgotten
+booking alive) and no process of its owner held GPU memory. MIG slices,
 for which NVML reports no utilization, count as idle when their memory stayed under
 IDLE_MEMORY_MIB. A warning carries a 'keep it' link; after IDLE_GRACE_MINUTES with no keep and
 no activity the booking is released (the next bookings move up) and its owner told. Every
@@ -14,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Max, Min
+from django.db.models import Avg, Count, Max, Min
 
 from portal.errors import InvalidState
 from portal.models import (
@@ -105,7 +106,7 @@ def booking_idle(*, booking_id: int, since: datetime, threshold: float) -> bool:
         .annotate(
             n=Count("id"),
             first=Min("time"),
-            util=Max("utilization_gpu"),
+            util=Avg("utilization_gpu"),
             memory=Max("memory_used_mib"),
         )
     )
