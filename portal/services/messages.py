@@ -177,8 +177,13 @@ def _ended(b: Booking, ctx: dict) -> Message:
 
 def _preempted(b: Booking, ctx: dict) -> Message:
     again = ctx.get("what") == "requeued"
+    subject = (
+        f"Booking {b.pk} is back in the queue: {ctx.get('detail') or 'requeued'}"
+        if again
+        else f"Booking {b.pk} was preempted"
+    )
     return Message(
-        f"Booking {b.pk} {'is back in the queue' if again else 'was preempted'}",
+        subject,
         f"Your booking was stopped: {ctx.get('detail') or 'see the portal'}."
         + (" It waits in the queue again, keeping its place by age." if again else ""),
         actions=["cancel"] if again else [],
