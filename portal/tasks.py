@@ -7,8 +7,8 @@ from portal.models import Allocation, Booking, Delivery
 from portal.services import live, notifications
 
 # Idempotent jobs are acknowledged only when done, and put back if the process running them dies
-# (SIGKILL, OOM): another worker runs them again. Booking and alert notifications are not, so a
-# lost one is lost rather than sent twice.
+# (SIGKILL, OOM): another worker runs them again. A notification delivery is one of them: its
+# sender claims the row before sending, so a second run never sends a second copy.
 IDEMPOTENT = {"ignore_result": True, "acks_late": True, "reject_on_worker_lost": True}
 
 
@@ -22,7 +22,8 @@ def allocation_pass() -> None:
 
 @shared_task(ignore_result=True)
 def booking_event(booking_id: int, event: str) -> None:
-    """After-commit effects of a booking change: live views, agent push, notifications."""
+    """After-commit effects of a booking change: live views and agent push (its notifications
+    were recorded with the change and are sent as deliveries)."""
     booking = Booking.objects.select_related("owner", "project").filter(pk=booking_id).first()
     if booking is None:
         return

@@ -10,8 +10,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from aiosmtpd.controller import Controller
 
-from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
-
 
 class _Inbox:
     def __init__(self):
@@ -87,13 +85,6 @@ def receiver():
 
 
 @pytest.fixture
-def owner(db):
-    return UserFactory(username="alice", email="alice@example.org")
-
-
-@pytest.fixture
-def project(db, owner):
-    project = ProjectFactory(slug="vision")
-    member(owner, project)
-    QuotaFactory(project=project, max_gpus=16)
-    return project
+def owner(user):
+    """The booking owner the messages go to: alice, alice@example.org (tests/conftest.py)."""
+    return user

@@ -4,16 +4,16 @@ delivery claimed, so the receiver never gets a second copy."""
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from portal.models import Delivery, NotificationContact
 from portal.services.notifications import booking_event_record
 from tests.factories import make_active_booking, make_node
+from tests.workers import celery_worker
 
 
 def _wait(predicate, timeout_s: float, what: str):
@@ -28,29 +28,8 @@ def _wait(predicate, timeout_s: float, what: str):
 
 @pytest.fixture
 def worker(settings):
-    """A prefork Celery worker with one child process, on this checkout's test queue."""
-    from portal.celery import app
-
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{connection.settings_dict['NAME']}",
-        "CELERY_WORKER_EAGER": "0",
-    }
-    argv = ["-m", "celery", "-A", "portal", "worker", "--pool", "prefork", "--concurrency", "1"]
-    queue = settings.CELERY_TASK_DEFAULT_QUEUE
-    process = subprocess.Popen(
-        [sys.executable, *argv, "--loglevel", "WARNING", "--queues", queue],
-        cwd=settings.BASE_DIR,
-        env=env,
-    )
-    app.conf.task_always_eager = False
-    try:
+    with celery_worker(settings) as process:
         yield process
-    finally:
-        app.conf.task_always_eager = True
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.mark.django_db(transaction=True)
