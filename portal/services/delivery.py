@@ -77,14 +77,26 @@ def retry_backoff(attempts: int) -> float:
     return min(settings.NOTIFY_RETRY_BACKOFF_S * 2 ** max(attempts - 1, 0), 3600.0)
 
 
-def deliveries_stuck(*, now: datetime) -> list[int]:
-    """Mark deliveries whose sender died mid-send 'uncertain'; return pending ones to resend."""
+def deliveries_due(*, now: datetime) -> list[int]:
+    """Deliveries to send again now: pending ones never picked up (the broker was down at
+    commit) and retrying ones whose backoff has passed (in-process mode retries only so; with a
+    worker this backs up Celery's own retry, and the claim keeps it to one send). Marks those
+    whose sender died mid-send 'uncertain', never to be sent again."""
     timeout = timedelta(seconds=4 * settings.NOTIFY_SEND_TIMEOUT_S + 60)
     Delivery.objects.filter(status=Status.SENDING, claimed_at__lt=now - timeout).update(
         status=Status.UNCERTAIN, last_error="the sender stopped in the middle of sending"
     )
     waiting = Delivery.objects.filter(status=Status.PENDING, created__lt=now - timeout)
-    return list(waiting.values_list("pk", flat=True)[:500])
+    due = list(waiting.values_list("pk", flat=True)[:500])
+    retrying = Delivery.objects.filter(status=Status.RETRYING).values_list(
+        "pk", "attempts", "claimed_at"
+    )
+    due += [
+        pk
+        for pk, attempts, claimed_at in retrying[:500]
+        if claimed_at + timedelta(seconds=retry_backoff(attempts)) <= now
+    ]
+    return due
 
 
 def _send(delivery: Delivery) -> None:

@@ -13,7 +13,7 @@ from django.db.models import Max
 from django.utils.dateparse import parse_datetime
 
 from portal.models import Booking, Event, Notification
-from portal.services.delivery import deliveries_stuck
+from portal.services.delivery import deliveries_due
 from portal.services.notifications import deliveries_enqueue, notification_record
 from portal.services.quotas import quota_effective, usage_current
 
@@ -21,14 +21,14 @@ State = Booking.State
 
 
 def notifications_scan(*, now: datetime) -> dict:
-    """One look: record what is due and resend deliveries left pending. Counts per kind."""
+    """One look: record what is due and send deliveries left pending or due a retry. Counts."""
     counts = {
         "starting_soon": _starting_soon(now),
         "ending_soon": _ending_soon(now),
         "queued": _queue_changes(now),
         "budget": _budget(now),
     }
-    waiting = deliveries_stuck(now=now)
+    waiting = deliveries_due(now=now)
     deliveries_enqueue(waiting)
     counts["resent"] = len(waiting)
     return counts

@@ -4,6 +4,7 @@ through real servers on loopback; each delivery is sent once and recorded."""
 import hashlib
 import hmac
 import json
+from datetime import timedelta
 
 import pytest
 from django.db import transaction
@@ -109,16 +110,33 @@ def test_it_keeps_mailing_when_slack_is_down(
     _record(started, "failed", django_capture_on_commit_callbacks)
     assert len(smtp) == 1
     slack = Delivery.objects.get(channel="slack")
-    assert (slack.status, slack.attempts) == ("failed", 2)
+    assert (slack.status, slack.attempts) == ("retrying", 1)
     assert "127.0.0.1:9" in slack.last_error
+    _scan(django_capture_on_commit_callbacks, minutes=5)
+    slack.refresh_from_db()
+    assert (slack.status, slack.attempts) == ("failed", 2)
+    assert len(smtp) == 1
 
 
-def test_it_delivers_once_after_a_server_error(
-    receiver, started, owner, django_capture_on_commit_callbacks
+def _scan(capture, *, minutes: float):
+    from portal.services.notify_scan import notifications_scan
+
+    with capture(execute=True):
+        notifications_scan(now=timezone.now() + timedelta(minutes=minutes))
+
+
+def test_it_delivers_once_after_a_server_error_when_its_backoff_is_over(
+    receiver, started, owner, settings, django_capture_on_commit_callbacks
 ):
+    settings.NOTIFY_RETRY_BACKOFF_S = 60
     NotificationContact.objects.create(user=owner, webhook_url=f"{receiver.url}/hook")
     receiver.fail_first = 1
     _record(started, "started", django_capture_on_commit_callbacks)
+    assert Delivery.objects.get(channel="webhook").status == "retrying"
+    _scan(django_capture_on_commit_callbacks, minutes=0.5)  # too early
+    assert receiver.posts == []
+    _scan(django_capture_on_commit_callbacks, minutes=2)
+    _scan(django_capture_on_commit_callbacks, minutes=3)
     assert len(receiver.posts) == 1
     delivery = Delivery.objects.get(channel="webhook")
     assert (delivery.status, delivery.attempts) == ("sent", 2)

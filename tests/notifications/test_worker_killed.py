@@ -1,5 +1,6 @@
-"""A worker killed in the middle of a send: the task comes back (acks_late) and finds the
-delivery claimed, so the receiver never gets a second copy."""
+"""With a real Celery worker: a server error is retried with backoff and delivered once; a worker
+killed in the middle of a send comes back (acks_late) to find the delivery claimed, so the
+receiver never gets a second copy."""
 
 import os
 import signal
@@ -28,7 +29,7 @@ def _wait(predicate, timeout_s: float, what: str):
 
 @pytest.fixture
 def worker(settings):
-    with celery_worker(settings) as process:
+    with celery_worker(settings, NOTIFY_RETRY_BACKOFF_S="1") as process:
         yield process
 
 
@@ -59,3 +60,22 @@ def test_it_sends_no_second_copy_after_a_worker_dies_mid_send(worker, receiver, 
     assert receiver.arrivals == 1
     delivery = Delivery.objects.get(channel="webhook")
     assert delivery.status == "sending" and delivery.attempts == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_it_retries_a_server_error_in_the_worker_and_delivers_once(
+    worker, receiver, owner, project, settings
+):
+    NotificationContact.objects.create(user=owner, webhook_url=f"{receiver.url}/hook")
+    receiver.fail_first = 2
+    booking = make_active_booking(list(make_node("retry-a", gpus=1).gpus.all()), owner=owner,
+                                  project=project)  # fmt: skip
+    with transaction.atomic():
+        booking_event_record(booking_id=booking.pk, event="started", now=timezone.now())
+    delivery = _wait(
+        lambda: Delivery.objects.filter(channel="webhook", status="sent").first(),
+        90,
+        "the delivery to go through after two server errors",
+    )
+    assert delivery.attempts == 3 and len(receiver.posts) == 1
