@@ -183,3 +183,38 @@ def test_it_words_an_ended_booking_with_its_usage(smtp, started, settings):
     facts = dict(message.facts)
     assert facts["Mean utilization"] == "40 %"
     assert json.dumps(facts)  # plain strings throughout
+
+
+def test_it_words_a_failed_command_with_its_exit_code_and_log_tail(
+    smtp, started, django_capture_on_commit_callbacks
+):
+    from portal.models import Booking
+
+    log = "\n".join(f"step {i}" for i in range(40)) + "\nCUDA error: out of memory"
+    Booking.objects.filter(pk=started.pk).update(
+        state="failed", exit_code=1, log_tail=log, state_detail="command exited with code 1"
+    )
+    _record(started, "failed", django_capture_on_commit_callbacks)
+    (mail,) = smtp
+    text = mail.get_body(("plain",)).get_content().replace("\r\n", "\n")
+    assert mail["Subject"] == f"Booking {started.pk} failed: command exited with code 1"
+    assert "Exit code: 1" in text
+    # The last 20 lines of the log: step 21 to 39 and the error.
+    assert "step 21\nstep 22" in text and "CUDA error: out of memory" in text
+    assert "step 20\n" not in text
+
+
+def test_it_posts_to_a_projects_channel_by_name_through_the_bot(
+    receiver, started, project, settings, django_capture_on_commit_callbacks
+):
+    settings.SLACK_BOT_TOKEN = "xoxb-test"
+    settings.SLACK_API_URL = receiver.url
+    receiver.answer = b'{"ok": false, "error": "channel_not_found"}'
+    ProjectNotificationSettings.objects.create(
+        project=project, slack_channel="#vision-gpus", channel_events=["started"]
+    )
+    _record(started, "started", django_capture_on_commit_callbacks)
+    assert receiver.json()["channel"] == "#vision-gpus"
+    delivery = Delivery.objects.get(channel="slack")
+    # Slack said no for a reason trying again will not fix: failed at once, with Slack's words.
+    assert (delivery.status, delivery.last_error) == ("failed", "slack: channel_not_found")
