@@ -85,15 +85,17 @@ def notification_record(
     With `key`, a notification already recorded under it is not recorded again (0). Recipients:
     the booking's owner and its project's channel, `users`, and staff when `admins`.
     """
-    if key and Notification.objects.filter(key=key).exists():
+    fields = {"event": event, "booking": booking, "key": key, "context": context or {}}
+    if key is None:
+        notification = Notification.objects.create(created=now, **fields)
+    elif Notification.objects.filter(key=key).exists():
         return 0
-    try:
-        with transaction.atomic():
-            notification = Notification.objects.create(
-                event=event, booking=booking, key=key, context=context or {}, created=now
-            )
-    except IntegrityError:
-        return 0  # recorded a moment ago by a racing scan
+    else:
+        try:
+            with transaction.atomic():
+                notification = Notification.objects.create(created=now, **fields)
+        except IntegrityError:
+            return 0  # recorded a moment ago by a racing scan
     targets = _targets(notification, booking, list(users), admins)
     deliveries = Delivery.objects.bulk_create(
         [
@@ -107,11 +109,11 @@ def notification_record(
                 created=now,
             )
             for user, channel, recipient in targets
-        ],
-        ignore_conflicts=True,
-    )
-    ids = [d.pk for d in Delivery.objects.filter(notification=notification)]
-    transaction.on_commit(lambda: deliveries_enqueue(ids), robust=True)
+        ]
+    )  # the notification is new, so its keys are too
+    ids = [d.pk for d in deliveries]
+    if ids:
+        transaction.on_commit(lambda: deliveries_enqueue(ids), robust=True)
     return len(deliveries)
 
 
@@ -139,29 +141,34 @@ def _targets(notification, booking, users, admins) -> list[tuple]:
         people.append(booking.owner)
     if admins:
         people += list(get_user_model().objects.filter(is_staff=True, is_active=True))
-    project = booking.project if booking is not None else None
+    config = (
+        ProjectNotificationSettings.objects.filter(project_id=booking.project_id).first()
+        if booking is not None
+        else None
+    )
+    contacts = {
+        c.user_id: c for c in NotificationContact.objects.filter(user_id__in={p.pk for p in people})
+    }
     seen, targets = set(), []
     for person in people:
-        for channel in channels_enabled(user=person, event=event, project=project):
-            recipient = user_address(user=person, channel=channel)
+        defaults = (config.default_channels or {}) if config else {}
+        for channel in _channels_on(person, event, defaults):
+            recipient = _address(person, channel, contacts.get(person.pk))
             if recipient and (channel, recipient) not in seen:
                 seen.add((channel, recipient))
                 targets.append((person, channel, recipient))
-    for channel, recipient in _shared_addresses(event, project, admins):
+    for channel, recipient in _shared_addresses(event, config, admins):
         if (channel, recipient) not in seen:
             seen.add((channel, recipient))
             targets.append((None, channel, recipient))
     return targets
 
 
-def _shared_addresses(event: str, project, admins: bool) -> list[tuple[str, str]]:
+def _shared_addresses(event: str, config, admins: bool) -> list[tuple[str, str]]:
     """The project's channel (if it takes this event) and, for admins' events, the site's Slack."""
     found = []
     if admins and settings.SLACK_WEBHOOK_URL:
         found.append((Channel.SLACK, settings.SLACK_WEBHOOK_URL))
-    config = (
-        ProjectNotificationSettings.objects.filter(project=project).first() if project else None
-    )
     if config is None or event not in (config.channel_events or []):
         return found
     slack = config.slack_webhook_url or (settings.SLACK_BOT_TOKEN and config.slack_channel)
@@ -172,14 +179,13 @@ def _shared_addresses(event: str, project, admins: bool) -> list[tuple[str, str]
     return found
 
 
-def channels_enabled(*, user, event: str, project=None) -> list[str]:
-    """The channels `user` gets `event` on: their choice, else the project's, else the site's."""
+def _channels_on(user, event: str, project_defaults: dict) -> list[str]:
     chosen = dict(
         NotificationPreference.objects.filter(user=user, event=event).values_list(
             "channel", "enabled"
         )
     )
-    project_default = _project_defaults(project).get(event)
+    project_default = project_defaults.get(event)
     enabled = []
     for channel in Channel.values:
         if channel in chosen:
@@ -196,18 +202,9 @@ def channels_enabled(*, user, event: str, project=None) -> list[str]:
     return enabled
 
 
-def _project_defaults(project) -> dict:
-    if project is None:
-        return {}
-    config = ProjectNotificationSettings.objects.filter(project=project).first()
-    return (config.default_channels or {}) if config else {}
-
-
-def user_address(*, user, channel: str) -> str:
-    """Where `user` is reached on `channel`; empty when they gave no address there."""
+def _address(user, channel: str, contact) -> str:
     if channel == Channel.EMAIL:
         return user.email
-    contact = NotificationContact.objects.filter(user=user).first()
     if contact is None:
         return ""
     if channel == Channel.SLACK:

@@ -218,3 +218,10 @@ def test_it_posts_to_a_projects_channel_by_name_through_the_bot(
     delivery = Delivery.objects.get(channel="slack")
     # Slack said no for a reason trying again will not fix: failed at once, with Slack's words.
     assert (delivery.status, delivery.last_error) == ("failed", "slack: channel_not_found")
+
+
+def test_it_records_a_booking_event_in_a_few_queries(started, django_assert_max_num_queries):
+    # Recorded inside the allocator's start transactions: it must stay cheap.
+    NotificationContact.objects.create(user=started.owner, webhook_url="https://example.org/h")
+    with transaction.atomic(), django_assert_max_num_queries(6):
+        assert booking_event_record(booking_id=started.pk, event="started") == 2
