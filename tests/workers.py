@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 
 from django.db import connection
@@ -35,3 +36,14 @@ def celery_worker(settings, **extra_env):
         app.conf.task_always_eager = True
         process.terminate()
         process.wait(timeout=30)
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    """The predicate's first true value, polled every 0.1 s; fails after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -15,16 +15,7 @@ from portal.models import Delivery, NotificationContact
 from portal.services.notifications import booking_event_record
 from tests.factories import make_active_booking, make_node
 from tests.workers import celery_worker
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.workers import wait_until as _wait
 
 
 @pytest.fixture

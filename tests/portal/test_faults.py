@@ -21,18 +21,9 @@ from rest_framework.test import APIClient
 from portal.models import Allocation, Booking, Membership
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
 from tests.workers import celery_worker
+from tests.workers import wait_until as _wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _booker():
