@@ -101,6 +101,10 @@ def deliveries_due(*, now: datetime) -> list[int]:
 
 def _send(delivery: Delivery) -> None:
     message = message_build(delivery.notification)
+    if message.booking is None or delivery.user_id != message.booking.owner_id:
+        # A project channel or an admin reads along: the buttons act as the owner, so only the
+        # owner's own messages carry them.
+        message.actions = []
     if delivery.channel == Channel.EMAIL:
         _send_email(delivery, message)
     elif delivery.channel == Channel.SLACK:

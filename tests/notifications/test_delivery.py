@@ -100,6 +100,12 @@ def test_it_posts_to_the_projects_channel_for_the_events_it_takes(
     _record(started, "failed", django_capture_on_commit_callbacks)
     assert [p["path"] for p in receiver.posts] == ["/channel"]
     assert receiver.json()["text"].startswith(f"Booking {started.pk} failed")
+    _record(started, "started", django_capture_on_commit_callbacks)
+    ProjectNotificationSettings.objects.update(channel_events=["started"])
+    _record(started, "started", django_capture_on_commit_callbacks)
+    (actions,) = [b for b in receiver.json(1)["blocks"] if b["type"] == "actions"]
+    # Everyone in the channel reads it: no buttons that act as the owner, only the link.
+    assert [e["action_id"] for e in actions["elements"]] == ["open"]
 
 
 def test_it_keeps_mailing_when_slack_is_down(
