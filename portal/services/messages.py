@@ -116,6 +116,13 @@ def _started(b: Booking, ctx: dict) -> Message:
 
 def _extended(b: Booking, ctx: dict) -> Message:
     end = _end_of(b)
+    if end is None:  # still queued: it asks for longer
+        hours = f"{b.duration_s / 3600:g}"
+        return Message(
+            f"Booking {b.pk} now asks for {hours} hours",
+            f"Your queued request now asks for {hours} hours.",
+            actions=["cancel"],
+        )
     return Message(
         f"Booking {b.pk} extended to {_when(end)}",
         f"Your booking now ends at {_when(end)}.",

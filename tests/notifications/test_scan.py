@@ -85,3 +85,16 @@ def test_it_marks_a_send_whose_sender_died_uncertain_and_never_resends_it(owner,
     assert Delivery.objects.get(pk=stuck.pk).status == "sending"  # may still be in flight
     notifications_scan(now=now + timedelta(minutes=10))
     assert Delivery.objects.get(pk=stuck.pk).status == "uncertain"
+
+
+def test_it_words_an_extension_of_a_queued_request_by_its_length(owner, project):
+    from django.db import transaction
+
+    from portal.services.messages import message_build
+    from portal.services.notifications import booking_event_record
+
+    b = BookingFactory(owner=owner, project=project, duration_s=7200)
+    with transaction.atomic():
+        booking_event_record(booking_id=b.pk, event="extended")
+    message = message_build(Notification.objects.get(event="extended"))
+    assert message.subject == f"Booking {b.pk} now asks for 2 hours"
