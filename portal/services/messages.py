@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Avg, Max, Min
+from django.db.models import Avg, Max
 from django.template.loader import render_to_string
 from django.utils.dateparse import parse_datetime
 
@@ -148,7 +148,7 @@ def booking_usage(b: Booking) -> dict:
         hours = max((end - a.start).total_seconds(), 0) / 3600
         gpu_hours += hours * a.fraction
         stats = Sample.objects.filter(uuid=a.device_uuid, time__gte=a.start, time__lt=end)
-        row = stats.aggregate(util=Avg("utilization_gpu"), power=Avg("power_w"), t0=Min("time"))
+        row = stats.aggregate(util=Avg("utilization_gpu"), power=Avg("power_w"))
         if row["util"] is not None:
             utils.append(row["util"])
         if row["power"] is not None:
