@@ -279,3 +279,7 @@ class NodeAlertAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+# Notifications: deliveries, idle reclaims, project channels (kept beside, not in, this module).
+from portal import admin_notifications  # noqa: E402,F401

@@ -13,6 +13,7 @@ import dj_database_url
 
 from portal.env import env, envbool, envfloat, envint, envlist
 from portal.headers import policy_header
+from portal.notify_env import notify_settings
 from portal.policy_env import policy_env_names, policy_settings
 from portal.sso.config import sign_in_settings
 
@@ -235,6 +236,16 @@ CELERY_BEAT_SCHEDULE = {
         "task": "portal.tasks.node_heartbeat_check",
         "schedule": envfloat("NODE_HEARTBEAT_CHECK_INTERVAL_S", 15.0),
     },
+    # Starting soon, ending soon, planned start moved, budget nearly used; resend stuck deliveries.
+    "notifications-scan": {
+        "task": "portal.tasks.notifications_scan",
+        "schedule": envfloat("NOTIFY_SCAN_INTERVAL_S", 60.0),
+    },
+    # Warn bookings whose devices sit idle; release those nobody kept (IDLE_RECLAIM_ENABLED).
+    "idle-reclaim": {
+        "task": "portal.tasks.idle_reclaim",
+        "schedule": envfloat("IDLE_RECLAIM_INTERVAL_S", 60.0),
+    },
 }
 
 # Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
@@ -377,7 +388,10 @@ EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBac
 EMAIL_HOST = env("EMAIL_HOST", "localhost")
 EMAIL_PORT = envint("EMAIL_PORT", 25)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "gpu-portal@localhost")
+# The site's Slack incoming webhook: admins' events (node down, foreign process).
 SLACK_WEBHOOK_URL = env("SLACK_WEBHOOK_URL")
+# Notifications and idle reclaim: NOTIFY_*, SLACK_BOT_TOKEN, IDLE_* (docs/notifications.md).
+globals().update(notify_settings())
 
 # Portal policy knobs.
 BOOKING_MAX_GPUS_PER_REQUEST = envint("BOOKING_MAX_GPUS_PER_REQUEST", 1024)

@@ -3,12 +3,12 @@
 from celery import shared_task
 from django.utils import timezone
 
-from portal.models import Allocation, Booking
+from portal.models import Allocation, Booking, Delivery
 from portal.services import live, notifications
 
 # Idempotent jobs are acknowledged only when done, and put back if the process running them dies
-# (SIGKILL, OOM): another worker runs them again. Booking and alert notifications are not, so a
-# lost one is lost rather than sent twice.
+# (SIGKILL, OOM): another worker runs them again. A notification delivery is one of them: its
+# sender claims the row before sending, so a second run never sends a second copy.
 IDEMPOTENT = {"ignore_result": True, "acks_late": True, "reject_on_worker_lost": True}
 
 
@@ -22,7 +22,8 @@ def allocation_pass() -> None:
 
 @shared_task(ignore_result=True)
 def booking_event(booking_id: int, event: str) -> None:
-    """After-commit effects of a booking change: live views, agent push, notifications."""
+    """After-commit effects of a booking change: live views and agent push (its notifications
+    were recorded with the change and are sent as deliveries)."""
     booking = Booking.objects.select_related("owner", "project").filter(pk=booking_id).first()
     if booking is None:
         return
@@ -32,7 +33,6 @@ def booking_event(booking_id: int, event: str) -> None:
     live.agents_push(
         Allocation.objects.filter(booking=booking).values_list("gpu__node_id", flat=True)
     )
-    notifications.booking_notify(booking=booking, event=event)
 
 
 @shared_task(**IDEMPOTENT)
@@ -53,5 +53,38 @@ def node_heartbeat_check() -> None:
 
 @shared_task(ignore_result=True)
 def node_alert_notify(alert_id: int) -> None:
-    """Email and Slack about a process an agent objected to."""
+    """Record the messages about a process an agent objected to (they are sent as deliveries)."""
     notifications.alert_notify(alert_id=alert_id)
+
+
+# A delivery claims its row before sending (portal.services.delivery), so running the task again
+# after a worker died is safe: it sends only a delivery nobody has claimed.
+@shared_task(bind=True, max_retries=None, **IDEMPOTENT)
+def delivery_send(self, delivery_id: int) -> None:
+    """Send one recorded notification delivery; retried with backoff while it fails."""
+    from portal.services.delivery import SendFailed, retry_backoff
+    from portal.services.delivery import delivery_send as send
+
+    try:
+        send(delivery_id=delivery_id, now=timezone.now())
+    except SendFailed as exc:
+        if self.request.is_eager:
+            return  # in-process mode: the periodic scan sends it again when its backoff is over
+        attempts = Delivery.objects.filter(pk=delivery_id).values_list("attempts", flat=True)
+        raise self.retry(countdown=retry_backoff(attempts.first() or 1), exc=exc) from exc
+
+
+@shared_task(**IDEMPOTENT)
+def notifications_scan() -> None:
+    """Starting soon, ending soon, planned start moved, budget; resend stuck deliveries."""
+    from portal.services.notify_scan import notifications_scan as scan
+
+    scan(now=timezone.now())
+
+
+@shared_task(**IDEMPOTENT)
+def idle_reclaim() -> None:
+    """Warn idle bookings, release the ones nobody kept (when the site turned it on)."""
+    from portal.services.reclaim import idle_reclaim_scan
+
+    idle_reclaim_scan(now=timezone.now())

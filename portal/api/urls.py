@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from agents import protocol
-from portal.api import agent, schema, views  # noqa: F401  (schema registers the auth extension)
+from portal.api import agent, notifications, schema, views  # noqa: F401  (schema registers the auth extension)
 
 router = DefaultRouter()
 router.register("nodes", views.NodeViewSet, basename="node")
@@ -26,6 +26,11 @@ urlpatterns = [
     *agent_urlpatterns,
     path("api/v1/auth/token/", views.TokenCreateView.as_view(), name="token-create"),
     path("api/v1/me/quota/", views.MyQuotaView.as_view(), name="my-quota"),
+    path(
+        "api/v1/me/notifications/",
+        notifications.MyNotificationsView.as_view(),
+        name="my-notifications",
+    ),
     path("api/v1/accounting/", views.AccountingView.as_view(), name="accounting"),
     path("api/v1/audit/", views.AuditView.as_view(), name="audit"),
     path("api/v1/", include(router.urls)),

@@ -3,12 +3,32 @@
 from portal.models.audit import AuditEvent
 from portal.models.bookings import Allocation, Booking, Qos
 from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
+from portal.models.notifications import (
+    ActionUse,
+    Channel,
+    Delivery,
+    Event,
+    IdleReclaim,
+    Notification,
+    NotificationContact,
+    NotificationPreference,
+    ProjectNotificationSettings,
+)
 from portal.models.projects import Membership, Project, Quota
 from portal.models.sso import GroupMappingRule
 from portal.models.telemetry import NodeAlert, ProcessUsage, Sample, SampleMinute
 from portal.models.tokens import ApiToken
 
 __all__ = [
+    "ActionUse",
+    "Channel",
+    "Delivery",
+    "Event",
+    "IdleReclaim",
+    "Notification",
+    "NotificationContact",
+    "NotificationPreference",
+    "ProjectNotificationSettings",
     "Allocation",
     "ApiToken",
     "AuditEvent",

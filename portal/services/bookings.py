@@ -262,6 +262,20 @@ def booking_release(*, user, booking_id: int, now: datetime, source: Source = SY
     )
 
 
+def booking_reclaim_release(*, booking_id: int, now: datetime) -> Booking:
+    """Release an active booking for idleness (the site's idle reclaim, not its owner)."""
+    return _end(
+        user=None,
+        booking_id=booking_id,
+        now=now,
+        new_state=State.FINISHED,
+        from_states=(State.ACTIVE,),
+        event="released",
+        action="booking.reclaim",
+        source=SYSTEM,
+    )
+
+
 def _end(
     *, user, booking_id, now, new_state, from_states, event, action, source, detail: str = ""
 ) -> Booking:

@@ -27,8 +27,12 @@ _QUEUE_EVENTS = {
 def booking_changed(booking, event: str) -> None:
     """Queue the side effects of `event` on `booking` for after commit."""
     from portal import tasks
+    from portal.services.notifications import booking_event_record
 
     booking_id = booking.pk
+    # Recorded in the transaction of the change, so a message is never lost nor sent for a
+    # change that rolled back; sent after commit (portal.services.delivery).
+    booking_event_record(booking_id=booking_id, event=event)
     transaction.on_commit(lambda: tasks.booking_event.delay(booking_id, event), robust=True)
     if event in _QUEUE_EVENTS:
         request_allocation_pass()

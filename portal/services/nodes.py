@@ -13,6 +13,7 @@ from portal.models.tokens import hash_token, new_token
 from portal.services import events, permissions
 from portal.services.audit import SYSTEM, Source, audit_record
 from portal.services.bookings import booking_stop
+from portal.services.notifications import node_down_record
 
 
 def node_token_issue(*, hostname: str) -> str:
@@ -175,6 +176,7 @@ def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> 
         ).distinct()
         for booking in held:
             _fail_booking(booking, reason, now)
+        node_down_record(node_id=node_id, hostname=hostname, reason=reason, now=now)
         events.request_allocation_pass()
     return True
 

@@ -1,84 +1,243 @@
-"""Email and Slack messages: queue events and node alerts. Called from tasks, after commit, never
-in a transaction. All user-facing message text lives here."""
+"""Recording notifications: who is told what, on which channel, in the transaction of the change.
 
-import json
+A Notification row is written with the state change that caused it, with one Delivery row per
+recipient and channel that person picked (preferences, else the project's default, else the
+site's). After commit one Celery task per delivery sends it (portal.services.delivery). Nothing
+here talks to the outside world.
+"""
+
+import hashlib
 import logging
-import urllib.request
+from datetime import datetime
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils import timezone
 
-from portal.models import Booking, NodeAlert
-from portal.services import metrics
+from portal.models import (
+    Booking,
+    Channel,
+    Delivery,
+    Event,
+    NodeAlert,
+    Notification,
+    NotificationContact,
+    NotificationPreference,
+    ProjectNotificationSettings,
+)
 
 log = logging.getLogger(__name__)
 
-_SUBJECTS = {
-    "submitted": "Booking {id} reserved: {what} from {start}",
-    "started": "Booking {id} is active: {what}",
-    "finished": "Booking {id} finished",
-    "preempted": "Booking {id} was preempted",
-    "requeued": "Booking {id} is back in the queue: {detail}",
-    "failed": "Booking {id} failed: {detail}",
-    "expired": "Booking {id} expired: {detail}",
+# Booking service events -> the notification event they give (others are not notable).
+_BOOKING_EVENTS = {
+    "submitted": Event.QUEUED,
+    "started": Event.STARTED,
+    "extended": Event.EXTENDED,
+    "finished": Event.ENDED,
+    "released": Event.ENDED,
+    "cancelled": Event.ENDED,
+    "expired": Event.ENDED,
+    "preempted": Event.PREEMPTED,
+    "requeued": Event.PREEMPTED,
+    "failed": Event.FAILED,
 }
+ADMIN_EVENTS = (Event.NODE_DOWN, Event.FOREIGN_PROCESS)
 
 
-def booking_notify(*, booking: Booking, event: str) -> bool:
-    """Tell the owner (email) and the site channel (Slack) about an event; False if not notable."""
-    if event == "submitted" and not booking.is_reservation:
-        return False
-    template = _SUBJECTS.get(event)
-    if template is None:
-        return False
-    text = template.format(
-        id=booking.pk,
-        what=booking.describe_request(),
-        detail=booking.state_detail or "see the portal",
-        start=f"{booking.start:%Y-%m-%d %H:%M} UTC" if booking.start else "",
+def booking_event_record(*, booking_id: int, event: str, now: datetime | None = None) -> int:
+    """Record the notification a booking service event gives (inside its transaction).
+
+    An as-soon-as-possible submission is told once the allocator has placed it in the queue
+    (portal.services.notify_scan), when its position and planned start are known.
+    """
+    kind = _BOOKING_EVENTS.get(event)
+    if kind is None:
+        return 0
+    booking = Booking.objects.select_related("owner", "project").get(pk=booking_id)
+    if kind == Event.QUEUED and not booking.is_reservation:
+        return 0
+    if event == "released":
+        from portal.services.reclaim import reclaimed_by_idle
+
+        if reclaimed_by_idle(booking_id=booking_id):
+            kind = Event.RECLAIMED
+    context = {"what": event, "detail": booking.state_detail}
+    if kind == Event.QUEUED:
+        context["planned_start"] = booking.start.isoformat()
+    return notification_record(
+        event=kind, booking=booking, now=now or timezone.now(), context=context
     )
-    link = f"{settings.SITE_URL}/bookings/{booking.pk}/"
-    if booking.owner.email:
-        sent = send_mail(
-            text,
-            f"{text}\n\n{link}\n",
-            settings.DEFAULT_FROM_EMAIL,
-            [booking.owner.email],
-            fail_silently=True,
+
+
+def notification_record(
+    *,
+    event: str,
+    now: datetime,
+    booking: Booking | None = None,
+    context: dict | None = None,
+    key: str | None = None,
+    admins: bool = False,
+    users=(),
+) -> int:
+    """Record one notification and a delivery per recipient and channel; returns deliveries.
+
+    With `key`, a notification already recorded under it is not recorded again (0). Recipients:
+    the booking's owner and its project's channel, `users`, and staff when `admins`.
+    """
+    fields = {"event": event, "booking": booking, "key": key, "context": context or {}}
+    if key is None:
+        notification = Notification.objects.create(created=now, **fields)
+    elif Notification.objects.filter(key=key).exists():
+        return 0
+    else:
+        try:
+            with transaction.atomic():
+                notification = Notification.objects.create(created=now, **fields)
+        except IntegrityError:
+            return 0  # recorded a moment ago by a racing scan
+    targets = _targets(notification, booking, list(users), admins)
+    deliveries = Delivery.objects.bulk_create(
+        [
+            Delivery(
+                notification=notification,
+                event=event,
+                channel=channel,
+                user=user,
+                recipient=recipient,
+                idempotency_key=_idempotency_key(notification.pk, channel, recipient),
+                created=now,
+            )
+            for user, channel, recipient in targets
+        ]
+    )  # the notification is new, so its keys are too
+    ids = [d.pk for d in deliveries]
+    if ids:
+        transaction.on_commit(lambda: deliveries_enqueue(ids), robust=True)
+    return len(deliveries)
+
+
+def deliveries_enqueue(delivery_ids) -> None:
+    """Queue one send task per delivery (after commit; the scan resends any left pending)."""
+    from portal import tasks
+
+    for delivery_id in delivery_ids:
+        try:
+            tasks.delivery_send.delay(delivery_id)
+        except Exception:  # the broker down: the scan sends it later; the others still go
+            log.exception("could not queue delivery %s", delivery_id)
+
+
+def _idempotency_key(notification_id: int, channel: str, recipient: str) -> str:
+    digest = hashlib.sha256(recipient.encode()).hexdigest()[:24]
+    return f"n{notification_id}-{channel}-{digest}"
+
+
+def _targets(notification, booking, users, admins) -> list[tuple]:
+    """(user or None, channel, recipient) for everyone this notification goes to, no repeats."""
+    event = notification.event
+    people = list(users)
+    if booking is not None:
+        people.append(booking.owner)
+    if admins:
+        people += list(get_user_model().objects.filter(is_staff=True, is_active=True))
+    config = (
+        ProjectNotificationSettings.objects.filter(project_id=booking.project_id).first()
+        if booking is not None
+        else None
+    )
+    contacts = {
+        c.user_id: c for c in NotificationContact.objects.filter(user_id__in={p.pk for p in people})
+    }
+    seen, targets = set(), []
+    for person in people:
+        defaults = (config.default_channels or {}) if config else {}
+        for channel in _channels_on(person, event, defaults):
+            recipient = _address(person, channel, contacts.get(person.pk))
+            if recipient and (channel, recipient) not in seen:
+                seen.add((channel, recipient))
+                targets.append((person, channel, recipient))
+    for channel, recipient in _shared_addresses(event, config, admins):
+        if (channel, recipient) not in seen:
+            seen.add((channel, recipient))
+            targets.append((None, channel, recipient))
+    return targets
+
+
+def _shared_addresses(event: str, config, admins: bool) -> list[tuple[str, str]]:
+    """The project's channel (if it takes this event) and, for admins' events, the site's Slack."""
+    found = []
+    if admins and settings.SLACK_WEBHOOK_URL:
+        found.append((Channel.SLACK, settings.SLACK_WEBHOOK_URL))
+    if config is None or event not in (config.channel_events or []):
+        return found
+    slack = config.slack_webhook_url or (settings.SLACK_BOT_TOKEN and config.slack_channel)
+    if slack:
+        found.append((Channel.SLACK, slack))
+    if config.webhook_url:
+        found.append((Channel.WEBHOOK, config.webhook_url))
+    return found
+
+
+def _channels_on(user, event: str, project_defaults: dict) -> list[str]:
+    chosen = dict(
+        NotificationPreference.objects.filter(user=user, event=event).values_list(
+            "channel", "enabled"
         )
-        if not sent:
-            metrics.counter_add("notification_failures:email")
-    slack_post(f"{booking.owner.username} ({booking.project.slug}): {text} <{link}|open>")
-    return True
+    )
+    project_default = project_defaults.get(event)
+    enabled = []
+    for channel in Channel.values:
+        if channel in chosen:
+            on = chosen[channel]
+        elif project_default is not None:
+            on = channel in project_default
+        else:
+            on = (
+                event in settings.NOTIFY_DEFAULT_EVENTS
+                and channel in settings.NOTIFY_DEFAULT_CHANNELS
+            )
+        if on:
+            enabled.append(channel)
+    return enabled
+
+
+def _address(user, channel: str, contact) -> str:
+    if channel == Channel.EMAIL:
+        return user.email
+    if contact is None:
+        return ""
+    if channel == Channel.SLACK:
+        if contact.slack_webhook_url:
+            return contact.slack_webhook_url
+        return contact.slack_user_id if settings.SLACK_BOT_TOKEN else ""
+    return contact.webhook_url
 
 
 def alert_notify(*, alert_id: int) -> bool:
-    """Email the owner of the booking a process intruded on, and post to the site's Slack."""
+    """Tell the owner of the booking a process intruded on, and the admins (foreign process)."""
     alert = NodeAlert.objects.select_related("node", "owner").filter(pk=alert_id).first()
     if alert is None:
         return False
-    subject = f"GPU alert on {alert.node}: {alert.get_kind_display()}"
-    body = f"{alert.detail}\n\nAction taken by the agent: {alert.action or 'report'}.\n"
-    if alert.owner and alert.owner.email:
-        sent = send_mail(
-            subject, body, settings.DEFAULT_FROM_EMAIL, [alert.owner.email], fail_silently=True
+    with transaction.atomic():
+        notification_record(
+            event=Event.FOREIGN_PROCESS,
+            now=timezone.now(),
+            booking=None,
+            context={"alert": alert.pk},
+            key=f"alert:{alert.pk}",
+            admins=True,
+            users=[alert.owner] if alert.owner else [],
         )
-        if not sent:
-            metrics.counter_add("notification_failures:email")
-    slack_post(f"{subject}: {alert.detail}")
     return True
 
 
-def slack_post(text: str) -> None:
-    """Post to the site's Slack incoming webhook, if configured; failures are logged, not raised."""
-    if not settings.SLACK_WEBHOOK_URL:
-        return
-    body = json.dumps({"text": text}).encode()
-    request = urllib.request.Request(
-        settings.SLACK_WEBHOOK_URL, data=body, headers={"Content-Type": "application/json"}
+def node_down_record(*, node_id: int, hostname: str, reason: str, now: datetime) -> None:
+    """Tell the admins a node went down (inside the transaction that marked it)."""
+    notification_record(
+        event=Event.NODE_DOWN,
+        now=now,
+        context={"node": hostname, "detail": reason},
+        key=f"node_down:{node_id}:{now.isoformat()}",
+        admins=True,
     )
-    try:
-        urllib.request.urlopen(request, timeout=5).close()
-    except OSError as exc:
-        log.warning("Slack notification failed: %s", exc)
-        metrics.counter_add("notification_failures:slack")

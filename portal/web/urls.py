@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal.web import actions, tokens, views
+from portal.web import actions, notify, tokens, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -22,4 +22,7 @@ urlpatterns = [
     path("tokens/", tokens.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", tokens.token_revoke, name="token-revoke"),
     path("audit/", tokens.audit, name="audit"),
+    path("actions/<str:token>/", notify.booking_action, name="booking-action"),
+    path("slack/interactivity/", notify.slack_interactivity, name="slack-interactivity"),
+    path("settings/notifications/", notify.notification_settings, name="notification-settings"),
 ]

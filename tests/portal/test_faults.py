@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -21,18 +20,10 @@ from rest_framework.test import APIClient
 
 from portal.models import Allocation, Booking, Membership
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
+from tests.workers import celery_worker
+from tests.workers import wait_until as _wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _booker():
@@ -53,29 +44,9 @@ def _admin_connection() -> psycopg.Connection:
 @pytest.fixture
 def worker(settings):
     """A prefork Celery worker with one child process, on this checkout's test queue."""
-    from portal.celery import app
-
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{connection.settings_dict['NAME']}",
-        "CELERY_WORKER_EAGER": "0",
-        "BOOKING_LOCK_TIMEOUT_MS": "60000",  # the pass waits for the test's lock, not fails
-    }
-    queue = settings.CELERY_TASK_DEFAULT_QUEUE
-    argv = ["-m", "celery", "-A", "portal", "worker", "--pool", "prefork", "--concurrency", "1"]
-    process = subprocess.Popen(
-        [sys.executable, *argv, "--loglevel", "WARNING", "--queues", queue],
-        cwd=settings.BASE_DIR,
-        env=env,
-    )
-    app.conf.task_always_eager = False
-    try:
+    # The pass waits for the test's lock, not fails.
+    with celery_worker(settings, BOOKING_LOCK_TIMEOUT_MS="60000") as process:
         yield process
-    finally:
-        app.conf.task_always_eager = True
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_it_runs_a_pass_again_when_the_worker_process_running_it_is_killed(worker):

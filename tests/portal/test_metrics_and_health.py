@@ -18,7 +18,6 @@ from agents.protocol import DeviceReading, ReadingsRequest
 from portal.errors import Busy
 from portal.services.allocation import allocation_pass
 from portal.services.locking import lock_nodes
-from portal.services.notifications import slack_post
 from portal.services.telemetry import samples_ingest
 from tests.factories import BookingFactory, make_active_booking, make_mig_gpu, make_node
 
@@ -116,9 +115,16 @@ def test_it_shows_allocation_passes_as_a_histogram(project, cluster):
     )
 
 
-def test_it_counts_failed_notifications_by_channel(settings):
+def test_it_counts_failed_notifications_by_channel(settings, django_capture_on_commit_callbacks):
+    from portal.models import NodeAlert
+    from portal.services.notifications import alert_notify
+
     settings.SLACK_WEBHOOK_URL = "http://127.0.0.1:9/hooks/refused"  # nothing listens on 9
-    slack_post("hello")
+    settings.NOTIFY_MAX_ATTEMPTS = 1
+    node = make_node("alerting", gpus=1)
+    alert = NodeAlert.objects.create(node=node, kind="unbooked_process", time=timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        alert_notify(alert_id=alert.pk)
     families = _scrape()
     name = "gpu_portal_notification_failures"
     assert _value(families, name, f"{name}_total", channel="slack") == 1

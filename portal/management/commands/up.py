@@ -54,6 +54,7 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         url = f"http://{host}:{port}"
+        notify_defaults(url, demo=not no_demo)
         children: list[subprocess.Popen] = []
         atexit.register(_stop, children)
         if not no_demo:
@@ -287,3 +288,21 @@ def _stop(children: list[subprocess.Popen]) -> None:
             child.wait(timeout=10)
         except subprocess.TimeoutExpired:
             child.kill()
+
+
+def notify_defaults(url: str, *, demo: bool) -> None:
+    """Links in messages point at this server unless SITE_URL says otherwise; the demo turns
+    idle reclaim on (short windows, so it shows). Set here and in the environment, so the Celery
+    processes started next agree."""
+    import socket
+
+    host = url.split("//", 1)[1].rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "[::]", "::"):  # listening everywhere: name this machine instead
+        url = url.replace(host, socket.getfqdn(), 1)
+    defaults = {"SITE_URL": url}
+    if demo:
+        defaults |= {"IDLE_RECLAIM_ENABLED": "1", "IDLE_MINUTES": "10", "IDLE_GRACE_MINUTES": "5"}
+    for name, value in defaults.items():
+        if not os.environ.get(name):
+            os.environ[name] = value
+            setattr(settings, name, int(value) if value.isdigit() else value)

@@ -1,0 +1,201 @@
+"""Idle reclaim: warn a booking whose devices sit idle, release it if nobody keeps it.
+
+Site policy (IDLE_RECLAIM_ENABLED, off by default), thresholds per site and per project. A
+booking is idle when, over the last IDLE_MINUTES, every device it holds averaged under
+IDLE_UTIL_THRESHOLD % utilization (a mean, so one noisy reading does not keep a forgotten
+booking alive) and no process of its owner held GPU memory. MIG slices,
+for which NVML reports no utilization, count as idle when their memory stayed under
+IDLE_MEMORY_MIB. A warning carries a 'keep it' link; after IDLE_GRACE_MINUTES with no keep and
+no activity the booking is released (the next bookings move up) and its owner told. Every
+warning and its outcome is an IdleReclaim row.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Avg, Count, Max, Min
+
+from portal.errors import InvalidState
+from portal.models import (
+    Allocation,
+    Booking,
+    Event,
+    IdleReclaim,
+    ProcessUsage,
+    ProjectNotificationSettings,
+    Sample,
+)
+from portal.services.notifications import notification_record
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    """The idle thresholds that apply to one project."""
+
+    util_threshold: float
+    minutes: int
+    grace_minutes: int
+
+
+def idle_policy(*, project_id: int) -> IdlePolicy:
+    """The site's thresholds, with the project's overrides where it set them."""
+    config = ProjectNotificationSettings.objects.filter(project_id=project_id).first()
+
+    def pick(name: str, site):
+        value = getattr(config, name, None) if config else None
+        return site if value is None else value
+
+    return IdlePolicy(
+        util_threshold=pick("idle_util_threshold", settings.IDLE_UTIL_THRESHOLD),
+        minutes=pick("idle_minutes", settings.IDLE_MINUTES),
+        grace_minutes=pick("idle_grace_minutes", settings.IDLE_GRACE_MINUTES),
+    )
+
+
+def idle_reclaim_scan(*, now: datetime) -> dict:
+    """One look at every active booking: warn the newly idle, release the unkept. Counts."""
+    counts = {"warned": 0, "released": 0, "busy": 0}
+    if not settings.IDLE_RECLAIM_ENABLED:
+        return counts
+    active = Booking.objects.filter(state=Booking.State.ACTIVE).values_list("pk", "project_id")
+    for booking_id, project_id in list(active):
+        outcome = _review(booking_id, idle_policy(project_id=project_id), now)
+        if outcome:
+            counts[outcome] += 1
+    return counts
+
+
+def _review(booking_id: int, policy: IdlePolicy, now: datetime) -> str | None:
+    open_warning = IdleReclaim.objects.filter(
+        booking_id=booking_id, state=IdleReclaim.State.WARNED
+    ).first()
+    if open_warning is None:
+        since = now - timedelta(minutes=policy.minutes)
+        recently_closed = IdleReclaim.objects.filter(booking_id=booking_id, closed_at__gt=since)
+        if recently_closed.exists() or not booking_idle(
+            booking_id=booking_id, since=since, threshold=policy.util_threshold
+        ):
+            return None
+        return "warned" if _warn(booking_id, policy, now) else None
+    still_idle = booking_idle(
+        booking_id=booking_id, since=open_warning.warned_at, threshold=policy.util_threshold
+    )
+    if not still_idle:
+        _close(open_warning.pk, IdleReclaim.State.BUSY, now)
+        return "busy"
+    if now < open_warning.warned_at + timedelta(minutes=policy.grace_minutes):
+        return None
+    return "released" if booking_reclaim(booking_id=booking_id, now=now) else None
+
+
+def booking_idle(*, booking_id: int, since: datetime, threshold: float) -> bool:
+    """Whether every device of the booking stayed idle since `since` (telemetry covers it)."""
+    uuids = _device_uuids(booking_id)
+    if not uuids:
+        return False
+    owner_processes = ProcessUsage.objects.filter(
+        booking_id=booking_id, foreign=False, last_seen__gt=since, peak_memory_mib__gt=0
+    )
+    if owner_processes.exists():
+        return False
+    seen = (
+        Sample.objects.filter(uuid__in=uuids, time__gte=since)
+        .values("uuid")
+        .annotate(
+            n=Count("id"),
+            first=Min("time"),
+            util=Avg("utilization_gpu"),
+            memory=Max("memory_used_mib"),
+        )
+    )
+    rows = {row["uuid"]: row for row in seen}
+    # Telemetry must cover the whole window: a device not heard from is not known to be idle.
+    cover = since + timedelta(minutes=2)
+    return len(rows) == len(uuids) and all(
+        row["first"] <= cover and _row_idle(row, threshold) for row in rows.values()
+    )
+
+
+def _row_idle(row: dict, threshold: float) -> bool:
+    if row["util"] is not None:
+        return row["util"] < threshold
+    return (row["memory"] or 0) <= settings.IDLE_MEMORY_MIB
+
+
+def _device_uuids(booking_id: int) -> list[str]:
+    rows = Allocation.objects.filter(booking_id=booking_id, live=True).values_list(
+        "gpu__uuid", "mig_instance__uuid"
+    )
+    return [mig or gpu for gpu, mig in rows]
+
+
+def _warn(booking_id: int, policy: IdlePolicy, now: datetime) -> bool:
+    booking = Booking.objects.select_related("owner", "project").get(pk=booking_id)
+    release_at = now + timedelta(minutes=policy.grace_minutes)
+    try:
+        with transaction.atomic():
+            IdleReclaim.objects.create(
+                booking=booking,
+                warned_at=now,
+                detail=f"under {policy.util_threshold:g}% for {policy.minutes} min",
+            )
+            notification_record(
+                event=Event.IDLE,
+                now=now,
+                booking=booking,
+                context={
+                    "threshold": policy.util_threshold,
+                    "minutes": policy.minutes,
+                    "release_at": release_at.isoformat(),
+                },
+            )
+    except IntegrityError:
+        return False  # another scan warned it a moment ago
+    return True
+
+
+def _close(reclaim_id: int, state: str, now: datetime) -> bool:
+    return bool(
+        IdleReclaim.objects.filter(pk=reclaim_id, state=IdleReclaim.State.WARNED).update(
+            state=state, closed_at=now
+        )
+    )
+
+
+def idle_keep(*, booking_id: int, now: datetime) -> None:
+    """The owner keeps an idle booking: no release for this warning, none before a new one."""
+    warning = IdleReclaim.objects.filter(
+        booking_id=booking_id, state=IdleReclaim.State.WARNED
+    ).first()
+    if warning is None or not _close(warning.pk, IdleReclaim.State.KEPT, now):
+        raise InvalidState(f"Booking {booking_id} has no idle warning open; nothing to keep.")
+
+
+def booking_reclaim(*, booking_id: int, now: datetime) -> bool:
+    """Release an idle booking whose warning nobody answered; False if it ended or was kept.
+
+    The warning is closed as released first (compare-and-set), so a 'keep' racing in either
+    wins before it or finds nothing to keep. The release is the owner's ordinary one: the
+    allocator runs and the next bookings move up; the owner hears 'released for idleness'.
+    """
+    from portal.services.bookings import booking_reclaim_release
+
+    warning = IdleReclaim.objects.filter(
+        booking_id=booking_id, state=IdleReclaim.State.WARNED
+    ).first()
+    if warning is None or not _close(warning.pk, IdleReclaim.State.RELEASED, now):
+        return False
+    try:
+        booking_reclaim_release(booking_id=booking_id, now=now)
+    except InvalidState:
+        return False
+    return True
+
+
+def reclaimed_by_idle(*, booking_id: int) -> bool:
+    """Whether the booking's release was an idle reclaim (its notification says so)."""
+    return IdleReclaim.objects.filter(
+        booking_id=booking_id, state=IdleReclaim.State.RELEASED
+    ).exists()
