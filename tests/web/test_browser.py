@@ -1,5 +1,6 @@
 """End to end in headless Chromium against a daphne server: book, watch it live, cancel."""
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -69,8 +70,10 @@ def test_it_books_watches_live_and_cancels(alice, asgi_server, browser_page):
     )
     page.click("button:has-text('Submit booking')")
 
+    # The click returns before the server has answered: the booking exists once the page is its.
+    page.wait_for_url(re.compile(r"/bookings/\d+/$"))
     booking = Booking.objects.get()
-    page.wait_for_url(f"{asgi_server}/bookings/{booking.pk}/")
+    assert page.url == f"{asgi_server}/bookings/{booking.pk}/"
     assert page.text_content("#booking-state").strip() == "Active"
     page.wait_for_selector("body[data-live-state='open']")
     page.evaluate("window.__sameDocument = true")
