@@ -11,6 +11,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
+from portal.services.sessions import session_view
 from portal.services.telemetry import SAMPLE_VALUES
 
 MAX_SECONDS = 10 * 365 * 86400
@@ -59,6 +60,11 @@ class BookingCreateInput(StrictSerializer):
     command = serializers.CharField(
         required=False, allow_blank=True, max_length=10000, trim_whitespace=False
     )
+    interactive = serializers.ChoiceField(
+        choices=Booking.Interactive.choices,
+        required=False,
+        help_text="Run JupyterLab or a terminal on the booked devices, opened through the portal.",
+    )
 
 
 class BookingExtendInput(StrictSerializer):
@@ -94,11 +100,21 @@ class AllocationOutput(serializers.Serializer):
     end = serializers.DateTimeField()
 
 
+class SessionOutput(serializers.Serializer):
+    """An interactive booking's session: state, a sentence, and the portal URL once running."""
+
+    label = serializers.CharField()
+    state = serializers.CharField()
+    detail = serializers.CharField()
+    url = serializers.CharField()
+
+
 class BookingOutput(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     project = serializers.CharField(source="project.slug")
     devices = serializers.SerializerMethodField()
     cuda_visible_devices = serializers.SerializerMethodField()
+    session = serializers.SerializerMethodField()
 
     class Meta:
         model = Booking
@@ -126,6 +142,8 @@ class BookingOutput(serializers.ModelSerializer):
             "priority",
             "exit_code",
             "log_tail",
+            "interactive",
+            "session",
             "devices",
             "cuda_visible_devices",
         ]
@@ -138,6 +156,9 @@ class BookingOutput(serializers.ModelSerializer):
 
     def get_cuda_visible_devices(self, obj) -> str:
         return ",".join(a.device_uuid for a in self._live(obj))
+
+    def get_session(self, obj) -> SessionOutput(allow_null=True):
+        return session_view(obj)
 
     def to_representation(self, obj):
         live = self._live(obj)
@@ -166,6 +187,8 @@ class BookingOutput(serializers.ModelSerializer):
             "priority": obj.priority,
             "exit_code": obj.exit_code,
             "log_tail": obj.log_tail,
+            "interactive": obj.interactive,
+            "session": session_view(obj),
             "devices": [allocation_row(a, tz) for a in live],
             "cuda_visible_devices": ",".join(a.device_uuid for a in live),
         }

@@ -26,6 +26,7 @@ from portal.services import events, inventory, placement
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
 from portal.services.quotas import peak_use_in_window, scheduler_quota, usage_current
+from portal.services.sessions import session_prepare, session_request_check
 from scheduler.reserve import Slot
 
 State = Booking.State
@@ -45,8 +46,13 @@ def booking_submit(
     qos: str = "normal",
     preemptible: bool = False,
     command: str = "",
+    interactive: str | None = None,
 ) -> Booking:
-    """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued."""
+    """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
+
+    `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active.
+    """
+    interactive = session_request_check(interactive=interactive, command=command)
     request = check_request(
         user=user,
         now=now,
@@ -63,6 +69,7 @@ def booking_submit(
     )
     state = State.PENDING if request.start is None else State.PLANNED
     booking = booking_from_request(user, request, now, state)
+    session_prepare(booking, interactive=interactive)
     booking.planned_start = request.start
     # Validated before the transaction: the model's checks read nothing the booking locks protect,
     # and each is a round trip that would otherwise be made while the candidate nodes are locked.

@@ -16,6 +16,7 @@ from django.utils import timezone
 from portal.models import Allocation, Booking, Gpu, Project
 from portal.services import accounting as accounting_services
 from portal.services.quotas import quota_effective, quota_project, usage_current
+from portal.services.sessions import session_view
 from portal.web import calendar, charts, history, selectors
 
 FILTERS = ("model", "node", "state")
@@ -97,6 +98,7 @@ def booking_detail(request, booking_id: int):
         "efficiency": charts.mean_utilization(all_samples),
         "processes_seen": selectors.processes_seen(booking_id=booking.pk),
         "is_mig": is_mig,
+        "session": session_view(booking) if booking.owner_id == request.user.pk else None,
         "now": now,
     }
     return render_page(
