@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-python",
         help="the Python with JupyterLab that runs interactive sessions (default: the agent's)",
     )
+    p.add_argument(
+        "--session-dir", help="the directory sessions open in (default: the owner's home)"
+    )
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -116,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             confine=args.confine,
             session_host=args.session_host,
             session_python=args.session_python,
+            session_dir=args.session_dir,
         )
     except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
         logging.error("cannot start: %s", exc)

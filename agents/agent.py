@@ -66,6 +66,7 @@ class Agent:
         confine: str = "auto",
         session_host: str = DEFAULT_SESSION_HOST,
         session_python: str | None = None,
+        session_dir: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -90,6 +91,7 @@ class Agent:
             device_files=backend.device_files,
             session_host=session_host,
             session_python=session_python,
+            session_dir=session_dir,
         )
         self.enforcer = Enforcer(grace_s, clock)
         self.events: deque[Event] = deque(maxlen=max_queued_events)

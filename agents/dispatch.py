@@ -84,9 +84,11 @@ class Dispatcher:
         device_files: Callable[[list[str]], list[str]] = lambda uuids: [],
         session_host: str = DEFAULT_HOST,
         session_python: str | None = None,
+        session_dir: str | None = None,
     ) -> None:
         self._session_host = session_host
         self._session_python = session_python
+        self._session_dir = session_dir
         self._state_dir = Path(state_dir)
         self._min_uid = min_uid
         self._confinement = confinement or confine.NoConfinement("switched off")
@@ -272,7 +274,7 @@ class Dispatcher:
                 booking,
                 host=self._session_host,
                 python=self._session_python,
-                home=_home(account),
+                home=self._session_dir or _home(account),
                 as_root=account.pw_uid == 0,
             )
             argv, extra_env = session.argv, session.env

@@ -47,6 +47,10 @@ def session_launch(
         "--ServerApp.allow_remote_access=True",
         f"--ServerApp.root_dir={home}",
         "--ServerApp.terminals_enabled=True",
+        # Sites are often air-gapped: nothing in the session reaches out on its own.
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
     if as_root:
         argv.append("--allow-root")  # only where a test site maps users to root (--min-uid 0)

@@ -65,10 +65,12 @@ def _signed_in(scope) -> bool:
 
 
 def _forward_headers(scope, target: SessionTarget) -> list[tuple[str, str]]:
+    # The websocket client makes its own handshake (key, version, extensions, subprotocols).
     headers = [
         (name.decode("latin-1"), value.decode("latin-1"))
         for name, value in scope.get("headers", [])
         if name.decode("latin-1").lower() not in _HOP
+        and not name.lower().startswith(b"sec-websocket-")
     ]
     cookies = _session_cookies(scope)
     if cookies:
