@@ -214,6 +214,7 @@ class Dispatcher:
     def _finished(self, job: Job, code: int | None, now: datetime) -> Event:
         del self.jobs[job.booking_id]
         confine.release(job.confinement)  # what the job left behind in its cgroup dies with it
+        shutil.rmtree(self._state_dir / "sessions" / f"booking-{job.booking_id}", True)
         if not job.relaunch:
             self._done.add(job.booking_id)
         if job.stop_reason is not None:
@@ -276,6 +277,7 @@ class Dispatcher:
                 python=self._session_python,
                 home=self._session_dir or _home(account),
                 as_root=account.pw_uid == 0,
+                workspaces=self._session_workspaces(booking.booking_id, account),
             )
             argv, extra_env = session.argv, session.env
         launch = self._confinement.wrap(
@@ -318,6 +320,13 @@ class Dispatcher:
             session_port=session.port if session else None,
         )
         return job, launch.note
+
+    def _session_workspaces(self, booking_id: int, account: pwd.struct_passwd) -> Path:
+        directory = self._state_dir / "sessions" / f"booking-{booking_id}"
+        directory.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(directory, account.pw_uid, account.pw_gid)  # JupyterLab saves layouts here
+        return directory
 
     def save(self) -> None:
         """Write the state file (after every change, and on agent shutdown)."""

@@ -9,13 +9,28 @@ travels in the environment (JUPYTER_TOKEN), never on the command line, where `ps
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from agents.protocol import SESSION_PATH, DesiredBooking
 
 DEFAULT_HOST = "127.0.0.1"
+# JupyterLab's file for the workspace named "terminal" (jupyterlab_server's slug of the name):
+# the portal opens a terminal session at <base URL>lab/workspaces/terminal.
+TERMINAL_WORKSPACE_FILE = "terminal-4e68.jupyterlab-workspace"
+_TERMINAL_WORKSPACE = {
+    "data": {
+        "layout-restorer:data": {
+            "main": {"dock": {"type": "tab-area", "currentIndex": 0, "widgets": ["terminal:1"]}},
+            "left": {"collapsed": True, "visible": True, "widgets": []},
+        },
+        "terminal:1": {"data": {"name": "1"}},
+    },
+    "metadata": {"id": "terminal"},
+}
 _PROBE_TIMEOUT_S = 0.2
 
 
@@ -30,10 +45,23 @@ class SessionLaunch:
 
 
 def session_launch(
-    booking: DesiredBooking, *, host: str, python: str | None, home: str, as_root: bool
+    booking: DesiredBooking,
+    *,
+    host: str,
+    python: str | None,
+    home: str,
+    as_root: bool,
+    workspaces: Path,
 ) -> SessionLaunch:
-    """The JupyterLab command line for `booking`'s session on a free port of `host`."""
+    """The JupyterLab command line for `booking`'s session on a free port of `host`.
+
+    `workspaces` is the session's own JupyterLab workspaces directory (the owner may write it);
+    a terminal session gets a workspace there that opens one terminal.
+    """
     port = free_port(host)
+    if booking.interactive == "terminal":
+        layout = workspaces / TERMINAL_WORKSPACE_FILE
+        layout.write_text(json.dumps(_TERMINAL_WORKSPACE))
     argv = [
         python or sys.executable,
         "-m",
@@ -47,6 +75,7 @@ def session_launch(
         "--ServerApp.allow_remote_access=True",
         f"--ServerApp.root_dir={home}",
         "--ServerApp.terminals_enabled=True",
+        f"--LabApp.workspaces_dir={workspaces}",
         # Sites are often air-gapped: nothing in the session reaches out on its own.
         "--LabApp.extension_manager=readonly",
         "--LabApp.news_url=None",
@@ -54,7 +83,7 @@ def session_launch(
     ]
     if as_root:
         argv.append("--allow-root")  # only where a test site maps users to root (--min-uid 0)
-    env = {"JUPYTER_TOKEN": booking.session_token or "", "JUPYTER_NO_CONFIG": "1"}
+    env = {"JUPYTER_TOKEN": booking.session_token or ""}
     return SessionLaunch(argv, env, host, port)
 
 

@@ -103,8 +103,15 @@ def _page(title: str, text: str, booking_id: int | None) -> bytes:
     ).encode()
 
 
+# The proxy talks to no group: without a channel layer (get_channel_layer answers None for an
+# alias not configured) a request costs no Redis round trips and no channel to clean up.
+_NO_CHANNEL_LAYER = "interactive-sessions-use-no-channel-layer"
+
+
 class SessionHttpProxy(AsyncHttpConsumer):
     """HTTP to a running session, streamed both ways (the request body is read first)."""
+
+    channel_layer_alias = _NO_CHANNEL_LAYER
 
     async def handle(self, body: bytes) -> None:
         target = await _target(self.scope)
@@ -177,6 +184,8 @@ class SessionHttpProxy(AsyncHttpConsumer):
 
 class SessionWebsocketProxy(AsyncWebsocketConsumer):
     """A websocket (kernel, terminal) to a running session: messages copied both ways."""
+
+    channel_layer_alias = _NO_CHANNEL_LAYER
 
     upstream = None
     pump: asyncio.Task | None = None

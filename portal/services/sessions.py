@@ -19,7 +19,7 @@ Interactive = Booking.Interactive
 SessionState = Booking.SessionState
 
 # Where "Open ..." lands inside the session server, per kind.
-_LANDING = {Interactive.JUPYTERLAB: "lab", Interactive.TERMINAL: "terminals/1"}
+_LANDING = {Interactive.JUPYTERLAB: "lab", Interactive.TERMINAL: "lab/workspaces/terminal"}
 
 
 def session_request_check(*, interactive: str | None, command: str) -> str:

@@ -73,3 +73,23 @@ def test_it_reports_a_session_that_cannot_start_with_its_reason(
     assert exited.exit_code != 0
     assert "/nonexistent/python3" in f"{exited.detail} {exited.log_tail}"
     assert _event(portal, "session_ready", 6) is None
+
+
+@pytest.mark.timeout(120)
+def test_it_opens_a_terminal_session_on_its_own_workspace(
+    portal, make_agent, cycle_until, me, tmp_path
+):
+    agent = make_agent()
+    gpu = agent.backend.discover()[0].uuid
+    portal.book(7, me, [gpu], interactive="terminal", session_token=TOKEN)
+    cycle_until(agent, lambda: _event(portal, "session_ready", 7) is not None, timeout_s=60)
+    port = _event(portal, "started", 7).session_port
+    # The page the portal links to (lab/workspaces/terminal) restores this layout: one terminal.
+    code, body = _get(f"http://127.0.0.1:{port}/sessions/7/lab/api/workspaces/terminal", TOKEN)
+    assert code == 200
+    layout = json.loads(body)["data"]
+    assert layout["layout-restorer:data"]["main"]["dock"]["widgets"] == ["terminal:1"]
+    portal.desired["bookings"].clear()
+    portal.desired["generation"] += 1
+    cycle_until(agent, lambda: _event(portal, "stopped", 7) is not None, timeout_s=30)
+    assert not (tmp_path / "state" / "sessions" / "booking-7").exists()  # its layout went too

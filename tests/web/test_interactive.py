@@ -180,3 +180,50 @@ def test_it_opens_jupyterlab_on_the_booked_mig_slice_for_its_owner_only(
     _wait(
         lambda: Booking.objects.get(pk=booking.pk).session_state == "stopped", 30, "the stop event"
     )
+
+
+@pytest.mark.timeout(240)
+def test_it_opens_a_terminal_session_in_the_browser(
+    site, node_agent, asgi_server, browser_page, tmp_path
+):
+    from portal.services.bookings import booking_submit
+    from tests.web.conftest import in_thread
+
+    _wait(lambda: MigInstance.objects.filter(gpu__node__hostname=HOSTNAME).count() == 3, 30, "node")
+    alice = site.memberships.get(user__username="alice").user
+    now = timezone.now()
+    booking = in_thread(
+        booking_submit,
+        user=alice,
+        now=now,
+        mig_profile="3g.40gb",
+        start=now - timedelta(seconds=30),
+        end=now + timedelta(hours=1),
+        interactive="terminal",
+    )
+    page = browser_page
+    page.set_default_timeout(60_000)
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.goto(f"{asgi_server}/bookings/{booking.pk}/")
+    page.wait_for_selector("#session-open", timeout=90_000)
+    assert page.text_content("#session-open").strip() == "Open Terminal"
+    with page.context.expect_page() as opened:
+        page.click("#session-open")
+    lab = opened.value
+    try:
+        lab.wait_for_selector(".jp-Terminal", timeout=60_000)
+    finally:
+        lab.screenshot(path=str(ARTIFACTS / "interactive-terminal.png"))
+    terminals = f"{asgi_server}/sessions/{booking.pk}/api/terminals"
+    _wait(
+        lambda: lab.evaluate("u => fetch(u).then(r => r.json())", terminals) != [],
+        60,
+        "the terminal to start",
+        lab,
+    )
+    # Typed into the terminal, through the proxied websocket, on the booked slice.
+    out = tmp_path / "cvd.txt"
+    lab.click(".jp-Terminal")
+    lab.keyboard.type(f"echo $CUDA_VISIBLE_DEVICES > {out}\n")
+    _wait(lambda: out.exists() and out.read_text().strip(), 30, "the terminal's output", lab)
+    assert out.read_text().strip() == booking.allocations.get().device_uuid
