@@ -13,6 +13,7 @@ from django.utils import timezone
 from portal.api.serializers import iso, reading_json
 from portal.models import Allocation, Booking, MigInstance
 from portal.services import telemetry_cache
+from portal.services.sessions import session_summary
 
 BOOKING_FIELDS = (
     "id",
@@ -38,7 +39,12 @@ BOOKING_FIELDS = (
     "priority",
     "exit_code",
     "log_tail",
+    "interactive",
+    # Read for the `session` summary, not rendered as they are (the secret is never read).
+    "session_state",
+    "session_detail",
 )
+_NOT_RENDERED = {"session_state", "session_detail"}
 _BOOKING_TIMES = ("start", "end", "submitted_at", "started_at", "ended_at", "planned_start")
 _ALLOCATION_FIELDS = (
     "booking_id",
@@ -64,13 +70,20 @@ def booking_rows(page: list[dict]) -> list[dict]:
     for row in page:
         live = row["state"] in live_states
         held = [d for d in devices.get(row["id"], ()) if d["live"] or not live]
-        booking = {key: row[key] for key in BOOKING_FIELDS[3:]}
+        booking = {key: row[key] for key in BOOKING_FIELDS[3:] if key not in _NOT_RENDERED}
         booking.update({key: iso(row[key], tz) for key in _BOOKING_TIMES})
         booking["id"] = row["id"]
         booking["owner"] = row["owner__username"]
         booking["project"] = row["project__slug"]
         booking["devices"] = [d["row"] for d in held]
         booking["cuda_visible_devices"] = ",".join(d["row"]["uuid"] for d in held)
+        booking["session"] = session_summary(
+            booking_id=row["id"],
+            interactive=row["interactive"],
+            booking_state=row["state"],
+            session_state=row["session_state"],
+            session_detail=row["session_detail"],
+        )
         out.append(booking)
     return out
 

@@ -47,11 +47,6 @@ def session_path(booking_id: int) -> str:
     return SESSION_PATH.format(booking_id=booking_id)
 
 
-def session_open_url(booking: Booking) -> str:
-    """Where the booking page's "Open" link goes."""
-    return session_path(booking.pk) + _LANDING.get(booking.interactive, "lab")
-
-
 def session_event_apply(*, event: Event, node_hostname: str) -> None:
     """Follow a session's life from the agent's events (inside the events transaction)."""
     rows = Booking.objects.filter(pk=event.booking_id).exclude(interactive=Interactive.NONE)
@@ -166,19 +161,38 @@ def session_target(*, user, booking_id: int) -> SessionTarget | None:
 
 def session_view(booking: Booking) -> dict | None:
     """What the booking page shows about its session: state, sentence, and the link when open."""
-    if booking.interactive == Interactive.NONE:
+    return session_summary(
+        booking_id=booking.pk,
+        interactive=booking.interactive,
+        booking_state=booking.state,
+        session_state=booking.session_state,
+        session_detail=booking.session_detail,
+    )
+
+
+def session_summary(
+    *,
+    booking_id: int,
+    interactive: str,
+    booking_state: str,
+    session_state: str,
+    session_detail: str,
+) -> dict | None:
+    """A booking's session as pages and the API show it; None for a booking without one."""
+    if interactive == Interactive.NONE:
         return None
-    label = booking.get_interactive_display()
-    state, detail = booking.session_state, booking.session_detail
-    if booking.state in (Booking.State.PENDING, Booking.State.PLANNED):
+    label = Interactive(interactive).label
+    state, detail = session_state, session_detail
+    if booking_state in (Booking.State.PENDING, Booking.State.PLANNED):
         state, detail = "waiting", f"{label} starts when the booking starts"
-    elif booking.state != Booking.State.ACTIVE:
+    elif booking_state != Booking.State.ACTIVE:
         state, detail = SessionState.STOPPED, "the session ended with the booking"
     elif not state:
         state, detail = SessionState.STARTING, "waiting for the node to launch it"
+    url = session_path(booking_id) + _LANDING.get(interactive, "lab")
     return {
         "label": label,
         "state": state,
         "detail": detail,
-        "url": session_open_url(booking) if state == SessionState.RUNNING else "",
+        "url": url if state == SessionState.RUNNING else "",
     }

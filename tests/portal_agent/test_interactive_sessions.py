@@ -105,6 +105,8 @@ def test_it_follows_the_session_from_the_agents_events(alice, node_a):
     assert target.running and target.upstream == "127.0.0.1:41999"
     page = _api(alice).get(f"/api/v1/bookings/{booking.pk}/").json()["session"]
     assert page["url"] == f"/sessions/{booking.pk}/lab"
+    listed = _api(alice).get("/api/v1/bookings/").json()["results"]
+    assert [row["session"] for row in listed if row["id"] == booking.pk] == [page]
 
     # Only the owner: not another user, not an admin.
     assert session_target(user=UserFactory(), booking_id=booking.pk) is None
