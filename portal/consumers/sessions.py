@@ -42,6 +42,8 @@ _HOP = {
     "cookie",
     "origin",
 }
+# The proxy's own pages (not found, starting, ended): no script, one inline style.
+_PAGE_POLICY = b"default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"
 _UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=5.0)
 _WS_MAX_MESSAGE = 64 * 1024 * 1024
 
@@ -176,7 +178,11 @@ class SessionHttpProxy(AsyncHttpConsumer):
         await self.send_response(302, b"", headers=[(b"location", location.encode())])
 
     async def _answer(self, status: int, title: str, text: str, booking_id: int | None) -> None:
-        headers = [(b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store")]
+        headers = [
+            (b"content-type", b"text/html; charset=utf-8"),
+            (b"cache-control", b"no-store"),
+            (b"content-security-policy", _PAGE_POLICY),
+        ]
         if status == 503:
             headers.append((b"retry-after", b"2"))
         await self.send_response(status, _page(title, text, booking_id), headers=headers)

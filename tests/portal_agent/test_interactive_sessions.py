@@ -175,6 +175,9 @@ def test_it_answers_404_for_anyone_elses_session_or_none_at_all(alice, node_a):
         response = _http(bob, path)
         assert response["status"] == 404
         assert b"No such session" in response["body"]
+        assert dict(response["headers"])[b"content-security-policy"].startswith(
+            b"default-src 'none'"
+        )
     ws = f"/sessions/{booking.pk}/api/kernels/k1/channels"
     assert not _websocket_accepted(bob, ws)
     anonymous = _http(AnonymousUser(), f"/sessions/{booking.pk}/lab")
