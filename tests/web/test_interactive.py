@@ -44,6 +44,8 @@ def node_agent(site, asgi_server, tmp_path):
     """A real agent on a simulated MIG GPU, cycling in a thread against the live portal."""
     import getpass
 
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
     agent = Agent(
         asgi_server,
         node_token_issue(hostname=HOSTNAME),
@@ -57,7 +59,8 @@ def node_agent(site, asgi_server, tmp_path):
         push=False,
         min_uid=0,  # sessions run as whoever runs the suite, root included
         confine="off",
-        session_dir=str(tmp_path),  # notebooks land here, not in the home of whoever runs tests
+        # Notebooks land here, not in the home of whoever runs the tests.
+        session_dir=str(notebooks),
     )
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
