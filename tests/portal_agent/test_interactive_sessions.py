@@ -194,3 +194,21 @@ def test_it_tells_the_owner_a_session_is_starting_or_has_ended(alice, node_a):
     ended = _http(alice, f"/sessions/{booking.pk}/lab")
     assert ended["status"] == 410 and b"Session ended" in ended["body"]
     assert not _websocket_accepted(alice, f"/sessions/{booking.pk}/api/kernels/k1/channels")
+
+
+def test_it_shows_the_session_on_the_booking_page_its_state_reason_and_link(alice, node_a):
+    from django.test import Client
+
+    booking = _session_booking(alice, node_a)
+    page = Client()
+    page.force_login(alice)
+    url = f"/bookings/{booking.pk}/?fragment=booking"
+    Booking.objects.filter(pk=booking.pk).update(
+        session_state="failed", session_detail="the session server exited with code 1: no kernel"
+    )
+    failed = page.get(url).content.decode()
+    assert "Failed" in failed and "The session server exited with code 1: no kernel" in failed
+    assert "session-open" not in failed
+    Booking.objects.filter(pk=booking.pk).update(session_state="running", session_port=41000)
+    running = page.get(url).content.decode()
+    assert f'href="/sessions/{booking.pk}/lab"' in running and "Open JupyterLab" in running

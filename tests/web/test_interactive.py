@@ -129,6 +129,7 @@ def test_it_opens_jupyterlab_on_the_booked_mig_slice_for_its_owner_only(
     # While the node starts it, the page says so; then it offers "Open JupyterLab".
     state = page.text_content("#session").strip()
     assert "Starting" in state or "Open JupyterLab" in state
+    page.screenshot(path=str(ARTIFACTS / "interactive-starting.png"))
     page.wait_for_selector("#session-open", timeout=90_000)
     page.screenshot(path=str(ARTIFACTS / "interactive-booking.png"), full_page=True)
     assert page.text_content("#session-open").strip() == "Open JupyterLab"
