@@ -13,6 +13,7 @@ import contextlib
 import html
 import logging
 import re
+from urllib.parse import urlsplit
 
 import httpx
 import websockets
@@ -96,6 +97,20 @@ def _session_cookies(scope) -> str:
     return "; ".join(kept)
 
 
+def _cross_site(scope) -> bool:
+    # The proxy authenticates every request upstream with the token, which turns off Jupyter's
+    # own XSRF check; SameSite session cookies already keep other sites out, and this keeps a
+    # browser's unsafe request from another origin out too.
+    if scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        return False
+    headers = dict(scope.get("headers", []))
+    origin = headers.get(b"origin", b"").decode("latin-1")
+    if not origin:
+        return False  # not a browser's cross-origin request (browsers send Origin on those)
+    host = headers.get(b"host", b"").decode("latin-1")
+    return urlsplit(origin).netloc != host and origin not in settings.CSRF_TRUSTED_ORIGINS
+
+
 def _page(title: str, text: str, booking_id: int | None) -> bytes:
     back = f'<p><a href="/bookings/{booking_id}/">Back to the booking</a></p>' if booking_id else ""
     return (
@@ -123,6 +138,10 @@ class SessionHttpProxy(AsyncHttpConsumer):
             return await self._answer(404, "Not found", "No such session among yours.", None)
         if not target.running:
             return await self._not_running(target)
+        if _cross_site(self.scope):
+            return await self._answer(
+                403, "Refused", "A cross-site request to a session.", target.booking_id
+            )
         await self._forward(target, body)
 
     async def _forward(self, target: SessionTarget, body: bytes) -> None:

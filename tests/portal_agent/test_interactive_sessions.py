@@ -144,9 +144,9 @@ def test_it_ends_the_session_with_the_booking(alice, node_a):
 # -- the proxy's refusals (no session server needed to refuse) ------------------------------
 
 
-def _http(user, path: str):
+def _http(user, path: str, method: str = "GET", headers=None):
     async def run():
-        communicator = HttpCommunicator(SessionHttpProxy.as_asgi(), "GET", path)
+        communicator = HttpCommunicator(SessionHttpProxy.as_asgi(), method, path, headers=headers)
         communicator.scope["user"] = user
         return await communicator.get_response(timeout=10)
 
@@ -212,3 +212,18 @@ def test_it_shows_the_session_on_the_booking_page_its_state_reason_and_link(alic
     Booking.objects.filter(pk=booking.pk).update(session_state="running", session_port=41000)
     running = page.get(url).content.decode()
     assert f'href="/sessions/{booking.pk}/lab"' in running and "Open JupyterLab" in running
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_refuses_a_cross_site_request_to_a_session(alice, node_a):
+    booking = _session_booking(alice, node_a)
+    # Port 9 (discard) answers nothing: a request let through ends in 502, a refused one in 403.
+    Booking.objects.filter(pk=booking.pk).update(
+        session_state="running", session_host="127.0.0.1", session_port=9
+    )
+    path = f"/sessions/{booking.pk}/api/kernels"
+    host = [(b"host", b"portal.example.org")]
+    evil = _http(alice, path, "POST", host + [(b"origin", b"https://evil.example.com")])
+    assert evil["status"] == 403
+    same = _http(alice, path, "POST", host + [(b"origin", b"https://portal.example.org")])
+    assert same["status"] == 502
