@@ -73,6 +73,7 @@ def _forward_headers(scope, target: SessionTarget) -> list[tuple[str, str]]:
         (name.decode("latin-1"), value.decode("latin-1"))
         for name, value in scope.get("headers", [])
         if name.decode("latin-1").lower() not in _HOP
+        and name.lower() != b"content-length"  # the client sets it for the body it sends
         and not name.lower().startswith(b"sec-websocket-")
     ]
     cookies = _session_cookies(scope)
