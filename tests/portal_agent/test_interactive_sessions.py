@@ -227,3 +227,8 @@ def test_it_refuses_a_cross_site_request_to_a_session(alice, node_a):
     assert evil["status"] == 403
     same = _http(alice, path, "POST", host + [(b"origin", b"https://portal.example.org")])
     assert same["status"] == 502
+
+
+def test_it_keeps_the_protocols_session_bounds_equal_to_the_columns():
+    assert protocol.SESSION_TOKEN_MAX == Booking._meta.get_field("session_token").max_length
+    assert protocol.HOSTNAME_MAX == Booking._meta.get_field("session_host").max_length
