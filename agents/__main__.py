@@ -48,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="how jobs are held to their devices' /dev nodes (see docs/agent.md)",
     )
+    p.add_argument(
+        "--session-host",
+        default="127.0.0.1",
+        help="address interactive sessions listen on; the portal must reach it (docs/interactive.md)",
+    )
+    p.add_argument(
+        "--session-python",
+        help="the Python with JupyterLab that runs interactive sessions (default: the agent's)",
+    )
+    p.add_argument(
+        "--session-dir", help="the directory sessions open in (default: the owner's home)"
+    )
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -105,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             push=not args.no_push,
             min_uid=args.min_uid,
             confine=args.confine,
+            session_host=args.session_host,
+            session_python=args.session_python,
+            session_dir=args.session_dir,
         )
     except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
         logging.error("cannot start: %s", exc)

@@ -33,6 +33,7 @@ from agents.protocol import (
     RegisterRequest,
     utcnow,
 )
+from agents.session import DEFAULT_HOST as DEFAULT_SESSION_HOST
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class Agent:
         max_queued_events: int = 10_000,
         min_uid: int = DEFAULT_MIN_UID,
         confine: str = "auto",
+        session_host: str = DEFAULT_SESSION_HOST,
+        session_python: str | None = None,
+        session_dir: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -85,6 +89,9 @@ class Agent:
             min_uid,
             confinement=self.confinement,
             device_files=backend.device_files,
+            session_host=session_host,
+            session_python=session_python,
+            session_dir=session_dir,
         )
         self.enforcer = Enforcer(grace_s, clock)
         self.events: deque[Event] = deque(maxlen=max_queued_events)

@@ -24,6 +24,7 @@ from pathlib import Path
 from agents import confine
 from agents.procfs import is_alive, read_stat
 from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event
+from agents.session import DEFAULT_HOST, session_launch, session_listening
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ class Job:
     relaunch: bool = False  # stopped because its booking moved: launch it again once gone
     confinement: str | None = None  # its cgroup or scope (agents.confine.release), if any
     reported_size: int = 0  # the log's size when its tail was last reported (output events)
+    session_host: str | None = None  # an interactive session: where it listens
+    session_port: int | None = None
+    session_ready: bool = False
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
@@ -78,7 +82,13 @@ class Dispatcher:
         min_uid: int = DEFAULT_MIN_UID,
         confinement: confine.NoConfinement | confine.SystemdScope | confine.CgroupV1 | None = None,
         device_files: Callable[[list[str]], list[str]] = lambda uuids: [],
+        session_host: str = DEFAULT_HOST,
+        session_python: str | None = None,
+        session_dir: str | None = None,
     ) -> None:
+        self._session_host = session_host
+        self._session_python = session_python
+        self._session_dir = session_dir
         self._state_dir = Path(state_dir)
         self._min_uid = min_uid
         self._confinement = confinement or confine.NoConfinement("switched off")
@@ -145,6 +155,7 @@ class Dispatcher:
         events = self._reap(now)
         self._stop_unwanted(bookings, now)
         self._escalate()
+        events += self._sessions_ready(now)
         if bookings is not None:
             events += [self._launch(b, now) for b in bookings if self._should_launch(b, now)]
             self._done &= {b.booking_id for b in bookings}
@@ -154,7 +165,7 @@ class Dispatcher:
 
     def _should_launch(self, booking: DesiredBooking, now: datetime) -> bool:
         return (
-            bool(booking.command)
+            bool(booking.command or booking.interactive)
             and booking.start <= now < booking.end
             and booking.booking_id not in self.jobs
             and booking.booking_id not in self._done
@@ -186,6 +197,16 @@ class Dispatcher:
             job.end = end.isoformat()
             self._dirty = True
 
+    def _sessions_ready(self, now: datetime) -> list[Event]:
+        events = []
+        for job in self.jobs.values():
+            if job.session_port is None or job.session_ready or job.stop_reason is not None:
+                continue
+            if session_listening(job.session_host or DEFAULT_HOST, job.session_port):
+                job.session_ready = True
+                events.append(_session_event("session_ready", job, now, "the session is ready"))
+        return events
+
     def _begin_stop(self, job: Job, reason: str) -> None:
         log.info("stopping booking %s (pgid %s): %s", job.booking_id, job.pgid, reason)
         job.stop_reason = reason
@@ -210,6 +231,7 @@ class Dispatcher:
     def _finished(self, job: Job, code: int | None, now: datetime) -> Event:
         del self.jobs[job.booking_id]
         confine.release(job.confinement)  # what the job left behind in its cgroup dies with it
+        shutil.rmtree(self._state_dir / "sessions" / f"booking-{job.booking_id}", True)
         if not job.relaunch:
             self._done.add(job.booking_id)
         if job.stop_reason is not None:
@@ -228,6 +250,8 @@ class Dispatcher:
             log_tail(job.log_path),
             pid=job.pid,
             user=job.unix_user,
+            session_host=job.session_host,
+            session_port=job.session_port,
         )
 
     def _launch(self, booking: DesiredBooking, now: datetime) -> Event:
@@ -258,15 +282,23 @@ class Dispatcher:
             return Event("exited", now, detail, booking.booking_id, user=unix_user)
         self.jobs[booking.booking_id] = job
         detail = f"launched as {unix_user} on {','.join(booking.device_uuids)}; {note}"
-        return Event("started", now, detail, booking.booking_id, pid=job.pid, user=unix_user)
+        return _session_event("started", job, now, detail)
 
     def _spawn(self, booking: DesiredBooking, account: pwd.struct_passwd) -> tuple[Job, str]:
         log_path = self._log_dir / f"booking-{booking.booking_id}.log"
+        argv, extra_env, session = [_SHELL, "-c", booking.command or ""], {}, None
+        if booking.interactive:
+            session = session_launch(
+                booking,
+                host=self._session_host,
+                python=self._session_python,
+                home=self._session_dir or _home(account),
+                as_root=account.pw_uid == 0,
+                workspaces=self._session_workspaces(booking.booking_id, account),
+            )
+            argv, extra_env = session.argv, session.env
         launch = self._confinement.wrap(
-            booking.booking_id,
-            [_SHELL, "-c", booking.command or ""],
-            account,
-            self._device_files(list(booking.device_uuids)),
+            booking.booking_id, argv, account, self._device_files(list(booking.device_uuids))
         )
         try:
             with open(log_path, "ab") as log_file:
@@ -277,15 +309,15 @@ class Dispatcher:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    env=_job_environment(booking, account),
-                    cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
+                    env=_job_environment(booking, account) | extra_env,
+                    cwd=_home(account),
                     start_new_session=True,
                     **(_identity(account) if launch.drop_privileges else {}),
                 )
         except OSError:
             confine.release(launch.handle)
             raise
-        if launch.argv[0] != _SHELL:
+        if launch.argv != argv and _program(launch.argv[0]) != _program(argv[0]):
             # A wrapper (jail, systemd-run) runs as root first: report the job, and let the
             # enforcer see it, only once it is the command, as its user, in its cgroup.
             _await_exec(popen, launch.argv[0])
@@ -301,8 +333,17 @@ class Dispatcher:
             str(log_path),
             popen,
             confinement=launch.handle,
+            session_host=session.host if session else None,
+            session_port=session.port if session else None,
         )
         return job, launch.note
+
+    def _session_workspaces(self, booking_id: int, account: pwd.struct_passwd) -> Path:
+        directory = self._state_dir / "sessions" / f"booking-{booking_id}"
+        directory.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(directory, account.pw_uid, account.pw_gid)  # JupyterLab saves layouts here
+        return directory
 
     def save(self) -> None:
         """Write the state file (after every change, and on agent shutdown)."""
@@ -315,6 +356,23 @@ class Dispatcher:
         tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, path)  # a crash mid-write must not lose the running jobs
         self._dirty = False
+
+
+def _home(account: pwd.struct_passwd) -> str:
+    return account.pw_dir if os.path.isdir(account.pw_dir) else "/"
+
+
+def _session_event(kind: str, job: Job, now: datetime, detail: str) -> Event:
+    return Event(
+        kind,
+        now,
+        detail,
+        job.booking_id,
+        pid=job.pid,
+        user=job.unix_user,
+        session_host=job.session_host,
+        session_port=job.session_port,
+    )
 
 
 def _identity(account: pwd.struct_passwd) -> dict:
@@ -340,8 +398,8 @@ def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dic
 
 def _await_exec(popen: subprocess.Popen, wrapper: str) -> None:
     # /proc/<pid>/exe names the running program: wait until it is no longer the wrapper.
-    program = shutil.which(wrapper) or wrapper
-    target = os.path.realpath(program)
+    # (A wrapper that is the same program as the command, python for both, cannot be told apart.)
+    target = _program(wrapper)
     deadline = time.monotonic() + _EXEC_WAIT_S
     while popen.poll() is None and time.monotonic() < deadline:
         try:
@@ -352,6 +410,10 @@ def _await_exec(popen: subprocess.Popen, wrapper: str) -> None:
         time.sleep(0.002)
     if popen.poll() is None:
         log.warning("pid %s still runs %s after %.0f s", popen.pid, wrapper, _EXEC_WAIT_S)
+
+
+def _program(name: str) -> str:
+    return os.path.realpath(shutil.which(name) or name)
 
 
 def _signal_group(job: Job, signum: int) -> None:

@@ -27,7 +27,15 @@ EVENTS_PATH = "/api/v1/agent/events/"
 WEBSOCKET_PATH = "/ws/agent/"
 
 Enforcement = Literal["report", "warn", "kill"]
-EventKind = Literal["started", "exited", "stopped", "output", "foreign_process", "unbooked_process"]
+EventKind = Literal[
+    "started", "exited", "stopped", "output", "foreign_process", "unbooked_process", "session_ready"
+]
+# What an interactive booking runs instead of a command (docs/interactive.md).
+Interactive = Literal["jupyterlab", "terminal"]
+SESSION_TOKEN_MAX = 128
+# The path prefix under which the portal serves a session; the session server is started with it
+# as its base URL, so every URL it makes routes back through the portal's proxy.
+SESSION_PATH = "/sessions/{booking_id}/"
 
 # The schema's bounds, enforced by from_json on both sides. Lengths are the portal's column sizes
 # (a portal test keeps them equal); every string refuses NUL (PostgreSQL text cannot hold it).
@@ -160,6 +168,9 @@ class DesiredBooking:
     start: datetime = bounded()
     end: datetime = bounded()
     command: str | None = bounded(max_length=COMMAND_MAX, default=None)
+    # An interactive session to launch instead of a command, and its per-session secret.
+    interactive: Interactive | None = None
+    session_token: str | None = bounded(max_length=SESSION_TOKEN_MAX, default=None)
 
 
 @dataclass(frozen=True)
@@ -188,6 +199,9 @@ class Event:
     pid: int | None = bounded(low=0, default=None)
     user: str | None = bounded(max_length=USER_MAX, default=None)
     action: Enforcement | None = None
+    # Where an interactive session listens (on `started` and `session_ready`).
+    session_host: str | None = bounded(max_length=HOSTNAME_MAX, default=None)
+    session_port: int | None = bounded(low=1, high=65535, default=None)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """ASGI entry point: HTTP through Django (its WSGI handler on threads), websockets through Channels.
 
+/sessions/ (interactive sessions, HTTP and websockets) goes to the async reverse proxy.
+
 Beyond capacity, HTTP requests are refused with 503 here, before they reach a thread.
 """
 
@@ -16,7 +18,12 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 
 from portal.middleware import AdmissionLimit  # noqa: E402
-from portal.routing import agent_websocket_urlpatterns, websocket_urlpatterns  # noqa: E402
+from portal.routing import (  # noqa: E402
+    SESSION_HTTP_PREFIX,
+    agent_websocket_urlpatterns,
+    session_http_app,
+    websocket_urlpatterns,
+)
 from portal.wsgi_threads import WsgiOnThreads  # noqa: E402
 
 _browser_websockets = AllowedHostsOriginValidator(
@@ -37,4 +44,13 @@ _http = AdmissionLimit(
     limit=settings.WEB_MAX_INFLIGHT,
     retry_after_s=settings.WEB_RETRY_AFTER_S,
 )
-application = ProtocolTypeRouter({"http": _http, "websocket": _websockets})
+_sessions = AuthMiddlewareStack(session_http_app)
+
+
+async def _http_or_sessions(scope, receive, send):
+    # Interactive sessions are proxied asynchronously (long polls, streams), not on a thread.
+    app = _sessions if scope["path"].startswith(SESSION_HTTP_PREFIX) else _http
+    return await app(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": _http_or_sessions, "websocket": _websockets})

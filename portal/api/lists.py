@@ -13,6 +13,7 @@ from django.utils import timezone
 from portal.api.serializers import allocation_shown, booking_window, iso, reading_json
 from portal.models import Allocation, MigInstance
 from portal.services import fairshare, telemetry_cache
+from portal.services.sessions import session_summary
 
 BOOKING_FIELDS = (
     "id",
@@ -38,9 +39,14 @@ BOOKING_FIELDS = (
     "priority",
     "exit_code",
     "log_tail",
+    "interactive",
+    # Read for the `session` summary, not rendered as they are (the secret is never read).
+    "session_state",
+    "session_detail",
 )
 # Read with the fields: which allocations are the booking's current run.
 BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at")
+_NOT_RENDERED = {"session_state", "session_detail"}
 _BOOKING_TIMES = ("submitted_at", "started_at", "ended_at", "planned_start")
 _ALLOCATION_FIELDS = (
     "booking_id",
@@ -70,7 +76,7 @@ def booking_rows(page: list[dict]) -> list[dict]:
                 live=d["live"], start=d["start"], state=row["state"], requeued_at=row["requeued_at"]
             )
         ]
-        booking = {key: row[key] for key in BOOKING_FIELDS[3:]}
+        booking = {key: row[key] for key in BOOKING_FIELDS[3:] if key not in _NOT_RENDERED}
         booking.update({key: iso(row[key], tz) for key in _BOOKING_TIMES})
         start, end = booking_window(
             row["start"], row["end"], [(d["start"], d["end"]) for d in held]
@@ -82,6 +88,13 @@ def booking_rows(page: list[dict]) -> list[dict]:
         booking["project"] = row["project__slug"]
         booking["devices"] = [d["row"] for d in held]
         booking["cuda_visible_devices"] = ",".join(d["row"]["uuid"] for d in held)
+        booking["session"] = session_summary(
+            booking_id=row["id"],
+            interactive=row["interactive"],
+            booking_state=row["state"],
+            session_state=row["session_state"],
+            session_detail=row["session_detail"],
+        )
         out.append(booking)
     return out
 

@@ -13,6 +13,7 @@ from rest_framework import serializers
 
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
 from portal.services import fairshare
+from portal.services.sessions import session_view
 from portal.services.telemetry import SAMPLE_VALUES
 
 MAX_SECONDS = 10 * 365 * 86400
@@ -113,6 +114,11 @@ class BookingCreateInput(StrictSerializer):
     command = serializers.CharField(
         required=False, allow_blank=True, max_length=10000, trim_whitespace=False
     )
+    interactive = serializers.ChoiceField(
+        choices=Booking.Interactive.choices,
+        required=False,
+        help_text="Run JupyterLab or a terminal on the booked devices, opened through the portal.",
+    )
 
 
 class BookingExtendInput(StrictSerializer):
@@ -164,6 +170,15 @@ class AllocationOutput(serializers.Serializer):
     end = serializers.DateTimeField()
 
 
+class SessionOutput(serializers.Serializer):
+    """An interactive booking's session: state, a sentence, and the portal URL once running."""
+
+    label = serializers.CharField()
+    state = serializers.CharField()
+    detail = serializers.CharField()
+    url = serializers.CharField()
+
+
 class BookingOutput(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     project = serializers.CharField(source="project.slug")
@@ -179,6 +194,7 @@ class BookingOutput(serializers.ModelSerializer):
         help_text="Priority factors (age, fairshare, size, qos, total) and `fairshare_charge`: "
         "what fair share charges (allocated, measured or blend; SCHEDULER_FAIRSHARE_CHARGE)."
     )
+    session = serializers.SerializerMethodField()
 
     class Meta:
         model = Booking
@@ -206,6 +222,8 @@ class BookingOutput(serializers.ModelSerializer):
             "priority",
             "exit_code",
             "log_tail",
+            "interactive",
+            "session",
             "devices",
             "cuda_visible_devices",
         ]
@@ -237,6 +255,9 @@ class BookingOutput(serializers.ModelSerializer):
     def get_cuda_visible_devices(self, obj) -> str:
         return ",".join(a.device_uuid for a in self._live(obj))
 
+    def get_session(self, obj) -> SessionOutput(allow_null=True):
+        return session_view(obj)
+
     def to_representation(self, obj):
         live = self._live(obj)
         tz = timezone.get_current_timezone()
@@ -265,6 +286,8 @@ class BookingOutput(serializers.ModelSerializer):
             "priority": fairshare.priority_breakdown(obj.priority),
             "exit_code": obj.exit_code,
             "log_tail": obj.log_tail,
+            "interactive": obj.interactive,
+            "session": session_view(obj),
             "devices": [allocation_row(a, tz) for a in live],
             "cuda_visible_devices": ",".join(a.device_uuid for a in live),
         }

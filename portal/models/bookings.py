@@ -34,6 +34,21 @@ class Booking(models.Model):
 
     LIVE_STATES = (State.PENDING, State.PLANNED, State.ACTIVE)
 
+    class Interactive(models.TextChoices):
+        """What a booking runs for its owner to use in the browser, instead of (or without) a command."""
+
+        NONE = "none", "None"
+        JUPYTERLAB = "jupyterlab", "JupyterLab"
+        TERMINAL = "terminal", "Terminal"
+
+    class SessionState(models.TextChoices):
+        """Where an interactive session is: blank until the booking starts."""
+
+        STARTING = "starting", "Starting"
+        RUNNING = "running", "Running"
+        FAILED = "failed", "Failed"
+        STOPPED = "stopped", "Stopped"
+
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bookings"
     )
@@ -76,6 +91,17 @@ class Booking(models.Model):
     # of the canonical request, so a retry gets this booking and another request a refusal.
     idempotency_key = models.CharField(max_length=200, blank=True)
     request_digest = models.CharField(max_length=64, blank=True)
+
+    # An interactive session the node runs for the booking, opened through the portal's proxy
+    # (docs/interactive.md). The token is the session server's secret: it never reaches the user.
+    interactive = models.CharField(
+        max_length=16, choices=Interactive.choices, default=Interactive.NONE
+    )
+    session_state = models.CharField(max_length=10, choices=SessionState.choices, blank=True)
+    session_detail = models.CharField(max_length=300, blank=True)
+    session_host = models.CharField(max_length=253, blank=True)
+    session_port = models.PositiveIntegerField(null=True, blank=True)
+    session_token = models.CharField(max_length=128, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]

@@ -30,11 +30,13 @@ from portal.services import events as booking_events
 from portal.services import live
 from portal.services.bookings import booking_transition
 from portal.services.nodes import node_check_hostname, node_inventory_update
+from portal.services.sessions import session_event_apply
 from portal.services.telemetry import node_device_uuids, node_devices_forget
 
 log = logging.getLogger(__name__)
 
 ALERT_KINDS = {"foreign_process", "unbooked_process"}
+SESSION_KINDS = {"started", "session_ready", "exited", "stopped"}
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -151,9 +153,16 @@ def _desired_bookings(node_id: int) -> list[DesiredBooking]:
             start=min(a.start for a in held),
             end=max(a.end for a in held),
             command=held[0].booking.command or None,
+            **_session_fields(held[0].booking),
         )
         for booking_id, held in grouped.items()
     ]
+
+
+def _session_fields(booking: Booking) -> dict:
+    if booking.interactive == Booking.Interactive.NONE:
+        return {}
+    return {"interactive": booking.interactive, "session_token": booking.session_token}
 
 
 def desired_push(*, node_ids) -> None:
@@ -208,6 +217,10 @@ def _check_events(node: Node, batch: list[Event]) -> None:
 
 def _apply(node: Node, event: Event, now: datetime) -> None:
     log.info("agent %s: %s booking=%s: %s", node, event.kind, event.booking_id, event.detail)
+    if event.kind in SESSION_KINDS:
+        session_event_apply(event=event, node_hostname=node.hostname)
+    if event.kind == "session_ready":
+        return
     if event.kind == "started":
         # Only for a running booking: a requeued one waits, its old run's news is stale.
         Booking.objects.filter(

@@ -28,6 +28,7 @@ from portal.services.audit import SYSTEM, Source, audit_booking, booking_state
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
 from portal.services.quotas import peak_use_in_window, scheduler_quota, usage_current
+from portal.services.sessions import session_prepare, session_request_check
 from scheduler.reserve import Slot
 
 State = Booking.State
@@ -50,11 +51,15 @@ def booking_submit(
     source: Source = SYSTEM,
     idempotency_key: str = "",
     request_digest: str = "",
+    interactive: str | None = None,
 ) -> Booking:
     """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
 
     With an idempotency key (see services.idempotency) the booking row claims it: a second
-    booking with the key fails on the owner+key unique constraint (IntegrityError)."""
+    booking with the key fails on the owner+key unique constraint (IntegrityError).
+    `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active.
+    """
+    interactive = session_request_check(interactive=interactive, command=command)
     request = check_request(
         user=user,
         now=now,
@@ -71,6 +76,7 @@ def booking_submit(
     )
     state = State.PENDING if request.start is None else State.PLANNED
     booking = booking_from_request(user, request, now, state)
+    session_prepare(booking, interactive=interactive)
     booking.planned_start = request.start
     booking.idempotency_key, booking.request_digest = idempotency_key, request_digest
     # Validated before the transaction: the model's checks read nothing the booking locks protect,

@@ -18,6 +18,7 @@ from portal.errors import ApplicationError
 from portal.services import bookings as booking_services
 from portal.services import metrics
 from portal.services.booking_rules import BookingRequest, check_request
+from portal.services.sessions import session_request_check
 from portal.services.snapshot import Snapshot, scheduler_policy, snapshot_plus, snapshot_take
 
 ESTIMATE_ID = 0  # the hypothetical booking's id in the snapshot; real ids start at 1
@@ -35,7 +36,9 @@ class Estimate:
 
 def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     """Validate like a submission (same refusals), then plan it without writing anything."""
+    interactive = fields.pop("interactive", None)
     request = check_request(user=user, now=now, **_request_fields(fields))
+    session_request_check(interactive=interactive, command=request.command)
     if request.start is not None:
         return _estimate_reservation(user, request, now)
     return _estimate_queued(user, request, now)

@@ -5,7 +5,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
 from portal.errors import ApplicationError
-from portal.models import Qos
+from portal.models import Booking, Qos
 from portal.services import inventory, login_throttle
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
@@ -103,6 +103,13 @@ class BookForm(AccessibleForm):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         help_text="Optional: run this as a batch job; leave empty for an interactive booking.",
     )
+    interactive = forms.ChoiceField(
+        choices=Booking.Interactive.choices,
+        initial=Booking.Interactive.NONE,
+        required=False,
+        label="Interactive session",
+        help_text="JupyterLab or a terminal on the booked devices, opened from the booking page.",
+    )
 
     def __init__(self, *args, projects: list[str], **kwargs):
         super().__init__(*args, **kwargs)
@@ -137,6 +144,7 @@ class BookForm(AccessibleForm):
             "qos": data["qos"],
             "preemptible": data["preemptible"],
             "command": data.get("command") or "",
+            "interactive": data.get("interactive") or None,
         }
         if data["kind"] == "mig":
             kwargs["mig_profile"] = data["mig_profile"]

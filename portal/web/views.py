@@ -20,6 +20,7 @@ from portal.models import Allocation, Booking, Gpu, Node, Project
 from portal.services import accounting as accounting_services
 from portal.services import permissions
 from portal.services.quotas import quota_effective, quota_project, usage_current
+from portal.services.sessions import session_view
 from portal.web import calendar, charts, history, panels, selectors
 
 FILTERS = ("model", "node", "state")
@@ -111,6 +112,7 @@ def booking_detail(request, booking_id: int):
         "efficiency": charts.mean_utilization(all_samples),
         "processes_seen": selectors.processes_seen(booking_id=booking.pk),
         "is_mig": is_mig,
+        "session": session_view(booking) if booking.owner_id == request.user.pk else None,
         "now": now,
         "log_tail_kib": LOG_TAIL_BYTES // 1024,
     }

@@ -71,7 +71,7 @@ class StandInPortal:
             for e in body.events
         ]
 
-    def book(self, booking_id, owner, uuids, command=None, minutes=60, generation=None):
+    def book(self, booking_id, owner, uuids, command=None, minutes=60, generation=None, **more):
         now = protocol.utcnow()
         self.desired["bookings"].append(
             {
@@ -81,6 +81,7 @@ class StandInPortal:
                 "start": (now - timedelta(minutes=1)).isoformat(),
                 "end": (now + timedelta(minutes=minutes)).isoformat(),
                 "command": command,
+                **more,
             }
         )
         self.desired["generation"] = generation or self.desired["generation"] + 1

@@ -193,6 +193,8 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
         token = node_token_issue(hostname=hostname)
         state_dir = settings.VAR_DIR / "agents" / hostname
         state_dir.mkdir(parents=True, exist_ok=True)
+        # Demo JupyterLab sessions keep their notebooks here, not in the home of whoever runs up.
+        (state_dir / "notebooks").mkdir(exist_ok=True)
         env = {**os.environ, "GPU_PORTAL_TOKEN": token}
         command = [
             sys.executable,
@@ -212,6 +214,8 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             site_id,
             "--min-uid",  # demo jobs run as whoever runs up (see the user map above)
             str(os.geteuid()),
+            "--session-dir",
+            str(state_dir / "notebooks"),
             "--log-level",
             "WARNING",
         ]

@@ -58,7 +58,7 @@ def _not_append_only(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0011_sso'),
+        ('portal', '0009_sso'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0012_audit'),
+        ('portal', '0010_audit'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0013_booking_idempotency'),
+        ('portal', '0011_booking_idempotency'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
