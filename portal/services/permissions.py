@@ -60,6 +60,10 @@ CAN: dict[str, tuple[str, dict[str, str]]] = {
         "Revoke anyone's API token (/admin/)",
         {"member": "no", "manager": "no", "staff": "perm", "superuser": "all"},
     ),
+    "staff.panel": (
+        "Open the staff panel (/staff/: nodes and open alerts)",
+        {"member": "no", "manager": "no", "staff": "all", "superuser": "all"},
+    ),
 }
 
 # The Django model permission a "perm" cell asks for.

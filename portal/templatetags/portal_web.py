@@ -36,6 +36,12 @@ def user_can(context, action: str, booking) -> bool:
     )
 
 
+@register.simple_tag(takes_context=True)
+def user_may(context, action: str) -> bool:
+    """Whether the page's user may do `action` (permissions.CAN) to anything: a link to show."""
+    return permissions.can_some(context["request"].user, action)
+
+
 NOT_MEASURED = "not measured"
 
 

@@ -65,6 +65,10 @@ class AccessibleForm(forms.Form):
                 widget.attrs["aria-describedby"] = described
 
 
+# One message for every way the field can be wrong (empty, not a number, below 1).
+GPUS_AT_LEAST_ONE = "Number of GPUs: give a whole number, at least 1."
+
+
 class BookForm(AccessibleForm):
     """Book whole GPUs or one MIG slice, as soon as possible or for a fixed window."""
 
@@ -75,7 +79,13 @@ class BookForm(AccessibleForm):
         initial="gpus",
         label="What",
     )
-    gpus = forms.IntegerField(min_value=1, initial=1, required=False, label="Number of GPUs")
+    gpus = forms.IntegerField(
+        min_value=1,
+        initial=1,
+        required=False,
+        label="Number of GPUs",
+        error_messages={"min_value": GPUS_AT_LEAST_ONE, "invalid": GPUS_AT_LEAST_ONE},
+    )
     mig_profile = forms.ChoiceField(required=False, label="MIG profile")
     gpu_model = forms.ChoiceField(required=False, label="GPU model")
     when = forms.ChoiceField(
@@ -125,8 +135,8 @@ class BookForm(AccessibleForm):
         data = super().clean()
         if data.get("kind") == "mig" and not data.get("mig_profile"):
             self.add_error("mig_profile", "Choose a MIG profile.")
-        if data.get("kind") == "gpus" and not data.get("gpus"):
-            self.add_error("gpus", "Give a number of GPUs, at least 1.")
+        if data.get("kind") == "gpus" and not data.get("gpus") and "gpus" not in self.errors:
+            self.add_error("gpus", GPUS_AT_LEAST_ONE)
         if data.get("when") == "asap" and not data.get("duration_hours"):
             self.add_error("duration_hours", "Give a duration in hours.")
         if data.get("when") == "window":

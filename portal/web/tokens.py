@@ -81,6 +81,7 @@ def audit(request):
     context = {
         "events": list(events[:AUDIT_PAGE_ROWS]),
         "limit": AUDIT_PAGE_ROWS,
+        "sees_all": permissions.can(request.user, "audit.view"),
         "filters": filters,
         "actions": ACTIONS,
         "csv_url": "/api/v1/audit/?" + urlencode({**query, "format": "csv"}),

@@ -245,7 +245,7 @@ def queue(request):
 
 @login_required
 def staff_panel(request):
-    if not request.user.is_staff:
+    if not permissions.can(request.user, "staff.panel"):
         raise PermissionDenied("Staff only.")
     now = timezone.now()
     alerts = panels.open_alerts(since=now - STAFF_ALERTS_SINCE)

@@ -113,3 +113,29 @@ def test_it_counts_a_manager_of_another_project_as_a_member_here(api, user, memb
         owner_id=user.pk,
         project_id=members_booking.project_id,
     )
+
+
+@pytest.mark.parametrize(
+    ("who", "status", "links"),
+    [
+        ("member", 403, set()),
+        ("manager", 403, {"/audit/"}),
+        ("staff", 200, {"/audit/", "/staff/", "/admin/"}),
+        ("superuser", 200, {"/audit/", "/staff/", "/admin/"}),
+    ],
+)
+def test_it_opens_the_staff_panel_and_its_links_by_the_table(
+    client, user, project, manager, who, status, links
+):
+    people = {
+        "member": user,
+        "manager": manager,
+        "staff": UserFactory(username="ops", is_staff=True),
+        "superuser": UserFactory(username="root", is_staff=True, is_superuser=True),
+    }
+    assert permissions.CAN["staff.panel"][1][who] == ("all" if status == 200 else "no")
+    client.force_login(people[who])
+    assert client.get("/staff/").status_code == status
+    page = client.get("/queue/").content.decode()
+    shown = {href for href in ("/audit/", "/staff/", "/admin/") if f'href="{href}"' in page}
+    assert shown == links

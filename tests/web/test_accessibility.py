@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.models import Gpu, NodeAlert
-from tests.factories import UserFactory
+from portal.models import Gpu, Membership, NodeAlert, Project
+from tests.factories import UserFactory, member
 from tests.web.conftest import ARTIFACTS, assert_accessible, sign_in
 from tests.web.test_screenshots import site  # noqa: F401  (the fixture)
 
@@ -31,14 +31,68 @@ USER_PAGES = [
     ("gpu-slice", "/gpus/{mig_gpu}/?slice={slice}"),
     ("project", "/projects/vision/"),
     ("accounting", "/accounting/?period=7d"),
+    ("booking-batch-running", "/bookings/{batch_active}/"),  # live output of a running job
+    ("booking-batch-done", "/bookings/{batch_done}/"),  # a finished job's log tail
+    ("tokens", "/tokens/"),
+    ("tokens-new", "/tokens/"),  # a token just created: its key shown once
+    ("notification-settings", "/settings/notifications/"),
+    ("action-confirm", "/actions/{action}/"),  # a message's one-click link
+    ("action-done", "/actions/{action}/"),  # its button pressed
+    ("action-used", "/actions/{action}/"),  # the link opened again: used
 ]
-STAFF_PAGES = [("staff", "/staff/"), ("staff-queue", "/queue/")]
+STAFF_PAGES = [
+    ("staff", "/staff/"),
+    ("staff-queue", "/queue/"),
+    ("staff-audit", "/audit/"),
+    ("staff-notification-settings", "/settings/notifications/"),  # node alerts too
+]
+MANAGER_PAGES = [("manager-audit", "/audit/"), ("manager-project", "/projects/vision/")]
+SIGNED_OUT_PAGES = [
+    ("login", "/accounts/login/"),
+    ("action-confirm-signed-out", "/actions/{action}/"),
+]
+# An OpenID provider set up (the sign-in page shows its button); it need not run to draw the page.
+OIDC_ENV = {
+    "OIDC_RP_CLIENT_ID": "portal",
+    "OIDC_RP_CLIENT_SECRET": "secret",
+    "OIDC_OP_AUTHORIZATION_ENDPOINT": "http://127.0.0.1:9/authorize",
+    "OIDC_OP_TOKEN_ENDPOINT": "http://127.0.0.1:9/token",
+    "OIDC_OP_USER_ENDPOINT": "http://127.0.0.1:9/userinfo",
+    "OIDC_OP_JWKS_ENDPOINT": "http://127.0.0.1:9/jwks",
+    "OIDC_PROVIDER_NAME": "University SSO",
+}
+
+
+def _press_action(page) -> None:
+    page.click("main form button[type=submit]")
+    page.wait_for_selector("h1:has-text('Done')")
+
+
+# What a page needs done in it before the check, by its name.
+PREPARE = {
+    "book-errors": lambda page: (
+        page.click("button:has-text('Submit booking')"),
+        page.wait_for_selector("#id_gpus_error"),
+    ),
+    "tokens-new": lambda page: (
+        page.fill("#id_name", "ci runner"),
+        page.click("button:has-text('Create token')"),
+        page.wait_for_selector("#new-token"),
+    ),
+    "action-done": _press_action,
+    "action-used": lambda page: (
+        _press_action(page),
+        page.reload(),
+        page.wait_for_selector("h1:has-text('cannot be used')"),
+    ),
+}
 
 
 @pytest.fixture
 def staffed_site(site):  # noqa: F811
-    """The screenshot site, plus a staff member and an open alert for the staff panel."""
-    UserFactory(username="root", is_staff=True, is_superuser=True)
+    """The screenshot site, plus a project manager and an open alert for the staff panel."""
+    carol = UserFactory(username="carol")
+    member(carol, Project.objects.get(slug="vision"), Membership.Role.MANAGER)
     mig_gpu = Gpu.objects.filter(mig_mode=True).first()
     gpu = Gpu.objects.get(pk=site["gpu"])
     NodeAlert.objects.create(
@@ -62,10 +116,11 @@ def _check(chromium, base_url: str, path: str, name: str, username: str | None) 
             sign_in(page, base_url, username, "pw-secret-123")
         response = page.goto(base_url + path)
         assert response.status == 200, path
-        if name == "book-errors":
-            page.click("button:has-text('Submit booking')")
-            page.wait_for_selector("#id_gpus_error")
+        if name in PREPARE:
+            PREPARE[name](page)
         page.wait_for_load_state("networkidle")
+        if name == "login-oidc":
+            assert page.locator("#oidc-sign-in").text_content() == "Sign in with University SSO"
         for scheme in ("light", "dark"):
             page.emulate_media(color_scheme=scheme)
             ARTIFACTS.mkdir(exist_ok=True)
@@ -89,10 +144,25 @@ def test_it_has_no_serious_accessibility_violation_for_staff(
     _check(chromium, asgi_server, path, name, "root")
 
 
-def test_it_has_no_serious_accessibility_violation_on_the_sign_in_page(
-    transactional_db, asgi_server, chromium
+@pytest.mark.parametrize(("name", "path"), MANAGER_PAGES, ids=[n for n, _ in MANAGER_PAGES])
+def test_it_has_no_serious_accessibility_violation_for_a_project_manager(
+    staffed_site, asgi_server, chromium, name, path
 ):
-    _check(chromium, asgi_server, "/accounts/login/", "login", None)
+    _check(chromium, asgi_server, path, name, "carol")
+
+
+@pytest.mark.parametrize(("name", "path"), SIGNED_OUT_PAGES, ids=[n for n, _ in SIGNED_OUT_PAGES])
+def test_it_has_no_serious_accessibility_violation_signed_out(
+    staffed_site, asgi_server, chromium, name, path
+):
+    _check(chromium, asgi_server, path.format(**staffed_site), name, None)
+
+
+@pytest.mark.parametrize("portal_env", [OIDC_ENV])
+def test_it_has_no_serious_accessibility_violation_on_the_single_sign_on_page(
+    transactional_db, asgi_server, chromium, portal_env
+):
+    _check(chromium, asgi_server, "/accounts/login/", "login-oidc", None)
 
 
 def test_it_fails_a_page_with_a_serious_violation(transactional_db, asgi_server, chromium):

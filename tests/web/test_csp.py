@@ -82,6 +82,8 @@ def test_it_keeps_the_admin_and_the_staff_panel_within_the_policy(site, asgi_ser
         "/admin/portal/booking/",
         f"/admin/portal/booking/{site['booking']}/change/",
         "/staff/",
+        "/audit/",
+        "/settings/notifications/",
     ):
         assert page.goto(asgi_server + path).status == 200, path
         page.wait_for_load_state("networkidle")

@@ -200,6 +200,17 @@ def test_it_shows_form_errors_at_the_field(client_in, project, cluster):
     assert Booking.objects.count() == 0
 
 
+@pytest.mark.parametrize("gpus", ["0", "", "two"])
+def test_it_names_the_gpus_field_once_in_its_error(client_in, project, cluster, gpus):
+    response = client_in.post(
+        "/book/",
+        {"project": "vision", "kind": "gpus", "gpus": gpus, "when": "asap", "qos": "normal"},
+    )
+    assert response.status_code == 400
+    error = response.content.decode().split('id="id_gpus_error">', 1)[1].split("</p>", 1)[0]
+    assert error == "Number of GPUs: give a whole number, at least 1."
+
+
 def test_it_shows_service_refusals_at_the_field(client_in, project, cluster):
     response = client_in.post(
         "/book/",

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from portal.models import Allocation, Booking, Gpu, ProcessUsage, Sample
 from portal.services.audit import Source, audit_record
+from portal.services.booking_links import action_token
 from portal.services.telemetry_cache import latest_store
 from portal.services.tokens import token_create
 from tests.factories import (
@@ -37,7 +38,20 @@ PAGES = [
     ("project", "/projects/vision/"),
     ("accounting", "/accounting/?period=7d"),
     ("tokens", "/tokens/"),
+    ("booking-batch-running", "/bookings/{batch_active}/"),
+    ("booking-batch-done", "/bookings/{batch_done}/"),
+    ("notification-settings", "/settings/notifications/"),
+    ("action-confirm", "/actions/{action}/"),
 ]
+# A batch job's output as a training script prints it: progress lines, and one long line.
+LOG_TAIL = "\n".join(
+    [
+        f"epoch {e:>3}/90  step {s:>5}  loss {2.31 - e * 0.02:.4f}  lr 3.0e-04  12.8 it/s"
+        for e in range(1, 4)
+        for s in (100, 200, 300)
+    ]
+    + ["warning: " + "torch.distributed.elastic.multiprocessing.redirects: NOTE: " * 4]
+)
 VIEWS = [("desktop", 1280, 900), ("phone", 390, 844)]
 
 
@@ -107,6 +121,42 @@ def site(transactional_db):
             samples=600,
             foreign=foreign,
         )
+    # Batch jobs: one running on gpu2 with output so far, one finished earlier today on gpu0.
+    running = BookingFactory(
+        owner=alice,
+        project=project,
+        state=Booking.State.ACTIVE,
+        submitted_at=now - timedelta(minutes=31),
+        started_at=now - timedelta(minutes=30),
+        duration_s=9000,
+        command="python train.py --epochs 90 --data /scratch/imagenet",
+        log_tail=LOG_TAIL,
+    )
+    AllocationFactory(
+        booking=running,
+        gpu=gpus[2],
+        start=now - timedelta(minutes=30),
+        end=now + timedelta(hours=2),
+    )
+    done = BookingFactory(
+        owner=alice,
+        project=project,
+        state=Booking.State.FINISHED,
+        submitted_at=now - timedelta(hours=6, minutes=1),
+        started_at=now - timedelta(hours=6),
+        duration_s=7200,
+        ended_at=now - timedelta(hours=4),
+        command="python eval.py --checkpoint runs/42/best.pt",
+        exit_code=0,
+        log_tail=LOG_TAIL + "\ntop-1 76.4%  top-5 93.1%\ndone in 1:58:12",
+    )
+    AllocationFactory(
+        booking=done,
+        gpu=gpus[0],
+        start=now - timedelta(hours=6),
+        end=now - timedelta(hours=4),
+        live=False,
+    )
     latest_store(readings)
     token_create(user=alice, now=now, name="laptop", expires_at=now + timedelta(days=30))
     token_create(user=alice, now=now, name="grafana dashboard", scope="read")
@@ -134,7 +184,14 @@ def site(transactional_db):
         for i in range(120)
         if not 40 <= i < 60
     )
-    return {"gpu": gpus[0].pk, "booking": mine.pk}
+    return {
+        "gpu": gpus[0].pk,
+        "booking": mine.pk,
+        "batch_active": running.pk,
+        "batch_done": done.pk,
+        # The link a "your booking ends soon" message carries: it opens the confirm page.
+        "action": action_token(booking=mine, action="extend"),
+    }
 
 
 def _reading(total_mib: int, utilization):
@@ -150,8 +207,9 @@ def _reading(total_mib: int, utilization):
     }
 
 
-@pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_it_renders_every_page_on_desktop_and_phone(site, asgi_server, chromium, scheme):
+def _render_all(chromium, base_url: str, *, user: str, pages, scheme: str, values=None):
+    """Open each page at desktop and phone width in one colour scheme: a screenshot each, no
+    script error, no sideways scrolling. Yields each signed-in page after its tour."""
     ARTIFACTS.mkdir(exist_ok=True)
     for view, width, height in VIEWS:
         context = chromium.new_context(
@@ -160,9 +218,9 @@ def test_it_renders_every_page_on_desktop_and_phone(site, asgi_server, chromium,
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda error, errors=errors: errors.append(str(error)))
-        sign_in(page, asgi_server, "alice", "pw-secret-123")
-        for name, path in PAGES:
-            response = page.goto(asgi_server + path.format(**site))
+        sign_in(page, base_url, user, "pw-secret-123")
+        for name, path in pages:
+            response = page.goto(base_url + path.format(**(values or {})))
             assert response.status == 200, path
             page.wait_for_load_state("networkidle")
             page.screenshot(path=str(ARTIFACTS / f"{name}-{view}-{scheme}.png"), full_page=True)
@@ -170,26 +228,26 @@ def test_it_renders_every_page_on_desktop_and_phone(site, asgi_server, chromium,
                 "document.documentElement.scrollWidth - document.documentElement.clientWidth"
             )
             assert overflow <= 1, f"{path} scrolls sideways by {overflow}px at {view} width"
+        yield page
         context.close()
         assert errors == []
 
 
-def test_it_renders_the_audit_log_for_staff(site, asgi_server, chromium):
-    ARTIFACTS.mkdir(exist_ok=True)
-    for view, width, height in VIEWS:
-        context = chromium.new_context(viewport={"width": width, "height": height})
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda error, errors=errors: errors.append(str(error)))
-        sign_in(page, asgi_server, "root", "pw-secret-123")
-        response = page.goto(asgi_server + "/audit/")
-        assert response.status == 200
-        page.wait_for_load_state("networkidle")
-        page.screenshot(path=str(ARTIFACTS / f"audit-{view}-light.png"), full_page=True)
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_it_renders_every_page_on_desktop_and_phone(site, asgi_server, chromium, scheme):
+    for _page in _render_all(
+        chromium, asgi_server, user="alice", pages=PAGES, scheme=scheme, values=site
+    ):
+        pass
+
+
+STAFF_PAGES = [("audit", "/audit/"), ("staff", "/staff/")]
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_it_renders_the_staff_pages(site, asgi_server, chromium, scheme):
+    for page in _render_all(chromium, asgi_server, user="root", pages=STAFF_PAGES, scheme=scheme):
+        assert page.goto(asgi_server + "/audit/").ok
         assert page.locator("td", has_text="quota.change").count() == 1
-        overflow = page.evaluate(
-            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
-        )
-        assert overflow <= 1, f"/audit/ scrolls sideways by {overflow}px at {view} width"
-        context.close()
-        assert errors == []
+        assert page.goto(asgi_server + "/staff/").ok
+        assert page.locator("table.nodes th[scope=row]").count() == 2
