@@ -37,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["report", "warn", "kill"], help="override the portal's")
     p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument(
+        "--stop-jobs-on-exit",
+        type=float,
+        metavar="S",
+        help="on SIGTERM/SIGINT also stop the jobs and sessions this agent launched (SIGKILL "
+        "after S seconds) instead of leaving them for the next agent to re-adopt",
+    )
+    p.add_argument(
         "--min-uid",
         type=int,
         default=DEFAULT_MIN_UID,
@@ -114,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             report_interval_s=args.interval,
             sync_interval_s=args.sync_interval,
             grace_s=args.grace,
+            stop_jobs_on_exit_s=args.stop_jobs_on_exit,
             push=not args.no_push,
             min_uid=args.min_uid,
             confine=args.confine,

@@ -22,6 +22,8 @@ def no_servers(monkeypatch):
     monkeypatch.setattr(up, "_start_celery", lambda: started.append("celery") or [])
     monkeypatch.setattr(up, "serve", lambda **kwargs: started.append("web"))
     monkeypatch.setattr(up, "_when_listening", lambda host, port, then: then())
+    # The signal handlers would outlive the command in this process (pytest's own Ctrl-C).
+    monkeypatch.setattr(up, "_stop_on_signals", lambda children: None)
     monkeypatch.setattr(
         up, "_exit_now", lambda children: None
     )  # up leaves the process after serving
