@@ -19,6 +19,7 @@ from django.core.management import call_command
 
 from portal.models import Gpu, MigInstance, Node, Project, Quota
 from portal.services.demo import DEMO_PASSWORD
+from tests.process_tree import command, descendants, exit_status, living
 
 ROOT = Path(settings.BASE_DIR)
 
@@ -249,66 +250,16 @@ def test_it_stops_its_agents_and_their_jobs_when_up_is_stopped(embedded_portal, 
     )
     assert booking["state"] in ("pending", "planned", "active"), booking
     # Agents, their jobs and the jobs' children, each with its start time against pid reuse.
-    descendants = _wait(lambda: _with_job(_descendants(up_pid)), 60, "the job under an agent")
+    tree = _wait(lambda: _with_job(descendants(up_pid)), 60, "the job under an agent")
     os.kill(up_pid, signum)  # up alone: its children must hear it from up
-    status = _wait(lambda: _exit_status(up_pid), 20, "up to exit")
+    status = _wait(lambda: exit_status(up_pid), 20, "up to exit")
     assert status == [0], status
     with contextlib.suppress(AssertionError):
-        _wait(lambda: not _living(descendants), 10, "every descendant of up to exit")
-    assert _living(descendants) == [], "still running after up exited"
+        _wait(lambda: not living(tree), 10, "every descendant of up to exit")
+    assert living(tree) == [], "still running after up exited"
     assert "Traceback" not in log_path.read_text()
 
 
 def _with_job(found: dict[int, str]) -> dict[int, str] | None:
     """The descendants once the job (`sleep 600` twice) runs among them."""
-    return found if sum("sleep 600" in _command(pid) for pid in found) >= 2 else None
-
-
-def _living(processes: dict[int, str]) -> list[str]:
-    return [_command(pid) for pid, start in processes.items() if _start_time(pid) == start]
-
-
-def _children_by_parent() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))):
-            children.setdefault(int(stat[1]), []).append(int(entry.name))
-    return children
-
-
-def _descendants(pid: int) -> dict[int, str]:
-    """Every living descendant of `pid`: {pid: start time}."""
-    children, found, todo = _children_by_parent(), {}, [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if (start := _start_time(child)) is not None:
-                found[child] = start
-                todo.append(child)
-    return found
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name: state, ppid, ..."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-
-
-def _start_time(pid: int) -> str | None:
-    """The start time of a living (not zombie) process, None once it is gone."""
-    stat = _stat(pid)
-    return stat[19] if stat and stat[0] not in ("Z", "X") else None
-
-
-def _command(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _exit_status(pid: int) -> list[int] | None:
-    """[exit code] once `pid` (a child of this process) exited, else None."""
-    finished, status = os.waitpid(pid, os.WNOHANG)
-    return [os.waitstatus_to_exitcode(status)] if finished else None
+    return found if sum("sleep 600" in command(pid) for pid in found) >= 2 else None
