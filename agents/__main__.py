@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument(
         "--stop-jobs-on-exit",
-        type=float,
+        type=_seconds,
         metavar="S",
         help="on SIGTERM/SIGINT also stop the jobs and sessions this agent launched (SIGKILL "
         "after S seconds) instead of leaving them for the next agent to re-adopt",
@@ -70,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
 
 
 def _token(args: argparse.Namespace) -> str | None:

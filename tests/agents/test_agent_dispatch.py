@@ -9,6 +9,8 @@ import zlib
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from agents import confine, dispatch, protocol
 from agents.procfs import is_alive, read_cuda_devices, read_stat
 from agents.simulate import SimulatedBackend
@@ -199,6 +201,18 @@ def test_it_stops_its_jobs_on_exit_when_asked_and_the_next_agent_reports_them(
     second = make_agent()
     cycle_until(second, lambda: ("exited", 15) in _kinds(portal))
     assert "re-adopted" in _event(portal, "exited", 15).detail
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_it_refuses_a_stop_on_exit_grace_that_is_not_seconds(value, capsys):
+    from agents.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--portal", "http://127.0.0.1:9", "--token", "t", "--stop-jobs-on-exit", value])
+    assert exited.value.code == 2
+    assert (
+        f"--stop-jobs-on-exit: {value!r} is not a number of seconds >= 0" in capsys.readouterr().err
+    )
 
 
 def _group_members(pgid: int) -> list[int]:
