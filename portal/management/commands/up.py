@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.core.management import call_command
@@ -58,12 +59,12 @@ class Command(BaseCommand):
         call_command("collectstatic", interactive=False, verbosity=0)
         url = f"http://{host}:{port}"
         notify_defaults(url, demo=not no_demo)
-        children: list[subprocess.Popen] = []
+        children = Children()
         _stop_on_signals(children)
         if not no_demo:
             call_command("seed_demo")
         if settings.REDIS_URL:
-            children += _start_celery()
+            children.add(_start_celery)
         else:
             threading.Thread(target=_embedded_beat, name="embedded-beat", daemon=True).start()
 
@@ -71,7 +72,7 @@ class Command(BaseCommand):
             # Agents started earlier would only log "connection refused" until the port opens,
             # and the banner is the last thing on the console: what to open, and the logins.
             if not no_demo:
-                children.extend(_start_agents(url))
+                children.add(lambda: _start_agents(url))
             self._banner(url, no_demo)
 
         _when_listening(host, port, listening)
@@ -279,21 +280,42 @@ def _run_task(app, task_name: str) -> None:
         close_old_connections()
 
 
-def _exit_now(children: list[subprocess.Popen]) -> None:
+class Children:
+    """The processes `up` started. Once stopping, a start still under way (the agents start when
+    the port opens) finishes and is stopped with the rest; none begins after."""
+
+    def __init__(self) -> None:
+        # Reentrant: the signal handler runs in the main thread, which may be inside add().
+        self._lock = threading.RLock()
+        self._processes: list[subprocess.Popen] = []
+        self._stopping = False
+
+    def add(self, start: Callable[[], list[subprocess.Popen]]) -> None:
+        with self._lock:
+            if not self._stopping:
+                self._processes += start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        _stop(self._processes)
+
+
+def _exit_now(children: Children) -> None:
     """Leave once the server has stopped (SIGTERM/SIGINT), without joining request threads.
 
     On shutdown the ASGI server stops its event loop while a request thread may still be inside
     a view, waiting in asgiref's async_to_sync for that loop; a normal interpreter exit would join
     it forever. Its transaction never committed, so there is nothing to finish.
     """
-    _stop(children)
+    children.stop()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-def _stop_on_signals(children: list[subprocess.Popen]) -> None:
+def _stop_on_signals(children: Children) -> None:
     """SIGTERM and SIGINT stop the children, then `up` leaves with 0: no traceback.
 
     While it serves, uvicorn takes both signals for its own graceful stop and raises them again
