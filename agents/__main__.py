@@ -37,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=["report", "warn", "kill"], help="override the portal's")
     p.add_argument("--grace", type=float, default=30.0, help="seconds from SIGTERM to SIGKILL")
     p.add_argument(
+        "--stop-jobs-on-exit",
+        type=_seconds,
+        metavar="S",
+        help="on SIGTERM/SIGINT also stop the jobs and sessions this agent launched (SIGKILL "
+        "after S seconds) instead of leaving them for the next agent to re-adopt",
+    )
+    p.add_argument(
         "--min-uid",
         type=int,
         default=DEFAULT_MIN_UID,
@@ -63,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -114,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             report_interval_s=args.interval,
             sync_interval_s=args.sync_interval,
             grace_s=args.grace,
+            stop_jobs_on_exit_s=args.stop_jobs_on_exit,
             push=not args.no_push,
             min_uid=args.min_uid,
             confine=args.confine,

@@ -59,6 +59,7 @@ class Agent:
         report_interval_s: float | None = None,
         sync_interval_s: float | None = None,
         grace_s: float = 30.0,
+        stop_jobs_on_exit_s: float | None = None,
         push: bool = True,
         push_url: str | None = None,
         max_queued_events: int = 10_000,
@@ -94,6 +95,7 @@ class Agent:
             session_dir=session_dir,
         )
         self.enforcer = Enforcer(grace_s, clock)
+        self._stop_jobs_on_exit_s = stop_jobs_on_exit_s
         self.events: deque[Event] = deque(maxlen=max_queued_events)
         self.desired: DesiredState | None = None
         self._cli = {"policy": policy, "report": report_interval_s, "sync": sync_interval_s}
@@ -130,7 +132,8 @@ class Agent:
             self._push.start()
 
     def run(self) -> None:
-        """Cycle until `stop()` (SIGTERM); running jobs keep running, to be re-adopted."""
+        """Cycle until `stop()` (SIGTERM); running jobs keep running, to be re-adopted, unless
+        `stop_jobs_on_exit_s` is set."""
         self.start()
         try:
             while not self.stopping.is_set():
@@ -146,7 +149,10 @@ class Agent:
         self._wake.set()
 
     def close(self) -> None:
-        """Close the websocket and the backend, flush what can be flushed, save state."""
+        """Stop the jobs if asked; close the websocket and the backend, flush what can be
+        flushed, save state."""
+        if self._stop_jobs_on_exit_s is not None:
+            self.dispatcher.stop_all(self._stop_jobs_on_exit_s)
         if self._push is not None:
             self._push.stop()
         self.dispatcher.save()

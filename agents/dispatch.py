@@ -345,6 +345,19 @@ class Dispatcher:
             os.chown(directory, account.pw_uid, account.pw_gid)  # JupyterLab saves layouts here
         return directory
 
+    def stop_all(self, grace_s: float) -> None:
+        """Stop every launched command now: SIGTERM to its group, SIGKILL after `grace_s`.
+
+        The jobs stay in the state file, so the next agent reports them as ended.
+        """
+        for job in self.jobs.values():
+            _signal_group(job, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and not all(j.exit_code()[0] for j in self.jobs.values()):
+            time.sleep(0.05)
+        for job in self.jobs.values():  # those that ignored SIGTERM, and stragglers in the group
+            _signal_group(job, signal.SIGKILL)
+
     def save(self) -> None:
         """Write the state file (after every change, and on agent shutdown)."""
         state = {

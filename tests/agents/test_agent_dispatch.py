@@ -9,6 +9,8 @@ import zlib
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from agents import confine, dispatch, protocol
 from agents.procfs import is_alive, read_cuda_devices, read_stat
 from agents.simulate import SimulatedBackend
@@ -183,6 +185,39 @@ def test_it_readopts_running_work_after_a_restart(portal, make_agent, cycle_unti
     assert exited.exit_code is None  # not our child any more: its exit code is unknowable
     assert exited.log_tail == "done\n"
     assert "re-adopted" in exited.detail
+
+
+def test_it_stops_its_jobs_on_exit_when_asked_and_the_next_agent_reports_them(
+    portal, make_agent, cycle_until, me
+):
+    first = make_agent(stop_jobs_on_exit_s=2.0)
+    portal.book(15, me, _gpu_uuids(first)[:1], command="trap '' TERM; sleep 30 & sleep 30")
+    cycle_until(first, lambda: ("started", 15) in _kinds(portal))
+    group = first.dispatcher.jobs[15].pgid
+    started = time.monotonic()
+    first.close()  # one job group ignores SIGTERM: SIGKILL follows after 2 s
+    assert 1.5 < time.monotonic() - started < 10
+    assert _group_members(group) == []
+    second = make_agent()
+    cycle_until(second, lambda: ("exited", 15) in _kinds(portal))
+    assert "re-adopted" in _event(portal, "exited", 15).detail
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_it_refuses_a_stop_on_exit_grace_that_is_not_seconds(value, capsys):
+    from agents.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--portal", "http://127.0.0.1:9", "--token", "t", "--stop-jobs-on-exit", value])
+    assert exited.value.code == 2
+    assert (
+        f"--stop-jobs-on-exit: {value!r} is not a number of seconds >= 0" in capsys.readouterr().err
+    )
+
+
+def _group_members(pgid: int) -> list[int]:
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return [pid for pid in pids if (s := read_stat(pid)) and s.state != "Z" and s.pgid == pgid]
 
 
 def test_it_stops_readopted_work_when_its_booking_is_cancelled(portal, make_agent, cycle_until, me):

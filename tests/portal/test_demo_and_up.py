@@ -19,6 +19,7 @@ from django.core.management import call_command
 
 from portal.models import Gpu, MigInstance, Node, Project, Quota
 from portal.services.demo import DEMO_PASSWORD
+from tests.process_tree import command, descendants, exit_status, living
 
 ROOT = Path(settings.BASE_DIR)
 
@@ -232,3 +233,33 @@ def _alive(pid: int) -> bool:
     except ChildProcessError:
         return False
     return finished == 0
+
+
+@pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "SIGINT"])
+def test_it_stops_its_agents_and_their_jobs_when_up_is_stopped(embedded_portal, signum):
+    """A signal to `up` alone (a service manager's SIGTERM, a Ctrl-C) leaves nothing running."""
+    base, log_path = embedded_portal
+    up_pid = int(log_path.with_name("up.pid").read_text())
+    token = _json(f"{base}/api/v1/auth/token/", {"username": "bob", "password": DEMO_PASSWORD})[
+        "token"
+    ]
+    booking = _json(
+        f"{base}/api/v1/bookings/",
+        {"gpus": 1, "duration_s": 600, "command": "sleep 600 & sleep 600; wait"},
+        token,
+    )
+    assert booking["state"] in ("pending", "planned", "active"), booking
+    # Agents, their jobs and the jobs' children, each with its start time against pid reuse.
+    tree = _wait(lambda: _with_job(descendants(up_pid)), 60, "the job under an agent")
+    os.kill(up_pid, signum)  # up alone: its children must hear it from up
+    status = _wait(lambda: exit_status(up_pid), 20, "up to exit")
+    assert status == [0], status
+    with contextlib.suppress(AssertionError):
+        _wait(lambda: not living(tree), 10, "every descendant of up to exit")
+    assert living(tree) == [], "still running after up exited"
+    assert "Traceback" not in log_path.read_text()
+
+
+def _with_job(found: dict[int, str]) -> dict[int, str] | None:
+    """The descendants once the job (`sleep 600` twice) runs among them."""
+    return found if sum("sleep 600" in command(pid) for pid in found) >= 2 else None

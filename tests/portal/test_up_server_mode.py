@@ -1,8 +1,11 @@
 """`manage.py up` in server mode: demo logins only when asked (--demo), the database ensured."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from django.conf import settings as settings_module
@@ -10,6 +13,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from portal.management.commands import up
+from portal.web.asgi_process import free_port
+from tests.process_tree import command, descendants, living
 
 pytestmark = pytest.mark.django_db
 
@@ -22,6 +27,8 @@ def no_servers(monkeypatch):
     monkeypatch.setattr(up, "_start_celery", lambda: started.append("celery") or [])
     monkeypatch.setattr(up, "serve", lambda **kwargs: started.append("web"))
     monkeypatch.setattr(up, "_when_listening", lambda host, port, then: then())
+    # The signal handlers would outlive the command in this process (pytest's own Ctrl-C).
+    monkeypatch.setattr(up, "_stop_on_signals", lambda children: None)
     monkeypatch.setattr(
         up, "_exit_now", lambda children: None
     )  # up leaves the process after serving
@@ -106,3 +113,73 @@ def test_it_starts_celery_without_banners_of_its_own(monkeypatch):
     monkeypatch.setattr(up.subprocess, "Popen", lambda argv, **kwargs: started.append(argv))
     up._start_celery()
     assert [argv[argv.index("--quiet") + 1] for argv in started] == ["worker", "beat"]
+
+
+@pytest.mark.parametrize("web_workers", [1, 2])
+def test_it_stops_its_worker_beat_web_workers_and_agents_on_sigterm(
+    settings, tmp_path, web_workers
+):
+    """Server mode: SIGTERM to `up` alone stops Celery's worker and beat, uvicorn's workers and
+    the demo agents, and `up` exits with 0 (one web worker: uvicorn raises SIGTERM again once it
+    stopped; several: its supervisor returns)."""
+    import psycopg
+
+    name = f"gpuportal_upstop_{settings.TEST_RUN_ID}"
+    admin = psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True)
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "LOG_LEVEL")}
+    # The test settings keep this checkout's Celery queue, cache and channel prefixes its own.
+    env.update(
+        DJANGO_SETTINGS_MODULE="portal.settings_test",
+        CELERY_WORKER_EAGER="0",
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{name}",
+        REDIS_URL="redis://127.0.0.1:6379/15",
+        PORTAL_VAR_DIR=str(tmp_path / "var"),
+        WEB_WORKERS=str(web_workers),
+    )
+    port = free_port()
+    log = open(tmp_path / "up.log", "w+")
+    up_process = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--demo", "--port", str(port)],
+        cwd=settings_module.BASE_DIR,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # nothing else in this test's group: a leftover is up's fault
+    )
+    try:
+        tree = _wait_for(lambda: _all_started(descendants(up_process.pid), web_workers), 180)
+        assert tree, "up did not start everything in time"
+        up_process.send_signal(signal.SIGTERM)
+        up_process.wait(timeout=30)
+        assert up_process.returncode == 0
+        _wait_for(lambda: not living(tree), 20)
+        assert living(tree) == []
+        log.seek(0)
+        assert "Traceback" not in log.read()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(up_process.pid, signal.SIGKILL)
+        log.seek(0)
+        print(log.read()[-5000:])
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def _all_started(tree: dict[int, str], web_workers: int) -> dict[int, str] | None:
+    """The tree once Celery's worker and beat, the web workers and three agents run in it."""
+    commands = [command(pid) for pid in tree]
+    wanted = {"worker": 1, "beat": 1, "-m agents": 3}
+    if web_workers > 1:  # processes of uvicorn's supervisor; one worker serves in up itself
+        wanted["multiprocessing"] = web_workers
+    counts = {w: sum(w in c for c in commands) for w in wanted}
+    return tree if all(counts[w] >= n for w, n in wanted.items()) else None
+
+
+def _wait_for(predicate, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.5)
+    return None

@@ -5,19 +5,23 @@ jobs (the allocation pass and the rest of CELERY_BEAT_SCHEDULE) run in a thread 
 With REDIS_URL: a Celery worker and beat run as child processes instead. Either way it migrates,
 seeds the demo and starts one simulated agent per demo node (server mode: only with --demo), and
 serves the ASGI app (`manage.py serve`: uvicorn, WEB_WORKERS processes in server mode).
+SIGTERM or SIGINT (Ctrl-C) stops all of it, the agents' jobs and sessions included, and `up`
+exits with 0.
 """
 
-import atexit
+import contextlib
 import getpass
 import json
 import logging
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.core.management import call_command
@@ -55,12 +59,12 @@ class Command(BaseCommand):
         call_command("collectstatic", interactive=False, verbosity=0)
         url = f"http://{host}:{port}"
         notify_defaults(url, demo=not no_demo)
-        children: list[subprocess.Popen] = []
-        atexit.register(_stop, children)
+        children = Children()
+        _stop_on_signals(children)
         if not no_demo:
             call_command("seed_demo")
         if settings.REDIS_URL:
-            children += _start_celery()
+            children.add(_start_celery)
         else:
             threading.Thread(target=_embedded_beat, name="embedded-beat", daemon=True).start()
 
@@ -68,7 +72,7 @@ class Command(BaseCommand):
             # Agents started earlier would only log "connection refused" until the port opens,
             # and the banner is the last thing on the console: what to open, and the logins.
             if not no_demo:
-                children.extend(_start_agents(url))
+                children.add(lambda: _start_agents(url))
             self._banner(url, no_demo)
 
         _when_listening(host, port, listening)
@@ -216,10 +220,13 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             str(os.geteuid()),
             "--session-dir",
             str(state_dir / "notebooks"),
+            # Stopping up stops the demo's jobs and sessions too, not only their agents.
+            "--stop-jobs-on-exit",
+            str(_AGENT_JOBS_GRACE_S),
             "--log-level",
             "WARNING",
         ]
-        children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR))
+        children.append(_child(command, env=env))
     return children
 
 
@@ -235,14 +242,17 @@ def _start_celery() -> list[subprocess.Popen]:
     # --quiet: no startup banners of their own after (or in the middle of) up's banner.
     base = [sys.executable, "-m", "celery", "-A", "portal", "--quiet"]
     return [
-        subprocess.Popen(
-            base + ["worker", "--loglevel", "WARNING", "--concurrency", "2"], cwd=settings.BASE_DIR
-        ),
-        subprocess.Popen(
-            base + ["beat", "--loglevel", "WARNING", "--schedule", str(settings.VAR_DIR / "beat")],
-            cwd=settings.BASE_DIR,
+        _child(base + ["worker", "--loglevel", "WARNING", "--concurrency", "2"]),
+        _child(
+            base + ["beat", "--loglevel", "WARNING", "--schedule", str(settings.VAR_DIR / "beat")]
         ),
     ]
+
+
+def _child(command: list[str], env: dict | None = None) -> subprocess.Popen:
+    """A child in a process group of its own: a Ctrl-C reaches `up` only, which stops the children
+    in order (agents their jobs first), and a stuck child is killed with all it started."""
+    return subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True)
 
 
 def _embedded_beat() -> None:
@@ -270,28 +280,80 @@ def _run_task(app, task_name: str) -> None:
         close_old_connections()
 
 
-def _exit_now(children: list[subprocess.Popen]) -> None:
+class Children:
+    """The processes `up` started. Once stopping, a start still under way (the agents start when
+    the port opens) finishes and is stopped with the rest; none begins after."""
+
+    def __init__(self) -> None:
+        # Reentrant: the signal handler runs in the main thread, which may be inside add().
+        self._lock = threading.RLock()
+        self._processes: list[subprocess.Popen] = []
+        self._stopping = False
+
+    def add(self, start: Callable[[], list[subprocess.Popen]]) -> None:
+        with self._lock:
+            if not self._stopping:
+                self._processes += start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        _stop(self._processes)
+
+
+def _exit_now(children: Children) -> None:
     """Leave once the server has stopped (SIGTERM/SIGINT), without joining request threads.
 
     On shutdown the ASGI server stops its event loop while a request thread may still be inside
     a view, waiting in asgiref's async_to_sync for that loop; a normal interpreter exit would join
     it forever. Its transaction never committed, so there is nothing to finish.
     """
-    _stop(children)
+    children.stop()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
+def _stop_on_signals(children: Children) -> None:
+    """SIGTERM and SIGINT stop the children, then `up` leaves with 0: no traceback.
+
+    While it serves, uvicorn takes both signals for its own graceful stop and raises them again
+    once it has stopped, which lands here; before and after serving they land here directly.
+    """
+
+    def stop(signum, frame) -> None:
+        for each in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not cut the stop short
+            signal.signal(each, signal.SIG_IGN)
+        _exit_now(children)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+
+
+# Agents give their jobs this long after SIGTERM; up gives agents, worker and beat _STOP_S.
+_AGENT_JOBS_GRACE_S = 5
+_STOP_S = 15
+
+
 def _stop(children: list[subprocess.Popen]) -> None:
+    """SIGTERM each child; after _STOP_S, SIGKILL to the process group of any still running."""
     for child in children:
         child.terminate()
+    deadline = time.monotonic() + _STOP_S
     for child in children:
         try:
-            child.wait(timeout=10)
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            child.kill()
+            log.warning(
+                "%s (pid %d) ignored SIGTERM for %d s; killing it",
+                child.args[2],
+                child.pid,
+                _STOP_S,
+            )
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
 
 
 def notify_defaults(url: str, *, demo: bool) -> None:
