@@ -1,7 +1,8 @@
 """Fair-share usage per project: allocated GPU-seconds, or measured use (``fairshare_charge``).
 
-Each allocation's mean utilization is measured once, when it ends, from the minute rollups of
-its device, and kept on the allocation. Running allocations are measured at pass time from the
+Under "measured" or "blend", each allocation's mean utilization is measured once, when it ends,
+from the minute rollups of its device, and kept on the allocation (allocations that ended while
+the charge was "allocated" were not measured, and are charged in full). Running allocations are measured at pass time from the
 rollups since their start, cached for ``FAIRSHARE_LIVE_UTILIZATION_CACHE_S`` (a pass every few
 seconds need not re-read hours of minutes). With the default "allocated" charge nothing here
 reads telemetry.
@@ -43,7 +44,13 @@ def allocations_utilization(*, allocations, now: datetime) -> dict[int, float | 
 
 
 def allocations_measure(*, booking_id: int, now: datetime) -> None:
-    """Keep the mean utilization on a booking's ended allocations (called as the booking ends)."""
+    """Keep the mean utilization on a booking's ended allocations (called as the booking ends).
+
+    Only while fair share charges measured use: under "allocated" nothing reads it, and a pass
+    that preempts or ends dozens of bookings should not pay a telemetry scan for each.
+    """
+    if settings.SCHEDULER_POLICY.get("fairshare_charge", "allocated") == "allocated":
+        return
     ended = Allocation.objects.filter(booking_id=booking_id, live=False, start__lt=now)
     for pk, value in allocations_utilization(allocations=ended, now=now).items():
         if value is not None:

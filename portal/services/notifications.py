@@ -8,6 +8,9 @@ here talks to the outside world.
 
 import hashlib
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 
 from django.conf import settings
@@ -43,6 +46,29 @@ _BOOKING_EVENTS = {
     "failed": Event.FAILED,
 }
 ADMIN_EVENTS = (Event.NODE_DOWN, Event.FOREIGN_PROCESS)
+
+# Who hears what, read once per project and user while recipients_cached() is on.
+_recipients: ContextVar[dict | None] = ContextVar("notify_recipients", default=None)
+
+
+@contextmanager
+def recipients_cached() -> Iterator[None]:
+    """Read each project's notification settings and each user's contacts and preferences once
+    in this block (an allocation pass starts and preempts many bookings of the same people)."""
+    token = _recipients.set({})
+    try:
+        yield
+    finally:
+        _recipients.reset(token)
+
+
+def _read(key: tuple, load: Callable):
+    cache = _recipients.get()
+    if cache is None:
+        return load()
+    if key not in cache:
+        cache[key] = load()
+    return cache[key]
 
 
 def booking_event_record(*, booking_id: int, event: str, now: datetime | None = None) -> int:
@@ -142,13 +168,16 @@ def _targets(notification, booking, users, admins) -> list[tuple]:
     if admins:
         people += list(get_user_model().objects.filter(is_staff=True, is_active=True))
     config = (
-        ProjectNotificationSettings.objects.filter(project_id=booking.project_id).first()
+        _read(
+            ("project", booking.project_id),
+            lambda: ProjectNotificationSettings.objects.filter(
+                project_id=booking.project_id
+            ).first(),
+        )
         if booking is not None
         else None
     )
-    contacts = {
-        c.user_id: c for c in NotificationContact.objects.filter(user_id__in={p.pk for p in people})
-    }
+    contacts = _contacts({p.pk for p in people})
     seen, targets = set(), []
     for person in people:
         defaults = (config.default_channels or {}) if config else {}
@@ -179,11 +208,21 @@ def _shared_addresses(event: str, config, admins: bool) -> list[tuple[str, str]]
     return found
 
 
+def _contacts(user_ids: set[int]) -> dict[int, NotificationContact]:
+    def load():
+        return {c.user_id: c for c in NotificationContact.objects.filter(user_id__in=user_ids)}
+
+    return _read(("contacts", frozenset(user_ids)), load)
+
+
 def _channels_on(user, event: str, project_defaults: dict) -> list[str]:
-    chosen = dict(
-        NotificationPreference.objects.filter(user=user, event=event).values_list(
-            "channel", "enabled"
-        )
+    chosen = _read(
+        ("preferences", user.pk, event),
+        lambda: dict(
+            NotificationPreference.objects.filter(user=user, event=event).values_list(
+                "channel", "enabled"
+            )
+        ),
     )
     project_default = project_defaults.get(event)
     enabled = []

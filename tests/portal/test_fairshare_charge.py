@@ -58,8 +58,10 @@ def _held_and_ended(project, gpu, utilization, now):
 
 
 @pytest.fixture
-def site():
-    """Four GPUs, all held now by a long booking of project "hog"; the history above."""
+def site(settings):
+    """Four GPUs, all held now by a long booking of project "hog"; the history above, which
+    ended while the site charged measured use (so it was measured)."""
+    settings.SCHEDULER_POLICY = {"fairshare_charge": "measured"}
     now = timezone.now().replace(microsecond=0)
     gpus = list(make_node("node-a", gpus=4).gpus.order_by("index"))
     projects = {slug: ProjectFactory(slug=slug) for slug in ("idle", "busy", "fresh", "hog")}
@@ -94,6 +96,15 @@ def test_it_measures_an_allocations_mean_utilization_when_its_booking_ends(site)
     assert measured == {"idle": pytest.approx(0.02), "busy": pytest.approx(0.90)}
 
 
+def test_it_measures_nothing_while_fair_share_charges_allocated_time(settings):
+    settings.SCHEDULER_POLICY = {}
+    gpu = make_node("node-q", gpus=1).gpus.get()
+    booking = make_active_booking([gpu])
+    _minutes(gpu, timezone.now() - timedelta(minutes=30), 30, BUSY_UTIL)
+    booking_release(user=booking.owner, booking_id=booking.pk, now=timezone.now())
+    assert Allocation.objects.get(booking=booking).mean_utilization is None
+
+
 def test_it_charges_idle_and_busy_holders_alike_when_charging_allocated_time(site, settings):
     now, projects = site
     settings.SCHEDULER_POLICY = {"fairshare_charge": "allocated"}
@@ -126,6 +137,7 @@ def test_it_blends_allocated_and_measured_charges(site, settings):
 
 def test_it_charges_in_full_what_nobody_measured(settings):
     """A MIG slice (NVML reports no utilization) or a silent node earns no discount."""
+    settings.SCHEDULER_POLICY = {"fairshare_charge": "measured"}
     now = timezone.now().replace(microsecond=0)
     node = make_node("node-m", gpus=0)
     slice_ = make_mig_gpu(node, 0).mig_instances.get(profile="3g.40gb")
