@@ -52,6 +52,7 @@ def _session_cookie() -> str:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.contrib.auth import (
         BACKEND_SESSION_KEY,
         HASH_SESSION_KEY,
@@ -65,7 +66,7 @@ def _session_cookie() -> str:
     user, _ = get_user_model().objects.get_or_create(username="bench-live")
     session = SessionStore()
     session[SESSION_KEY] = str(user.pk)
-    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[0]
     session[HASH_SESSION_KEY] = user.get_session_auth_hash()
     session.create()
     return session.session_key
