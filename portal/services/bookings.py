@@ -256,6 +256,19 @@ def booking_cancel(*, user, booking_id: int, now: datetime, source: Source = SYS
 
 def booking_release(*, user, booking_id: int, now: datetime, source: Source = SYSTEM) -> Booking:
     """Hand back an active booking's devices early; it counts as finished."""
+    return _release(
+        user=user, booking_id=booking_id, now=now, source=source, action="booking.release"
+    )
+
+
+def booking_reclaim_release(*, booking_id: int, now: datetime) -> Booking:
+    """Release an active booking for idleness (the site's idle reclaim, not its owner)."""
+    return _release(
+        user=None, booking_id=booking_id, now=now, source=SYSTEM, action="booking.reclaim"
+    )
+
+
+def _release(*, user, booking_id: int, now: datetime, source: Source, action: str) -> Booking:
     return _end(
         user=user,
         booking_id=booking_id,
@@ -263,22 +276,8 @@ def booking_release(*, user, booking_id: int, now: datetime, source: Source = SY
         new_state=State.FINISHED,
         from_states=(State.ACTIVE,),
         event="released",
-        action="booking.release",
+        action=action,
         source=source,
-    )
-
-
-def booking_reclaim_release(*, booking_id: int, now: datetime) -> Booking:
-    """Release an active booking for idleness (the site's idle reclaim, not its owner)."""
-    return _end(
-        user=None,
-        booking_id=booking_id,
-        now=now,
-        new_state=State.FINISHED,
-        from_states=(State.ACTIVE,),
-        event="released",
-        action="booking.reclaim",
-        source=SYSTEM,
     )
 
 

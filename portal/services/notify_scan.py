@@ -15,7 +15,7 @@ from django.utils.dateparse import parse_datetime
 from portal.models import Booking, Event, Notification
 from portal.services.delivery import deliveries_due
 from portal.services.notifications import deliveries_enqueue, notification_record
-from portal.services.quotas import quota_effective, usage_current
+from portal.services.quotas import quotas_effective_many, usage_gpu_hours_many
 
 State = Booking.State
 
@@ -74,18 +74,21 @@ def _queue_changes(now: datetime) -> int:
     """A queued request is told its place once planned, and again if its start moves a lot."""
     threshold = timedelta(minutes=settings.NOTIFY_MOVED_THRESHOLD_MIN)
     planned = Booking.objects.filter(state=State.PENDING, planned_start__isnull=False)
+    # The last queued/moved message of every waiting booking, in one query (the queue is long).
+    told = dict(
+        Notification.objects.filter(
+            booking__state=State.PENDING, event__in=(Event.QUEUED, Event.MOVED)
+        )
+        .order_by("created", "id")
+        .values_list("booking_id", "context")
+    )
     count = 0
     for b in planned.select_related("owner", "project"):
-        last = (
-            Notification.objects.filter(booking=b, event__in=(Event.QUEUED, Event.MOVED))
-            .order_by("-created", "-id")
-            .first()
-        )
         start = b.planned_start.isoformat()
-        if last is None:
+        if b.pk not in told:
             count += _record(b, Event.QUEUED, f"queued:{b.pk}", now, planned_start=start)
             continue
-        previous = parse_datetime(last.context.get("planned_start") or start)
+        previous = parse_datetime(told[b.pk].get("planned_start") or start)
         if abs(b.planned_start - previous) > threshold:
             key = f"moved:{b.pk}:{int(b.planned_start.timestamp())}"
             count += _record(
@@ -96,27 +99,30 @@ def _queue_changes(now: datetime) -> int:
 
 def _budget(now: datetime) -> int:
     """Owners of live bookings who used NOTIFY_BUDGET_FRACTION of their GPU-hour budget."""
-    count = 0
-    seen = set()
     live = Booking.objects.filter(state__in=Booking.LIVE_STATES).select_related("owner", "project")
+    first = {}
     for b in live.order_by("id"):
-        if (b.owner_id, b.project_id) in seen:
-            continue
-        seen.add((b.owner_id, b.project_id))
-        quota = quota_effective(project=b.project, user=b.owner)
-        if not quota.gpu_hours_budget:
-            continue
-        used = usage_current(
-            project=b.project, user=b.owner, now=now, period_days=quota.budget_period_days
-        ).gpu_hours_used
-        if used < settings.NOTIFY_BUDGET_FRACTION * quota.gpu_hours_budget:
+        first.setdefault((b.project_id, b.owner_id), b)
+    if not first:
+        return 0
+    quotas = quotas_effective_many(pairs=set(first))
+    budgeted = {pair: q for pair, q in quotas.items() if pair in first and q.gpu_hours_budget}
+    used = usage_gpu_hours_many(
+        project_ids={project_id for project_id, _ in budgeted},
+        now=now,
+        periods={q.budget_period_days for q in budgeted.values()},
+    )
+    count = 0
+    for (project_id, owner_id), quota in budgeted.items():
+        hours = used.get((quota.budget_period_days, project_id, owner_id), 0.0)
+        if hours < settings.NOTIFY_BUDGET_FRACTION * quota.gpu_hours_budget:
             continue
         # Once per user, project and period.
         period = int(now.timestamp() // (quota.budget_period_days * 86400))
-        key = f"budget:{b.project_id}:{b.owner_id}:{period}"
-        percent = round(100 * used / quota.gpu_hours_budget)
+        key = f"budget:{project_id}:{owner_id}:{period}"
+        percent = round(100 * hours / quota.gpu_hours_budget)
         count += _record(
-            b, Event.BUDGET, key, now, used=round(used, 1), budget=quota.gpu_hours_budget,
-            percent=percent,
+            first[(project_id, owner_id)], Event.BUDGET, key, now, used=round(hours, 1),
+            budget=quota.gpu_hours_budget, percent=percent,
         )  # fmt: skip
     return count

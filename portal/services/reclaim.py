@@ -39,19 +39,26 @@ class IdlePolicy:
     grace_minutes: int
 
 
-def idle_policy(*, project_id: int) -> IdlePolicy:
-    """The site's thresholds, with the project's overrides where it set them."""
-    config = ProjectNotificationSettings.objects.filter(project_id=project_id).first()
+def _policies(project_ids: set[int]) -> dict[int, IdlePolicy]:
+    """Each project's thresholds (the site's, with the project's overrides where it set them),
+    the overrides read in one query."""
+    configs = {
+        c.project_id: c
+        for c in ProjectNotificationSettings.objects.filter(project_id__in=project_ids)
+    }
 
-    def pick(name: str, site):
-        value = getattr(config, name, None) if config else None
-        return site if value is None else value
+    def policy(config) -> IdlePolicy:
+        def pick(name: str, site):
+            value = getattr(config, name, None)
+            return site if value is None else value
 
-    return IdlePolicy(
-        util_threshold=pick("idle_util_threshold", settings.IDLE_UTIL_THRESHOLD),
-        minutes=pick("idle_minutes", settings.IDLE_MINUTES),
-        grace_minutes=pick("idle_grace_minutes", settings.IDLE_GRACE_MINUTES),
-    )
+        return IdlePolicy(
+            util_threshold=pick("idle_util_threshold", settings.IDLE_UTIL_THRESHOLD),
+            minutes=pick("idle_minutes", settings.IDLE_MINUTES),
+            grace_minutes=pick("idle_grace_minutes", settings.IDLE_GRACE_MINUTES),
+        )
+
+    return {project_id: policy(configs.get(project_id)) for project_id in project_ids}
 
 
 def idle_reclaim_scan(*, now: datetime) -> dict:
@@ -59,18 +66,27 @@ def idle_reclaim_scan(*, now: datetime) -> dict:
     counts = {"warned": 0, "released": 0, "busy": 0}
     if not settings.IDLE_RECLAIM_ENABLED:
         return counts
-    active = Booking.objects.filter(state=Booking.State.ACTIVE).values_list("pk", "project_id")
-    for booking_id, project_id in list(active):
-        outcome = _review(booking_id, idle_policy(project_id=project_id), now)
+    active = list(
+        Booking.objects.filter(state=Booking.State.ACTIVE).values_list("pk", "project_id")
+    )
+    policies = _policies({project_id for _, project_id in active})
+    # Open warnings of every active booking, in one query rather than one per booking.
+    warnings = {
+        w.booking_id: w
+        for w in IdleReclaim.objects.filter(
+            booking__state=Booking.State.ACTIVE, state=IdleReclaim.State.WARNED
+        )
+    }
+    for booking_id, project_id in active:
+        outcome = _review(booking_id, policies[project_id], warnings.get(booking_id), now)
         if outcome:
             counts[outcome] += 1
     return counts
 
 
-def _review(booking_id: int, policy: IdlePolicy, now: datetime) -> str | None:
-    open_warning = IdleReclaim.objects.filter(
-        booking_id=booking_id, state=IdleReclaim.State.WARNED
-    ).first()
+def _review(
+    booking_id: int, policy: IdlePolicy, open_warning: IdleReclaim | None, now: datetime
+) -> str | None:
     if open_warning is None:
         since = now - timedelta(minutes=policy.minutes)
         recently_closed = IdleReclaim.objects.filter(booking_id=booking_id, closed_at__gt=since)

@@ -4,6 +4,8 @@ soon, ending soon, budget nearly used; each once per occurrence however often th
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal.models import Allocation, Booking, Delivery, Notification
@@ -98,3 +100,25 @@ def test_it_words_an_extension_of_a_queued_request_by_its_length(owner, project)
         booking_event_record(booking_id=b.pk, event="extended")
     message = message_build(Notification.objects.get(event="extended"))
     assert message.subject == f"Booking {b.pk} now asks for 2 hours"
+
+
+def test_it_scans_a_long_queue_and_its_budgets_in_a_fixed_number_of_queries(
+    owner, project, django_assert_max_num_queries
+):
+    """A site's queue holds thousands of waiting requests: the scan must not read each one's
+    last message, quota and usage by itself."""
+    project.quotas.update(gpu_hours_budget=1000)
+    now = timezone.now()
+
+    def queue(count):
+        for i in range(count):
+            BookingFactory(owner=owner, project=project, planned_start=now + timedelta(hours=i))
+
+    queue(3)
+    notifications_scan(now=now)  # each told its place once
+    with CaptureQueriesContext(connection) as few:
+        notifications_scan(now=now)
+    queue(20)
+    notifications_scan(now=now)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        notifications_scan(now=now)
