@@ -2,9 +2,10 @@
 
 Under "measured" or "blend", each allocation's mean utilization is measured once, when it ends,
 from the minute rollups of its device, and kept on the allocation (allocations that ended while
-the charge was "allocated" were not measured, and are charged in full). Running allocations are measured at pass time from the
-rollups since their start, cached for ``FAIRSHARE_LIVE_UTILIZATION_CACHE_S`` (a pass every few
-seconds need not re-read hours of minutes). With the default "allocated" charge nothing here
+the charge was "allocated" were not measured, and are charged in full). Running allocations are
+measured at pass time from the rollups since their start, cached for
+``FAIRSHARE_LIVE_UTILIZATION_CACHE_S`` (a pass every few seconds need not re-read hours of
+minutes). With the default "allocated" charge nothing here
 reads telemetry.
 """
 
@@ -49,7 +50,7 @@ def allocations_measure(*, booking_id: int, now: datetime) -> None:
     Only while fair share charges measured use: under "allocated" nothing reads it, and a pass
     that preempts or ends dozens of bookings should not pay a telemetry scan for each.
     """
-    if settings.SCHEDULER_POLICY.get("fairshare_charge", "allocated") == "allocated":
+    if _charge() == "allocated":
         return
     ended = Allocation.objects.filter(booking_id=booking_id, live=False, start__lt=now)
     for pk, value in allocations_utilization(allocations=ended, now=now).items():
@@ -91,8 +92,12 @@ def priority_breakdown(priority: dict | None) -> dict | None:
     """A stored priority with what its fair-share factor charges (``fairshare_charge``)."""
     if priority is None:
         return None
-    charge = settings.SCHEDULER_POLICY.get("fairshare_charge", "allocated")
-    return {**priority, "fairshare_charge": charge}
+    return {**priority, "fairshare_charge": _charge()}
+
+
+def _charge() -> str:
+    # The setting as given, else the policy's own default: no Policy is built for each row.
+    return settings.SCHEDULER_POLICY.get("fairshare_charge", scheduler.Policy.fairshare_charge)
 
 
 def charge_description(policy: scheduler.Policy) -> str:
