@@ -387,4 +387,7 @@ def _decode_time(value: Any, where: str) -> datetime:
         raise ProtocolError(where, "must be an ISO-8601 string") from None
     if parsed.tzinfo is None:
         raise ProtocolError(where, "must carry a timezone (UTC)")
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # e.g. year 1 at +01:00: before the first representable UTC time
+        raise ProtocolError(where, "is out of range") from None

@@ -14,6 +14,7 @@ from django.db import connection
 from agents import protocol
 from portal.models import Booking, Gpu, MigInstance, Node, NodeAlert, ProcessUsage, Sample
 from tests.conftest import error_of
+from tests.portal_agent.conftest import reading
 
 # Every bounded protocol field that lands in a column -> the column (model, field name). None
 # marks a field the portal does not store as sent (a list, a time, a value it truncates or only
@@ -138,3 +139,13 @@ def test_it_refuses_a_gpu_index_beyond_the_column_with_400_and_writes_nothing(no
     assert error_of(response)["fields"] == {"gpus[0].index": "must be at most 32767"}
     assert sorted(Gpu.objects.values_list("uuid", "index")) == before
     assert not MigInstance.objects.filter(uuid__startswith="MIG-new").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("time", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_it_refuses_a_time_that_has_no_utc_equivalent_with_400(node_a, agent_a, time):
+    uuid = node_a[0].gpus.first().uuid
+    response = agent_a.readings("node-a", [reading(uuid)], time=time)
+    assert response.status_code == 400
+    assert list(error_of(response)["fields"]) == ["time"]
+    assert not Sample.objects.exists()
