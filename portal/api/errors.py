@@ -16,6 +16,16 @@ from portal.errors import ApplicationError, Busy
 from portal.services import metrics
 from portal.services.locking import is_contention
 
+log = logging.getLogger(__name__)
+
+# PostgreSQL names the columns of a violated key in the error's detail: "Key (hostname)=(…)".
+_KEY_COLUMNS = re.compile(r"Key \((?P<columns>[^)]*)\)=")
+_CONFLICT_REASONS = {
+    "23505": "already taken",  # unique_violation
+    "23503": "refers to a row that does not exist",  # foreign_key_violation
+    "23502": "is required",  # not_null_violation
+}
+
 
 def _flatten(detail, prefix: str = "") -> dict[str, str]:
     """DRF nests errors per field (and per list index); flatten to {"field.sub": "reason"}."""
@@ -31,17 +41,6 @@ def _flatten(detail, prefix: str = "") -> dict[str, str]:
         return out
     reason = " ".join(str(v) for v in detail) if isinstance(detail, list) else str(detail)
     return {prefix or "non_field_errors": reason}
-
-
-log = logging.getLogger(__name__)
-
-# PostgreSQL names the columns of a violated key in the error's detail: "Key (hostname)=(…)".
-_KEY_COLUMNS = re.compile(r"Key \((?P<columns>[^)]*)\)=")
-_CONFLICT_REASONS = {
-    "23505": "already taken",  # unique_violation
-    "23503": "refers to a row that does not exist",  # foreign_key_violation
-    "23502": "is required",  # not_null_violation
-}
 
 
 def error_body(code: str, message: str, fields: dict | None = None, **extra) -> dict:
