@@ -49,8 +49,13 @@ PROFILE_MAX = 32
 VERSION_MAX = 64
 STRING_MAX = 65536
 MIG_SLICES = 7
-INT32 = (-(2**31), 2**31 - 1)
-INT64 = (-(2**63), 2**63 - 1)  # primary keys
+# Integer ranges of the portal's column types (PostgreSQL's; a portal test checks every bounded
+# field against the column it lands in), so a value out of range is refused here with the field
+# named, not by the database.
+INT32 = (-(2**31), 2**31 - 1)  # IntegerField
+INT64 = (-(2**63), 2**63 - 1)  # BigIntegerField, primary keys
+SMALL_UINT = (0, 2**15 - 1)  # PositiveSmallIntegerField
+UINT = (0, 2**31 - 1)  # PositiveIntegerField
 FLOAT_LIMIT = 1e9
 # How much of a batch job's output (its last bytes) events carry; the booking page says so.
 LOG_TAIL_BYTES = 4096
@@ -87,18 +92,18 @@ class MigInventory:
 
     uuid: str = bounded(max_length=UUID_MAX)
     profile: str = bounded(max_length=PROFILE_MAX)
-    slices: int = bounded(low=1, high=MIG_SLICES)
-    memory_total_mib: int = bounded(low=0)
+    slices: int = bounded(low=1, high=MIG_SLICES, ints=SMALL_UINT)
+    memory_total_mib: int = bounded(low=0, ints=UINT)
 
 
 @dataclass(frozen=True)
 class GpuInventory:
     """One physical GPU and, when MIG mode is on, its MIG instances."""
 
-    index: int = bounded(low=0)
+    index: int = bounded(low=0, ints=SMALL_UINT)
     uuid: str = bounded(max_length=UUID_MAX)
     model: str = bounded(max_length=MODEL_MAX)
-    memory_total_mib: int = bounded(low=0)
+    memory_total_mib: int = bounded(low=0, ints=UINT)
     mig_mode: bool = bounded()
     mig_instances: list[MigInventory] = field(default_factory=list)
 
@@ -193,15 +198,15 @@ class Event:
     time: datetime
     detail: str = ""
     booking_id: int | None = bounded(low=0, ints=INT64, default=None)
-    exit_code: int | None = None
-    log_tail: str | None = None
+    exit_code: int | None = bounded(ints=INT32, default=None)
+    log_tail: str | None = bounded(default=None)
     device_uuid: str | None = bounded(max_length=UUID_MAX, default=None)
     pid: int | None = bounded(low=0, default=None)
     user: str | None = bounded(max_length=USER_MAX, default=None)
     action: Enforcement | None = None
     # Where an interactive session listens (on `started` and `session_ready`).
     session_host: str | None = bounded(max_length=HOSTNAME_MAX, default=None)
-    session_port: int | None = bounded(low=1, high=65535, default=None)
+    session_port: int | None = bounded(low=1, high=65535, ints=UINT, default=None)
 
 
 @dataclass(frozen=True)
@@ -327,8 +332,6 @@ def _check_bounds(value: Any, where: str, limits: dict) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return value
     low, high = limits["low"], limits["high"]
-    if isinstance(value, int) and not limits["ints"][0] <= value <= limits["ints"][1]:
-        raise ProtocolError(where, "is out of range")
     if isinstance(value, float) and (not math.isfinite(value) or abs(value) > FLOAT_LIMIT):
         raise ProtocolError(where, "is out of range")
     if (low, high) == (0, 100) and not low <= value <= high:
@@ -337,6 +340,12 @@ def _check_bounds(value: Any, where: str, limits: dict) -> Any:
         raise ProtocolError(where, "must not be negative")
     if (low is not None and value < low) or (high is not None and value > high):
         raise ProtocolError(where, f"must be between {low} and {high}")
+    ints_low, ints_high = limits["ints"]
+    if isinstance(value, int) and not ints_low <= value <= ints_high:
+        # The column's range: say the bound that applies (the lower one only if it matters).
+        if low is not None and low >= ints_low:
+            raise ProtocolError(where, f"must be at most {ints_high}")
+        raise ProtocolError(where, f"is out of range ({ints_low} to {ints_high})")
     return value
 
 
@@ -378,4 +387,7 @@ def _decode_time(value: Any, where: str) -> datetime:
         raise ProtocolError(where, "must be an ISO-8601 string") from None
     if parsed.tzinfo is None:
         raise ProtocolError(where, "must carry a timezone (UTC)")
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # e.g. year 1 at +01:00: before the first representable UTC time
+        raise ProtocolError(where, "is out of range") from None

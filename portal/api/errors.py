@@ -1,14 +1,30 @@
 """One error shape for the whole API: {"error": {"code", "message", "fields"}}."""
 
+import logging
+import re
+
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import DataError, IntegrityError
+from django.db.models import ProtectedError, RestrictedError
 from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from portal.errors import ApplicationError, Busy
 from portal.services import metrics
 from portal.services.locking import is_contention
+
+log = logging.getLogger(__name__)
+
+# PostgreSQL names the columns of a violated key in the error's detail: "Key (hostname)=(…)".
+_KEY_COLUMNS = re.compile(r"Key \((?P<columns>[^)]*)\)=")
+_CONFLICT_REASONS = {
+    "23505": "already taken",  # unique_violation
+    "23503": "refers to a row that does not exist",  # foreign_key_violation
+    "23502": "is required",  # not_null_violation
+}
 
 
 def _flatten(detail, prefix: str = "") -> dict[str, str]:
@@ -47,6 +63,10 @@ def exception_handler(exc, context):
         response = Response(error_body(exc.code, exc.message), status=exc.status)
         response["Retry-After"] = str(exc.retry_after_s)
         return response
+    database = _database_error(exc)
+    if database is not None:
+        set_rollback()
+        return database
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -62,3 +82,35 @@ def exception_handler(exc, context):
         code = getattr(exc, "default_code", "error")
         response.data = error_body(code, str(getattr(exc, "detail", exc)))
     return response
+
+
+def _database_error(exc) -> Response | None:
+    """A refusal of the database that no service turned into an ApplicationError: a delete that
+    would lose history is 409 `protected`, a value its column cannot hold 400 `invalid`, any
+    other integrity violation 409 `conflict`. Never an HTML 500; logged, as a check is missing."""
+    if isinstance(exc, ProtectedError | RestrictedError):
+        return Response(error_body("protected", str(exc.args[0])), status=409)
+    if not isinstance(exc, DataError | IntegrityError):
+        return None
+    log.warning("the database refused a request: %s", exc)
+    diag = getattr(exc.__cause__, "diag", None)
+    lines = str(exc).strip().splitlines()
+    primary = getattr(diag, "message_primary", None) or (lines[0] if lines else "refused")
+    if isinstance(exc, DataError):
+        return Response(
+            error_body("invalid", f"A value does not fit its field: {primary}."), status=400
+        )
+    constraint = getattr(diag, "constraint_name", None)
+    message = f"The request conflicts with the stored data: {constraint or primary}."
+    return Response(error_body("conflict", message, _conflict_fields(exc, diag)), status=409)
+
+
+def _conflict_fields(exc, diag) -> dict[str, str]:
+    reason = _CONFLICT_REASONS.get(getattr(exc.__cause__, "sqlstate", None) or "")
+    reason = reason or "conflicts with the stored data"
+    if getattr(diag, "column_name", None):
+        return {diag.column_name: reason}
+    key = _KEY_COLUMNS.search(getattr(diag, "message_detail", None) or "")
+    if key is None:
+        return {}
+    return {column.strip(): reason for column in key.group("columns").split(",")}

@@ -2,15 +2,23 @@
 
 The consumer only authenticates (node token in the `authorization` header), joins the node's
 group and forwards; services send to the group after commit (services.agents.desired_push).
+When the database fails while it authenticates or records the heartbeat, it accepts only to
+close at once with 1013 ("try again later") and says why: the agent reconnects with backoff.
 """
+
+import logging
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.db import DatabaseError
 
 from portal.services.live import agent_group
 from portal.services.nodes import node_for_token, node_mark_seen
 
+log = logging.getLogger(__name__)
+
 CLOSE_UNAUTHORIZED = 4401
+CLOSE_TRY_AGAIN = 1013  # RFC 6455 registry: "Try Again Later"
 
 
 def _bearer(scope) -> str:
@@ -35,7 +43,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     group = None
 
     async def connect(self):
-        node = await _authenticate(_bearer(self.scope))
+        try:
+            node = await _authenticate(_bearer(self.scope))
+        except DatabaseError as exc:
+            log.warning("agent websocket: database error while authenticating: %s", exc)
+            await self.accept()
+            await self.close(code=CLOSE_TRY_AGAIN, reason="portal database unavailable; retry")
+            return
         if node is None:
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
@@ -47,8 +61,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-    async def receive_json(self, content, **kwargs):
-        pass  # agents speak over HTTP; the socket only carries pushes to them
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        pass  # agents speak over HTTP; the socket only carries pushes, so any frame is ignored
 
     async def desired_changed(self, event):
         await self.send_json({"type": "desired_changed", "generation": event.get("generation", 0)})

@@ -140,12 +140,26 @@ def node_mark_seen(*, node: Node, agent_version: str = "") -> bool:
     if agent_version:
         fields["agent_version"] = agent_version
     Node.objects.filter(pk=node.pk).update(**fields)
-    came_up = node.state == Node.State.DOWN and Node.objects.filter(
-        pk=node.pk, state=Node.State.DOWN
-    ).update(state=Node.State.UP, state_reason="")
+    if node.state != Node.State.DOWN and not _may_be_going_down(node, now):
+        return False
+    # The write above waited for any node-down scan holding the row, so this compare-and-set
+    # (a new statement, a new snapshot) sees a down that committed meanwhile: a heartbeat that
+    # was recorded never leaves the node down.
+    came_up = Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
+        state=Node.State.UP, state_reason=""
+    )
     if came_up:
         events.request_allocation_pass()
     return bool(came_up)
+
+
+def _may_be_going_down(node: Node, now: datetime) -> bool:
+    """Whether a node-down scan may be marking the node (as read, up) down right now: its last
+    heartbeat is old enough for a scan to call it silent (half the timeout: clocks may differ)."""
+    if node.state != Node.State.UP:
+        return False
+    timeout = timedelta(seconds=settings.NODE_HEARTBEAT_TIMEOUT_S)
+    return node.last_seen is None or now - node.last_seen >= timeout / 2
 
 
 def nodes_heartbeat_check(*, now: datetime) -> list[str]:

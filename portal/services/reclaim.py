@@ -3,7 +3,9 @@
 Site policy (IDLE_RECLAIM_ENABLED, off by default), thresholds per site and per project. A
 booking is idle when, over the last IDLE_MINUTES, every device it holds averaged under
 IDLE_UTIL_THRESHOLD % utilization (a mean, so one noisy reading does not keep a forgotten
-booking alive) and no process of its owner held GPU memory. MIG slices,
+booking alive) and no process of its owner held GPU memory. The window is the booking's own:
+one whose current run is younger than IDLE_MINUTES is never idle, and telemetry from before
+it started (the device idling for someone else, or for nobody) never counts. MIG slices,
 for which NVML reports no utilization, count as idle when their memory stayed under
 IDLE_MEMORY_MIB. A warning carries a 'keep it' link; after IDLE_GRACE_MINUTES with no keep and
 no activity the booking is released (the next bookings move up) and its owner told. Every
@@ -67,9 +69,11 @@ def idle_reclaim_scan(*, now: datetime) -> dict:
     if not settings.IDLE_RECLAIM_ENABLED:
         return counts
     active = list(
-        Booking.objects.filter(state=Booking.State.ACTIVE).values_list("pk", "project_id")
+        Booking.objects.filter(state=Booking.State.ACTIVE).values_list(
+            "pk", "project_id", "started_at", "requeued_at"
+        )
     )
-    policies = _policies({project_id for _, project_id in active})
+    policies = _policies({row[1] for row in active})
     # Open warnings of every active booking, in one query rather than one per booking.
     warnings = {
         w.booking_id: w
@@ -77,24 +81,47 @@ def idle_reclaim_scan(*, now: datetime) -> dict:
             booking__state=Booking.State.ACTIVE, state=IdleReclaim.State.WARNED
         )
     }
-    for booking_id, project_id in active:
-        outcome = _review(booking_id, policies[project_id], warnings.get(booking_id), now)
+    for booking_id, project_id, started_at, requeued_at in active:
+        run_start = _run_start(started_at, requeued_at)
+        if run_start is None:
+            continue
+        policy = policies[project_id]
+        outcome = _review(booking_id, policy, warnings.get(booking_id), run_start, now)
         if outcome:
             counts[outcome] += 1
     return counts
 
 
+def _run_start(started_at: datetime | None, requeued_at: datetime | None) -> datetime | None:
+    """When the booking's current run began: a requeued booking's earlier run is not its own."""
+    times = [t for t in (started_at, requeued_at) if t is not None]
+    return max(times) if times else None
+
+
 def _review(
-    booking_id: int, policy: IdlePolicy, open_warning: IdleReclaim | None, now: datetime
+    booking_id: int,
+    policy: IdlePolicy,
+    open_warning: IdleReclaim | None,
+    run_start: datetime,
+    now: datetime,
 ) -> str | None:
     if open_warning is None:
         since = now - timedelta(minutes=policy.minutes)
+        # The window is the booking's own: a device idle before the booking started on it says
+        # nothing about the booking, so one younger than the window is never idle.
+        if since < run_start:
+            return None
         recently_closed = IdleReclaim.objects.filter(booking_id=booking_id, closed_at__gt=since)
         if recently_closed.exists() or not booking_idle(
             booking_id=booking_id, since=since, threshold=policy.util_threshold
         ):
             return None
         return "warned" if _warn(booking_id, policy, now) else None
+    if open_warning.warned_at < run_start:
+        # Warned in an earlier run (then requeued): that run ended, so the warning is void; the
+        # new run is judged on its own window from the next scan on.
+        _close(open_warning.pk, IdleReclaim.State.BUSY, now)
+        return None
     still_idle = booking_idle(
         booking_id=booking_id, since=open_warning.warned_at, threshold=policy.util_threshold
     )

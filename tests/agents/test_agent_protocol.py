@@ -149,7 +149,13 @@ def test_it_names_the_bad_field_in_a_register(mutate, field, reason):
             "must be between 1 and 7",
         ),
         (lambda b: b["gpus"][0].update(index=-1), "gpus[0].index", "must not be negative"),
-        (lambda b: b["gpus"][0].update(index=2**40), "gpus[0].index", "is out of range"),
+        (lambda b: b["gpus"][0].update(index=2**40), "gpus[0].index", "must be at most 32767"),
+        (lambda b: b["gpus"][0].update(index=40000), "gpus[0].index", "must be at most 32767"),
+        (
+            lambda b: b["gpus"][0].update(memory_total_mib=2**31),
+            "gpus[0].memory_total_mib",
+            "must be at most 2147483647",
+        ),
     ],
 )
 def test_it_holds_both_sides_to_the_schemas_bounds(mutate, field, reason):

@@ -146,3 +146,51 @@ def test_it_takes_a_projects_own_thresholds(idle_booking, project):
     booking, gpus = idle_booking
     _readings(gpus, timezone.now() - timedelta(minutes=11), 11, utilization_gpu=30.0)
     assert idle_reclaim_scan(now=timezone.now())["warned"] == 1
+
+
+def test_it_does_not_warn_a_booking_younger_than_the_idle_window(owner, project):
+    # The GPU sat idle for an hour before the booking started on it a minute ago: that hour is
+    # not the booking's, so the booking is not idle yet.
+    gpus = list(make_node("idle-young", gpus=1).gpus.all())
+    booking = make_active_booking(gpus, owner=owner, project=project)
+    now = timezone.now()
+    _readings(gpus, now - timedelta(minutes=60), 60, utilization_gpu=0.0)
+    assert idle_reclaim_scan(now=now)["warned"] == 0
+    assert not IdleReclaim.objects.filter(booking=booking).exists()
+
+
+def test_it_warns_a_booking_once_idle_for_the_window_since_it_started(owner, project):
+    gpus = list(make_node("idle-later", gpus=1).gpus.all())
+    booking = make_active_booking(gpus, owner=owner, project=project)
+    started = Booking.objects.get(pk=booking.pk).started_at
+    _readings(gpus, started - timedelta(minutes=60), 60 + 11, utilization_gpu=0.0)
+    assert idle_reclaim_scan(now=started + timedelta(minutes=5))["warned"] == 0
+    assert idle_reclaim_scan(now=started + timedelta(minutes=11))["warned"] == 1
+    assert IdleReclaim.objects.get(booking=booking).state == "warned"
+
+
+def test_it_judges_a_requeued_booking_by_its_current_run(owner, project):
+    # A booking that ran earlier, was requeued and started again a minute ago: its earlier run's
+    # idle telemetry does not count against the new one.
+    gpus = list(make_node("idle-rerun", gpus=1).gpus.all())
+    booking = make_active_booking(gpus, owner=owner, project=project)
+    now = timezone.now()
+    Booking.objects.filter(pk=booking.pk).update(
+        requeued_at=now - timedelta(minutes=2), started_at=now - timedelta(minutes=1)
+    )
+    _readings(gpus, now - timedelta(minutes=60), 60, utilization_gpu=0.0)
+    assert idle_reclaim_scan(now=now)["warned"] == 0
+
+
+def test_it_does_not_release_a_new_run_on_a_warning_from_the_last_one(owner, project):
+    gpus = list(make_node("idle-stale", gpus=1).gpus.all())
+    booking = make_active_booking(gpus, owner=owner, project=project)
+    now = timezone.now()
+    IdleReclaim.objects.create(booking=booking, warned_at=now - timedelta(hours=2))
+    Booking.objects.filter(pk=booking.pk).update(
+        requeued_at=now - timedelta(minutes=2), started_at=now - timedelta(minutes=1)
+    )
+    _readings(gpus, now - timedelta(hours=3), 180, utilization_gpu=0.0)
+    assert idle_reclaim_scan(now=now)["released"] == 0
+    assert Booking.objects.get(pk=booking.pk).state == "active"
+    assert IdleReclaim.objects.get(booking=booking).state == "busy"

@@ -1,0 +1,151 @@
+"""The protocol's bounds are the columns' bounds: whatever an agent may send fits where the
+portal stores it, so a value out of range is a 400 naming the field, never a DataError (500)."""
+
+import dataclasses
+import json
+import types
+import typing
+from datetime import datetime
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from agents import protocol
+from portal.models import Booking, Gpu, MigInstance, Node, NodeAlert, ProcessUsage, Sample
+from tests.conftest import error_of
+from tests.portal_agent.conftest import reading
+
+# Every bounded protocol field that lands in a column -> the column (model, field name). None
+# marks a field the portal does not store as sent (a list, a time, a value it truncates or only
+# compares), with why.
+COLUMNS = {
+    ("MigInventory", "uuid"): (MigInstance, "uuid"),
+    ("MigInventory", "profile"): (MigInstance, "profile"),
+    ("MigInventory", "slices"): (MigInstance, "slices"),
+    ("MigInventory", "memory_total_mib"): (MigInstance, "memory_mib"),
+    ("GpuInventory", "index"): (Gpu, "index"),
+    ("GpuInventory", "uuid"): (Gpu, "uuid"),
+    ("GpuInventory", "model"): (Gpu, "model"),
+    ("GpuInventory", "memory_total_mib"): (Gpu, "memory_mib"),
+    ("RegisterRequest", "hostname"): (Node, "hostname"),
+    ("RegisterRequest", "agent_version"): (Node, "agent_version"),
+    ("RegisterRequest", "protocol"): None,  # compared to PROTOCOL_VERSION, not stored
+    ("ProcessReading", "pid"): (ProcessUsage, "pid"),
+    ("ProcessReading", "user"): (ProcessUsage, "user"),
+    ("ProcessReading", "used_memory_mib"): (ProcessUsage, "peak_memory_mib"),
+    ("ProcessReading", "name"): None,  # stored cut to ProcessUsage.name's 64 characters
+    ("DeviceReading", "uuid"): (Sample, "uuid"),
+    ("DeviceReading", "utilization_gpu"): (Sample, "utilization_gpu"),
+    ("DeviceReading", "utilization_memory"): (Sample, "utilization_memory"),
+    ("DeviceReading", "memory_used_mib"): (Sample, "memory_used_mib"),
+    ("DeviceReading", "memory_total_mib"): (Sample, "memory_total_mib"),
+    ("DeviceReading", "temperature_c"): (Sample, "temperature_c"),
+    ("DeviceReading", "power_w"): (Sample, "power_w"),
+    ("DeviceReading", "energy_mj"): None,  # not stored (the portal integrates power_w)
+    ("ReadingsRequest", "hostname"): (Node, "hostname"),
+    ("DesiredBooking", "booking_id"): (Booking, "id"),
+    ("DesiredBooking", "owner"): (get_user_model(), "username"),
+    ("DesiredBooking", "device_uuids"): (Gpu, "uuid"),
+    ("DesiredBooking", "command"): (Booking, "command"),
+    ("DesiredBooking", "session_token"): (Booking, "session_token"),
+    ("DesiredState", "generation"): None,  # the portal's own counter, read by the agent only
+    ("Event", "detail"): (NodeAlert, "detail"),  # Booking.state_detail takes it cut to 300
+    ("Event", "booking_id"): (Booking, "id"),
+    ("Event", "exit_code"): (Booking, "exit_code"),
+    ("Event", "log_tail"): (Booking, "log_tail"),
+    ("Event", "device_uuid"): (NodeAlert, "device_uuid"),
+    ("Event", "pid"): (NodeAlert, "pid"),
+    ("Event", "user"): (NodeAlert, "user"),
+    ("Event", "session_host"): (Booking, "session_host"),
+    ("Event", "session_port"): (Booking, "session_port"),
+    ("PushMessage", "generation"): None,  # as DesiredState.generation
+}
+MESSAGES = [
+    protocol.MigInventory,
+    protocol.GpuInventory,
+    protocol.RegisterRequest,
+    protocol.ProcessReading,
+    protocol.DeviceReading,
+    protocol.ReadingsRequest,
+    protocol.DesiredBooking,
+    protocol.DesiredState,
+    protocol.Event,
+    protocol.EventsRequest,
+    protocol.PushMessage,
+]
+
+
+def _scalar(hint):
+    """The scalar type a field holds (list items, optional values), or None for a message."""
+    for _ in range(3):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) in (list, typing.Union, types.UnionType):
+            hint = args[0]
+    if dataclasses.is_dataclass(hint) or typing.get_origin(hint) is typing.Literal:
+        return None
+    return hint
+
+
+def _stored_fields():
+    for cls in MESSAGES:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            scalar = _scalar(hints[f.name])
+            if scalar in (None, bool, datetime):
+                continue
+            yield cls.__name__, f, scalar
+
+
+def test_it_names_the_column_of_every_stored_protocol_field():
+    missing = [(name, f.name) for name, f, _ in _stored_fields() if (name, f.name) not in COLUMNS]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    "message,field,scalar",
+    [pytest.param(name, f, s, id=f"{name}.{f.name}") for name, f, s in _stored_fields()],
+)
+def test_it_bounds_every_protocol_field_by_the_column_it_lands_in(message, field, scalar):
+    column = COLUMNS[(message, field.name)]
+    if column is None:
+        return
+    model, name = column
+    model_field = model._meta.get_field(name)
+    limits = field.metadata.get("limits", protocol._NO_LIMITS)
+    if scalar is str:
+        if model_field.max_length is None:  # a text column: the protocol's own cap applies
+            assert model_field.get_internal_type() == "TextField"
+        else:
+            assert limits["max_length"] == model_field.max_length
+    elif scalar is int:
+        low, high = connection.ops.integer_field_range(model_field.get_internal_type())
+        sent_low = max(limits["ints"][0], limits["low"] if limits["low"] is not None else -(2**63))
+        sent_high = min(limits["ints"][1], limits["high"] if limits["high"] is not None else 2**63)
+        assert low <= sent_low and sent_high <= high, (sent_low, sent_high, low, high)
+    else:
+        assert scalar is float and model_field.get_internal_type() == "FloatField"
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_gpu_index_beyond_the_column_with_400_and_writes_nothing(node_a, agent_a):
+    from tests.portal_agent.test_agent_api import REGISTER
+
+    before = sorted(Gpu.objects.values_list("uuid", "index"))
+    body = json.loads(json.dumps(REGISTER))
+    body["gpus"][0]["index"] = 40000
+    response = agent_a.post(protocol.REGISTER_PATH, body)
+    assert response.status_code == 400
+    assert error_of(response)["fields"] == {"gpus[0].index": "must be at most 32767"}
+    assert sorted(Gpu.objects.values_list("uuid", "index")) == before
+    assert not MigInstance.objects.filter(uuid__startswith="MIG-new").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("time", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_it_refuses_a_time_that_has_no_utc_equivalent_with_400(node_a, agent_a, time):
+    uuid = node_a[0].gpus.first().uuid
+    response = agent_a.readings("node-a", [reading(uuid)], time=time)
+    assert response.status_code == 400
+    assert list(error_of(response)["fields"]) == ["time"]
+    assert not Sample.objects.exists()
