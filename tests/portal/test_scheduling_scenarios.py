@@ -143,3 +143,14 @@ def test_it_raises_the_age_factor_of_a_booking_that_waited(api, cluster):
     )
     allocation_pass(now=timezone.now())
     assert _get(api, waiting["id"])["priority"]["age"] > 0
+
+
+def test_it_moves_the_planned_start_of_the_queue_when_the_running_booking_is_extended(api, cluster):
+    hog = _submit(api, gpus=16, duration_s=3600)
+    waiting = _submit(api, gpus=8, duration_s=600)
+    with _commits(execute=True):
+        response = api.post(f"/api/v1/bookings/{hog['id']}/extend/", {"by_s": 3600}, format="json")
+    assert response.status_code == 200, response.json()
+    extended = _get(api, hog["id"])
+    assert _seconds_apart(extended["end"], _at(hog["end"]) + timedelta(hours=1)) < 1
+    assert _seconds_apart(_get(api, waiting["id"])["planned_start"], extended["end"]) < 5
