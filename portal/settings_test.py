@@ -1,4 +1,9 @@
-"""Test settings: the real settings, on PostgreSQL and Redis (never SQLite for the suite)."""
+"""Test settings: the real settings, on PostgreSQL and Redis.
+
+TEST_DATABASE=sqlite puts the database on SQLite instead (Redis stays): the scheduling scenario
+tests (marker both_databases) run that way too, so the embedded default mode schedules as server
+mode does (tests/portal/test_both_databases.py runs them).
+"""
 
 import hashlib
 import os
@@ -16,6 +21,15 @@ TEST_RUN_ID = hashlib.sha1(str(BASE_DIR).encode()).hexdigest()[:8]  # noqa: F405
 DATABASES["default"]["TEST"] = {  # noqa: F405
     "NAME": os.environ.get("TEST_DATABASE_NAME") or f"test_gpuportal_{TEST_RUN_ID}"
 }
+if os.environ.get("TEST_DATABASE") == "sqlite":
+    DATABASES = {  # noqa: F811
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": BASE_DIR / "var" / f"test_{TEST_RUN_ID}.sqlite3",  # noqa: F405
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            "TEST": {"NAME": None},  # in memory, as pytest-django does for SQLite
+        }
+    }
 CACHES["default"]["KEY_PREFIX"] = TEST_RUN_ID  # noqa: F405
 CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"asgi{TEST_RUN_ID}"  # noqa: F405
 

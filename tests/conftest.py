@@ -1,4 +1,5 @@
-"""Shared fixtures. The suite runs on PostgreSQL and Redis (portal.settings_test)."""
+"""Shared fixtures. The suite runs on PostgreSQL and Redis (portal.settings_test); the tests marked
+both_databases run once more on SQLite (TEST_DATABASE=sqlite, tests/portal/test_both_databases.py)."""
 
 import pytest
 from rest_framework.test import APIClient

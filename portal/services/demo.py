@@ -1,9 +1,13 @@
 """The seeded demo: users, two projects with quotas, three simulated nodes of 8 GPUs."""
 
+import secrets
+
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from portal.models import Membership, Project, Quota
+from portal.services.nodes import node_inventory_from_spec
 
 DEMO_PASSWORD = "gpu-demo-2026"
 # hostname -> simulated agent SPEC (see docs/agent.md); one node has MIG slices.
@@ -60,6 +64,28 @@ def demo_seed() -> dict:
             )
         Quota.objects.update_or_create(project=project, user=None, defaults=limits)
     return users
+
+
+def demo_site_id() -> str:
+    """This install's id, made once and kept in VAR_DIR/agents/site-id.
+
+    The simulated devices' UUIDs derive from it and the hostname: `up` gives it to the demo
+    agents and demo_nodes_seed builds the same devices, so a seed after the agents registered
+    (every start of `up`) finds the very devices they reported.
+    """
+    path = settings.VAR_DIR / "agents" / "site-id"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(8))
+    return path.read_text().strip()
+
+
+def demo_nodes_seed() -> list[str]:
+    """Create (or leave as they are) the demo nodes with the devices their agents will report."""
+    site = demo_site_id()
+    for hostname, spec in DEMO_NODES.items():
+        node_inventory_from_spec(hostname=hostname, spec=spec, site=site)
+    return list(DEMO_NODES)
 
 
 def _user(username: str, first_name: str, staff: bool):

@@ -109,13 +109,17 @@ def _mig_upsert(gpu: Gpu, info: dict, placement_start: int) -> MigInstance:
     return mig
 
 
-def node_inventory_from_spec(*, hostname: str, spec: str) -> Node:
-    """Create a node with the inventory a simulated agent of this SPEC will report (demo, tests)."""
+def node_inventory_from_spec(*, hostname: str, spec: str, site: str = "") -> Node:
+    """Create a node with the inventory a simulated agent of this SPEC will report (demo, tests).
+
+    `site` is the agent's --site-id (the demo's: portal.services.demo.demo_site_id): the UUIDs
+    derive from it, and a device the agent reports under another UUID would be replaced.
+    """
     from agents.protocol import to_json
     from agents.simulate import SimulatedBackend
 
     node, _ = Node.objects.get_or_create(hostname=hostname)
-    backend = SimulatedBackend(spec, hostname=hostname)
+    backend = SimulatedBackend(spec, hostname=hostname, site=site)
     node_inventory_update(node=node, gpus=[to_json(gpu) for gpu in backend.discover()])
     backend.close()
     return node

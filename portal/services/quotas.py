@@ -128,7 +128,13 @@ class EpochSeconds(Func):
         )
 
     def as_sqlite(self, compiler, connection, **extra):
-        return self.as_sql(compiler, connection, template="(julianday(%(expressions)s) * 86400.0)")
+        # julianday() counts days from 4714 BC; the Unix epoch is Julian day 2440587.5. NULL in,
+        # NULL out, as on PostgreSQL.
+        return self.as_sql(
+            compiler,
+            connection,
+            template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)",
+        )
 
 
 def _merge(rows: list[Quota | None]) -> EffectiveQuota:

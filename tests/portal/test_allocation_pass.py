@@ -37,6 +37,7 @@ def _get(api, booking_id):
     return api.get(f"/api/v1/bookings/{booking_id}/").json()
 
 
+@pytest.mark.both_databases
 def test_it_starts_a_queued_booking_on_free_devices_without_anyone_touching_it(
     api, project, cluster
 ):
@@ -48,6 +49,7 @@ def test_it_starts_a_queued_booking_on_free_devices_without_anyone_touching_it(
     assert now["started_at"] and now["cuda_visible_devices"].startswith("GPU-")
 
 
+@pytest.mark.both_databases
 def test_it_shows_a_pending_bookings_planned_start_position_reason_and_priority(
     api, project, cluster
 ):
@@ -73,6 +75,7 @@ def test_it_shows_a_pending_bookings_planned_start_position_reason_and_priority(
     assert waiting["priority"]["fairshare_charge"] == "allocated"
 
 
+@pytest.mark.both_databases
 def test_it_keeps_a_booking_pending_for_quota_while_the_user_holds_their_limit(
     api, project, cluster
 ):
@@ -101,6 +104,7 @@ def test_it_starts_a_mig_request_on_a_matching_slice(api, project, db):
     assert booking["cuda_visible_devices"].startswith("MIG-")
 
 
+@pytest.mark.both_databases
 def test_it_ends_bookings_at_their_end_time_and_starts_the_next(api, project, cluster):
     project.quotas.update(max_gpus=None)
     first = _submit(api, gpus=16, duration_s=600)
@@ -138,6 +142,7 @@ def test_it_never_preempts_a_booking_that_is_not_preemptible(api, project, clust
     assert _get(api, urgent["id"])["state"] == "pending"
 
 
+@pytest.mark.both_databases
 def test_it_estimates_the_start_of_a_request_before_it_is_submitted(api, project, cluster):
     project.quotas.update(max_gpus=None)
     hog = _submit(api, gpus=16, duration_s=7200)
@@ -273,6 +278,7 @@ def _reservation_on(api, node_name: str, hours_from_now: float = 1.0):
     return body, start
 
 
+@pytest.mark.both_databases
 def test_it_moves_a_reservation_off_a_node_that_went_down_when_its_window_opens(
     api, project, cluster
 ):
@@ -285,6 +291,7 @@ def test_it_moves_a_reservation_off_a_node_that_went_down_when_its_window_opens(
     assert "moved off node-a" in moved["state_detail"]
 
 
+@pytest.mark.both_databases
 def test_it_fails_a_reservation_whose_node_is_down_when_nothing_else_is_free(api, project, cluster):
     from django.core import mail
 

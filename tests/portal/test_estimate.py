@@ -41,6 +41,7 @@ def _hog(user, project):
     )
 
 
+@pytest.mark.both_databases
 def test_it_gives_no_queue_position_to_a_request_that_starts_now(api, project, cluster):
     response = _estimate(api)
     assert response.status_code == 200, response.json()
@@ -65,6 +66,7 @@ def test_it_answers_429_with_retry_after_past_the_per_user_rate(api, project, cl
     assert _estimate(api).status_code == 200  # per user: bob has his own allowance
 
 
+@pytest.mark.both_databases
 def test_it_plans_estimates_within_the_ttl_on_one_copy_of_the_queue(
     api, user, project, cluster, settings
 ):
@@ -83,6 +85,7 @@ def test_it_plans_estimates_within_the_ttl_on_one_copy_of_the_queue(
     assert counter_value("estimate_snapshots") == before + 2
 
 
+@pytest.mark.both_databases
 def test_it_reads_the_queue_for_each_estimate_with_a_ttl_of_zero(
     api, user, project, cluster, settings
 ):

@@ -27,7 +27,7 @@ from tests.factories import (
     member,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 IDLE_UTIL, BUSY_UTIL = 2.0, 90.0
 

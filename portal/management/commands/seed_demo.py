@@ -1,7 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from portal.services.demo import DEMO_NODES, DEMO_PASSWORD, demo_seed
-from portal.services.nodes import node_inventory_from_spec
+from portal.services.demo import DEMO_PASSWORD, demo_nodes_seed, demo_seed
 
 
 class Command(BaseCommand):
@@ -9,10 +8,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         users = demo_seed()
-        for hostname, spec in DEMO_NODES.items():
-            node_inventory_from_spec(hostname=hostname, spec=spec)
+        nodes = demo_nodes_seed()
         self.stdout.write(
             self.style.SUCCESS(
-                f"Demo ready: users {', '.join(users)} (password {DEMO_PASSWORD}), nodes {', '.join(DEMO_NODES)}."
+                f"Demo ready: users {', '.join(users)} (password {DEMO_PASSWORD}), nodes {', '.join(nodes)}."
             )
         )

@@ -14,7 +14,6 @@ import getpass
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -29,7 +28,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, OperationalError, close_old_connections, connection
 
 from portal.management.commands.serve import serve, web_workers
-from portal.services.demo import DEMO_NODES, DEMO_PASSWORD, DEMO_USERS
+from portal.services.demo import DEMO_NODES, DEMO_PASSWORD, DEMO_USERS, demo_site_id
 from portal.services.nodes import node_token_issue
 
 log = logging.getLogger(__name__)
@@ -192,7 +191,7 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
     user_map = settings.VAR_DIR / "agents" / "demo-user-map.json"
     user_map.parent.mkdir(parents=True, exist_ok=True)
     user_map.write_text(json.dumps({name: getpass.getuser() for name, _, _ in DEMO_USERS}))
-    site_id = _site_id()
+    site_id = demo_site_id()  # the ids seed_demo built these nodes' devices with
     for hostname, spec in DEMO_NODES.items():
         token = node_token_issue(hostname=hostname)
         state_dir = settings.VAR_DIR / "agents" / hostname
@@ -228,14 +227,6 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
         ]
         children.append(_child(command, env=env))
     return children
-
-
-def _site_id() -> str:
-    """This install's id, made once and kept in VAR_DIR: its simulated devices' UUIDs derive from it."""
-    path = settings.VAR_DIR / "agents" / "site-id"
-    if not path.exists():
-        path.write_text(secrets.token_hex(8))
-    return path.read_text().strip()
 
 
 def _start_celery() -> list[subprocess.Popen]:
