@@ -188,7 +188,7 @@ def _quota_exceeded(
     }
     if refusal.limit == "max_gpus":
         reason = (
-            f"{who} up to {refusal.usage:g} of {refusal.limit_value:g} GPUs {where}; "
+            f"{who} up to {round(refusal.usage, 2):g} of {refusal.limit_value:g} GPUs {where}; "
             f"this asks {round(refusal.asks, 2):g} more."
         )
         return QuotaExceeded(f"Quota max_gpus: {reason}", fields={concurrent: reason}, extra=extra)

@@ -159,7 +159,8 @@ def _held_many(asks: Mapping[Hashable, QuotaAsk]) -> dict[Hashable, tuple[float,
             theirs.add(*span)
             if owner_id == ask.user_id:
                 mine.add(*span)
-        out[key] = (round(mine.peak(lo, hi), 4), round(theirs.peak(lo, hi), 4))
+        # Unrounded: a slice is a seventh, and the check compares at the limit itself.
+        out[key] = (mine.peak(lo, hi), theirs.peak(lo, hi))
     return out
 
 
@@ -250,7 +251,7 @@ def usage_current(*, project: Project, user=None, now: datetime, period_days: in
     held = _held_many({None: QuotaAsk(project.pk, user_id or 0, (now, now + _INSTANT))})
     mine, theirs = held[None]
     return Usage(
-        gpus_in_use=mine if user is not None else theirs,
+        gpus_in_use=round(mine if user is not None else theirs, 4),
         gpu_hours_used=used.get((period_days, project.pk, user_id), 0.0),
     )
 

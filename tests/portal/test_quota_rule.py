@@ -274,3 +274,20 @@ def test_it_gives_the_same_answer_on_every_path_for_the_same_position(
     site = Site(project, user, cluster, limit, LIMIT[kind])
     refused = PATHS[path](site, TOTAL[kind][boundary])
     assert refused == (boundary == "over"), f"{path}, {limit}, {boundary}"
+
+
+def test_it_admits_slices_that_fill_the_limit_exactly(project, user, db):
+    """Sevenths add up to the limit itself: 3/7 held and 4/7 asked is 1 GPU of 1."""
+    project.quotas.update(max_gpus=1)
+    gpu = make_mig_gpu(make_node("mig-node", gpus=0), 0, profiles=("3g.40gb", "4g.40gb"))
+    now = timezone.now()
+    start, end = now + timedelta(hours=1), now + timedelta(hours=2)
+    held = gpu.mig_instances.get(profile="3g.40gb")
+    booking = BookingFactory(
+        owner=user, project=project, gpus=0, mig_profile="3g.40gb", state=Booking.State.PLANNED
+    )
+    AllocationFactory(
+        booking=booking, gpu=gpu, mig_instance=held, start=start, end=end, fraction=3 / 7
+    )
+    more = booking_submit(user=user, now=now, mig_profile="4g.40gb", start=start, end=end)
+    assert more.state == Booking.State.PLANNED
