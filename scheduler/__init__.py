@@ -3,7 +3,13 @@
 from scheduler.admission import Refusal, admission_refusal, never_fits
 from scheduler.allocator import plan
 from scheduler.priority import charged_fraction, decay_usage, predict_run
-from scheduler.quota import QuotaRefusal, quota_refusal
+from scheduler.quota import (
+    QuotaRefusal,
+    QuotaSide,
+    budget_nearly_used,
+    position_refusal,
+    quota_refusal,
+)
 from scheduler.types import (
     REASONS,
     Allocation,
@@ -30,15 +36,18 @@ __all__ = [
     "Priority",
     "Quota",
     "QuotaRefusal",
+    "QuotaSide",
     "Refusal",
     "Request",
     "Start",
     "State",
     "admission_refusal",
+    "budget_nearly_used",
     "charged_fraction",
     "decay_usage",
     "never_fits",
     "plan",
+    "position_refusal",
     "predict_run",
     "quota_refusal",
 ]

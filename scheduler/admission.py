@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.placement import Node, build_nodes, fits_window, is_multi_node
 from scheduler.priority import profile_fractions, request_size
-from scheduler.quota import quota_refusal
+from scheduler.quota import QuotaSide, position_refusal
 from scheduler.reserve import Slot, Wanted, reserve
 from scheduler.timeline import NodeTimeline
 from scheduler.types import Device, Quota, Request
@@ -25,16 +26,20 @@ class Refusal:
     limit_value: float
     asks: float
     text: str
+    scope: str = ""  # for a quota: "user" (the user in the project) or "project"
 
 
 def admission_refusal(
     request: Request,
     devices: tuple[Device, ...],
-    quota: Quota | None = None,
+    quota: Quota | Sequence[QuotaSide] | None = None,
     *,
     fixed_window: bool = False,
 ) -> Refusal | None:
     """Why ``request`` could never run on ``devices`` under ``quota`` (None: it could).
+
+    ``quota`` is one Quota, or the sides of a quota position (the user in the project, the
+    project): each is checked by the one quota rule with nothing used or held.
 
     The rules that would place it decide: the allocator's (one node when the request fits on
     one, else whole nodes of whole GPUs of the model), or with ``fixed_window`` those of an
@@ -50,15 +55,23 @@ def admission_refusal(
         return Refusal("inventory", float(most), float(request.gpus), _inventory_text(request))
     size = request_size(request, profile_fractions(devices))
     hours = size * request.duration_s / 3600.0
-    refusal = quota_refusal(quota, gpus=size, gpu_hours=hours) if quota is not None else None
+    refusal = position_refusal(_limits(quota), gpus=size, gpu_hours=hours)
     if refusal is None:
         return None
     if refusal.limit == "max_gpus":
         text = f"asks {size:g} GPUs at once, the limit is {refusal.limit_value:g}"
-        return Refusal("max_gpus", refusal.limit_value, size, text)
+        return Refusal("max_gpus", refusal.limit_value, size, text, refusal.scope)
     left = refusal.limit_value - refusal.usage
     text = f"asks {hours:g} GPU-hours, {left:g} left in the budget"
-    return Refusal("gpu_hours_budget", refusal.limit_value, hours, text)
+    return Refusal("gpu_hours_budget", refusal.limit_value, hours, text, refusal.scope)
+
+
+def _limits(quota: Quota | Sequence[QuotaSide] | None) -> tuple[QuotaSide, ...]:
+    if quota is None:
+        return ()
+    if isinstance(quota, Quota):
+        return (QuotaSide("user", quota).limits_only(),)
+    return tuple(side.limits_only() for side in quota)
 
 
 def never_fits(

@@ -8,8 +8,8 @@ quotas too and a booking held back by quota gets the time its owner's use drops 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from scheduler.types import Quota
 
@@ -25,6 +25,54 @@ class QuotaRefusal:
     limit_value: float
     usage: float
     asks: float
+    scope: str = ""  # "user" (the user in the project) or "project", when known
+
+
+@dataclass(frozen=True)
+class QuotaSide:
+    """Where a request stands against one quota key: the user in the project, or the project.
+
+    ``quota`` holds the limits and the GPU-hours used in the budget period; ``held`` the most
+    GPU-equivalents held at once over the request's window (0 without a window).
+    """
+
+    scope: str  # "user" or "project"
+    quota: Quota
+    held: float = 0.0
+
+    def limits_only(self) -> QuotaSide:
+        """The same limits with nothing used or held (could it ever run?)."""
+        return QuotaSide(self.scope, replace(self.quota, gpu_hours_used=0.0))
+
+
+def over(limit: float | None, amount: float) -> bool:
+    """The one comparison of every quota check: ``amount`` is past ``limit`` (None: no limit)."""
+    return limit is not None and amount > limit + _EPS
+
+
+def position_refusal(
+    sides: Iterable[QuotaSide], *, gpus: float, gpu_hours: float
+) -> QuotaRefusal | None:
+    """The one check of a quota position, for every path (the allocator's ledgers compare the
+    same way): each side in turn, the user first, by ``quota_refusal``."""
+    for side in sides:
+        refusal = quota_refusal(side.quota, gpus=gpus, gpu_hours=gpu_hours, held=side.held)
+        if refusal is not None:
+            return replace(refusal, scope=side.scope)
+    return None
+
+
+GPU_SECOND = 1 / 3600  # GPU-hours: the smallest further use the budget scan asks about
+
+
+def budget_nearly_used(side: QuotaSide, fraction: float) -> bool:
+    """Whether the budget scan warns: the GPU-hours used leave no room under ``fraction`` of the
+    budget for one more GPU-second, by the one rule (``quota_refusal``)."""
+    budget = side.quota.gpu_hours_budget
+    if budget is None:
+        return False
+    scaled = Quota(gpu_hours_budget=fraction * budget, gpu_hours_used=side.quota.gpu_hours_used)
+    return quota_refusal(scaled, gpus=0.0, gpu_hours=GPU_SECOND) is not None
 
 
 def quota_refusal(
@@ -36,10 +84,10 @@ def quota_refusal(
     ``max_gpus``; GPU-hours used in the period plus ``gpu_hours`` within the budget. The
     concurrency limit is checked first.
     """
-    if quota.max_gpus is not None and held + gpus > quota.max_gpus + _EPS:
+    if over(quota.max_gpus, held + gpus):
         return QuotaRefusal("max_gpus", quota.max_gpus, held, gpus)
     budget = quota.gpu_hours_budget
-    if budget is not None and quota.gpu_hours_used + gpu_hours > budget + _EPS:
+    if over(budget, quota.gpu_hours_used + gpu_hours):
         return QuotaRefusal("gpu_hours_budget", budget, quota.gpu_hours_used, gpu_hours)
     return None
 
@@ -105,13 +153,13 @@ class Ledger:
         limit = self.quota.max_gpus
         if limit is None:
             return not_before
-        if amount > limit + _EPS:
+        if over(limit, amount):
             return None
         times, levels = self.steps()
         n, t = len(times), not_before
         j = max(0, bisect_right(times, t) - 1)
         while j < n and times[j] < t + duration:
-            if levels[j] + amount > limit + _EPS and (j + 1 == n or times[j + 1] > t):
+            if over(limit, levels[j] + amount) and (j + 1 == n or times[j + 1] > t):
                 if j + 1 == n:
                     return None
                 t = times[j + 1]
@@ -183,8 +231,8 @@ class Quotas:
         """A sentence naming the first GPU-hour budget this booking would overrun, else None."""
         for ledger in ledgers:
             left = ledger.budget_left()
-            if left is not None and gpu_hours > left + _EPS:
-                budget = ledger.quota.gpu_hours_budget
+            budget = ledger.quota.gpu_hours_budget
+            if left is not None and over(budget, budget - left + gpu_hours):
                 spent = budget - left
                 return (
                     f"{ledger.label} GPU-hour budget: {spent:g} of {budget:g} used or planned,"

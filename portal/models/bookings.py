@@ -2,8 +2,14 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from portal.models.inventory import Gpu, MigInstance
+from portal.models.inventory import Gpu, MigInstance, mig_fraction
 from portal.models.projects import Project
+
+
+def mig_profile_slices(profile: str) -> int:
+    """Compute slices of a MIG profile from its name: "3g.40gb" has 3 (NVIDIA's naming)."""
+    head = profile.split("g.", 1)[0].rsplit(".", 1)[-1]
+    return int(head) if head.isdigit() else 1
 
 
 class Qos(models.TextChoices):
@@ -134,11 +140,11 @@ class Booking(models.Model):
 
     @property
     def gpu_equivalents(self) -> float:
-        """GPUs this booking counts for in quotas; a MIG booking counts its held slice."""
+        """GPUs this booking counts for in quotas: its whole GPUs, or its MIG profile's share of
+        a GPU (known from the profile's name, before any slice is allocated; no query)."""
         if self.gpus:
             return float(self.gpus)
-        held = [a.fraction for a in self.allocations.all()]
-        return held[0] if held else 0.0
+        return mig_fraction(mig_profile_slices(self.mig_profile))
 
     def describe_request(self) -> str:
         what = (

@@ -8,8 +8,9 @@ from django.conf import settings
 import scheduler
 from portal.errors import NoCapacity, QuotaExceeded, ValidationFailed
 from portal.models import Project, Qos, mig_fraction
+from portal.models.bookings import mig_profile_slices
 from portal.services import inventory
-from portal.services.quotas import EffectiveQuota, quota_effective, scheduler_quota
+from portal.services.quotas import EffectiveQuota, QuotaPosition, quota_position
 
 PAST_SLACK = timedelta(seconds=60)
 
@@ -29,7 +30,8 @@ class BookingRequest:
     preemptible: bool
     command: str
     gpu_equivalents: float
-    quota: EffectiveQuota
+    quota: EffectiveQuota  # the user's limits in the project (override, else the project's)
+    limits: QuotaPosition  # the user's and the project's limits, nothing used or held
 
 
 def resolve_project(*, user, slug: str | None) -> Project:
@@ -68,7 +70,8 @@ def check_request(
 ) -> BookingRequest:
     """Validate a submission against the inventory, the window rules and the quota."""
     proj = resolve_project(user=user, slug=project)
-    quota = quota_effective(project=proj, user=user)
+    limits = quota_position(project=proj, user=user, now=now, use=False)
+    quota = limits.user_limits
     start, end, duration = _check_window(now=now, start=start, end=end, duration_s=duration_s)
     model = _check_model(gpu_model or "", quota, mig=bool(mig_profile))
     request = BookingRequest(
@@ -84,6 +87,7 @@ def check_request(
         command=command or "",
         gpu_equivalents=0.0,
         quota=quota,
+        limits=limits,
     )
     request = _check_what(request, gpus=gpus, mig_profile=mig_profile or "")
     _check_limits(request)
@@ -166,8 +170,9 @@ def _check_mig(request: BookingRequest, mig_profile: str) -> BookingRequest:
             "mig_profile",
             f"unknown MIG profile '{mig_profile}'; available: {', '.join(profiles) or 'none'}.",
         )
-    slices = inventory.mig_profile_slices(mig_profile) or 1
-    return replace(request, mig_profile=mig_profile, gpu_equivalents=round(mig_fraction(slices), 4))
+    # Counted as a booking of it counts (Booking.gpu_equivalents), before any slice is held.
+    fraction = mig_fraction(mig_profile_slices(mig_profile))
+    return replace(request, mig_profile=mig_profile, gpu_equivalents=fraction)
 
 
 def _check_limits(request: BookingRequest) -> None:
@@ -205,7 +210,7 @@ def _check_admission(request: BookingRequest) -> None:
     refusal = scheduler.admission_refusal(
         asked,
         inventory.admission_devices(),
-        scheduler_quota(request.quota),
+        request.limits.sides,
         fixed_window=request.start is not None,
     )
     if refusal is None:
@@ -217,20 +222,22 @@ def _check_admission(request: BookingRequest) -> None:
     if refusal.limit == "inventory":
         reason = _inventory_refusal(request, refusal)
         raise NoCapacity(f"{what}: {reason}", fields={what: reason})
+    whose = "your project's" if refusal.scope == "project" else "your"
     if refusal.limit == "max_gpus":
         reason = (
-            f"asks for {request.gpu_equivalents:g} GPUs but your quota allows "
+            f"asks for {round(request.gpu_equivalents, 2):g} GPUs but {whose} quota allows "
             f"{refusal.limit_value:g} at once."
         )
         raise _quota_refusal(what, reason, limit="max_gpus", **_amounts(refusal))
     reason = (
-        f"needs {refusal.asks:.1f} GPU-hours but your budget is {refusal.limit_value:g} per period."
+        f"needs {refusal.asks:.1f} GPU-hours but {whose} budget is {refusal.limit_value:g} "
+        "per period."
     )
     raise _quota_refusal(when, reason, limit="gpu_hours_budget", **_amounts(refusal))
 
 
 def _amounts(refusal: scheduler.Refusal) -> dict:
-    return {"limit_value": refusal.limit_value, "asks": refusal.asks}
+    return {"limit_value": refusal.limit_value, "usage": 0.0, "asks": refusal.asks}
 
 
 def _quota_refusal(field: str, reason: str, **extra) -> QuotaExceeded:

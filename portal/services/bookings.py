@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import F, Max
+from django.db.models import F, Max, Min
 from django.db.models.functions import Least
 
 import scheduler
@@ -27,7 +27,7 @@ from portal.services import events, fairshare, inventory, permissions, placement
 from portal.services.audit import SYSTEM, Source, audit_booking, booking_state
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
-from portal.services.quotas import peak_use_in_window, scheduler_quota, usage_current
+from portal.services.quotas import quota_position
 from portal.services.sessions import session_prepare, session_request_check
 from scheduler.reserve import Slot
 
@@ -160,40 +160,44 @@ def check_reservation(user, request: BookingRequest, now: datetime) -> list[Slot
 
 
 def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
-    """The scheduler's quota rule over the reservation's window (peak held, budget used)."""
-    quota = request.quota
-    held = used = 0.0
-    if quota.max_gpus is not None:
-        held = peak_use_in_window(
-            project=request.project, user=user, start=request.start, end=request.end
-        )
-    if quota.gpu_hours_budget is not None:
-        used = usage_current(
-            project=request.project, user=user, now=now, period_days=quota.budget_period_days
-        ).gpu_hours_used
+    """The one quota rule over the reservation's window, for the user in the project and for
+    the project: most held at once there, GPU-hours used in the period plus the booking's."""
+    position = quota_position(
+        project=request.project, user=user, now=now, window=(request.start, request.end)
+    )
     hours = request.gpu_equivalents * request.duration_s / 3600
-    refusal = scheduler.quota_refusal(
-        scheduler_quota(quota, gpu_hours_used=used),
-        gpus=request.gpu_equivalents,
-        gpu_hours=hours,
-        held=held,
+    refusal = scheduler.position_refusal(
+        position.sides, gpus=request.gpu_equivalents, gpu_hours=hours
     )
-    if refusal is None:
-        return
-    extra = {"limit": refusal.limit, "limit_value": refusal.limit_value, "usage": refusal.usage}
+    if refusal is not None:
+        field = "gpus" if request.gpus else "mig_profile"
+        raise _quota_exceeded(refusal, concurrent=field, budget="end", where="in that window")
+
+
+def _quota_exceeded(
+    refusal: scheduler.QuotaRefusal, *, concurrent: str, budget: str, where: str
+) -> QuotaExceeded:
+    """409 `quota` for a refusal that counts use: the limit, its value, the use, the ask, and
+    the field at fault (`concurrent` for max_gpus, `budget` for gpu_hours_budget)."""
+    who = "your project holds" if refusal.scope == "project" else "you hold"
+    extra = {
+        "limit": refusal.limit,
+        "limit_value": refusal.limit_value,
+        "usage": round(refusal.usage, 4),
+        "asks": round(refusal.asks, 4),
+    }
     if refusal.limit == "max_gpus":
-        raise QuotaExceeded(
-            f"Quota max_gpus: you already hold up to {held:g} of {refusal.limit_value:g} GPUs "
-            "in that window.",
-            fields={"gpus": "over the concurrent-GPU quota"},
-            extra=extra,
+        reason = (
+            f"{who} up to {round(refusal.usage, 2):g} of {refusal.limit_value:g} GPUs {where}; "
+            f"this asks {round(refusal.asks, 2):g} more."
         )
-    raise QuotaExceeded(
-        f"Quota gpu_hours_budget: {used:.1f} of {refusal.limit_value:g} GPU-hours used; "
-        f"this booking needs {hours:.1f} more.",
-        fields={"end": "over the GPU-hour budget"},
-        extra=extra,
+        return QuotaExceeded(f"Quota max_gpus: {reason}", fields={concurrent: reason}, extra=extra)
+    whose = "your project's" if refusal.scope == "project" else "your"
+    reason = (
+        f"{refusal.usage:.1f} of {whose} {refusal.limit_value:g} GPU-hours used; "
+        f"this needs {refusal.asks:.1f} more."
     )
+    return QuotaExceeded(f"Quota gpu_hours_budget: {reason}", fields={budget: reason}, extra=extra)
 
 
 def _place(request: BookingRequest) -> list[Slot]:
@@ -385,7 +389,7 @@ def booking_extend(
             raise InvalidState(
                 f"Booking {booking.pk} is {booking.state}; only live bookings can be extended."
             )
-        _check_extend_quota(booking, by_s)
+        _check_extend_quota(booking, by_s, now)
         before = booking_state(booking)
         if booking.state == State.PENDING:
             Booking.objects.filter(pk=booking.pk).update(duration_s=F("duration_s") + by_s)
@@ -399,10 +403,10 @@ def booking_extend(
     return booking
 
 
-def _check_extend_quota(booking: Booking, by_s: int) -> None:
-    from portal.services.quotas import quota_effective
-
-    quota = quota_effective(project=booking.project, user=booking.owner)
+def _check_extend_quota(booking: Booking, by_s: int, now: datetime) -> None:
+    """The site maximum, the quota's maximum duration, then the one quota rule: over the added
+    time (where it holds devices) its width against what else is held, and its GPU-hours still
+    to run, longer now, against the budget left after what was used."""
     new_duration = booking.duration_s + by_s
     site_max = settings.BOOKING_MAX_DURATION_S
     if new_duration > site_max:
@@ -411,50 +415,34 @@ def _check_extend_quota(booking: Booking, by_s: int) -> None:
             f"would make the booking {new_duration} s long; bookings last at most {site_max} s "
             "on this site.",
         )
-    if quota.max_duration_s and new_duration > quota.max_duration_s:
-        reason = (
-            f"would make the booking {new_duration} s long; "
-            f"your quota allows {quota.max_duration_s} s."
-        )
+    window, rest_s = None, float(new_duration)
+    spans = Allocation.objects.filter(booking=booking, live=True).aggregate(
+        start=Min("start"), end=Max("end")
+    )
+    if booking.state != State.PENDING and spans["end"] is not None:
+        window = (spans["end"], spans["end"] + timedelta(seconds=by_s))
+        rest_s = (window[1] - max(now, spans["start"])).total_seconds()
+    position = quota_position(
+        project=booking.project,
+        user=booking.owner,
+        now=now,
+        window=window,
+        exclude_booking=booking.pk,
+    )
+    most = position.user_limits.max_duration_s
+    if most and new_duration > most:
+        reason = f"would make the booking {new_duration} s long; your quota allows {most} s."
         raise QuotaExceeded(
             f"Quota max_duration_s: {reason}",
             fields={"by_s": reason},
-            extra={"limit": "max_duration_s", "limit_value": quota.max_duration_s},
+            extra={"limit": "max_duration_s", "limit_value": most},
         )
-    # By the one quota rule: the booking's own length against the budget (the period rolls),
-    # and its width against the concurrency limit over the added time, where it holds devices.
-    hours = booking.gpu_equivalents * new_duration / 3600
-    width = held = 0.0
-    old_end = Allocation.objects.filter(booking=booking, live=True).aggregate(end=Max("end"))["end"]
-    if booking.state != State.PENDING and old_end is not None:
-        width = booking.gpu_equivalents
-        held = peak_use_in_window(
-            project=booking.project,
-            user=booking.owner,
-            start=old_end,
-            end=old_end + timedelta(seconds=by_s),
-        )
-    refusal = scheduler.quota_refusal(
-        scheduler_quota(quota), gpus=width, gpu_hours=hours, held=held
+    width = booking.gpu_equivalents
+    refusal = scheduler.position_refusal(
+        position.sides, gpus=width, gpu_hours=width * rest_s / 3600
     )
-    if refusal is None:
-        return
-    if refusal.limit == "max_gpus":
-        raise QuotaExceeded(
-            f"Quota max_gpus: you already hold up to {held:g} of {refusal.limit_value:g} GPUs "
-            "in the added time.",
-            fields={"by_s": "over the concurrent-GPU quota"},
-            extra={"limit": refusal.limit, "limit_value": refusal.limit_value, "usage": held},
-        )
-    reason = (
-        f"would make the booking need {hours:.1f} GPU-hours; "
-        f"your budget is {quota.gpu_hours_budget:g} per period."
-    )
-    raise QuotaExceeded(
-        f"Quota gpu_hours_budget: {reason}",
-        fields={"by_s": reason},
-        extra={"limit": refusal.limit, "limit_value": refusal.limit_value},
-    )
+    if refusal is not None:
+        raise _quota_exceeded(refusal, concurrent="by_s", budget="by_s", where="in the added time")
 
 
 def _extend_allocations(booking: Booking, by: timedelta) -> None:

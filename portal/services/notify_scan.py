@@ -15,7 +15,8 @@ from django.utils.dateparse import parse_datetime
 from portal.models import Booking, Event, Notification
 from portal.services.delivery import deliveries_due
 from portal.services.notifications import deliveries_enqueue, notification_record
-from portal.services.quotas import quotas_effective_many, usage_gpu_hours_many
+from portal.services.quotas import QuotaAsk, quota_positions
+from scheduler import budget_nearly_used
 
 State = Booking.State
 
@@ -98,31 +99,30 @@ def _queue_changes(now: datetime) -> int:
 
 
 def _budget(now: datetime) -> int:
-    """Owners of live bookings who used NOTIFY_BUDGET_FRACTION of their GPU-hour budget."""
+    """Owners of live bookings whose GPU-hour budget (theirs in the project, or the project's)
+    is NOTIFY_BUDGET_FRACTION used, read by the one quota position reader."""
     live = Booking.objects.filter(state__in=Booking.LIVE_STATES).select_related("owner", "project")
     first = {}
     for b in live.order_by("id"):
         first.setdefault((b.project_id, b.owner_id), b)
     if not first:
         return 0
-    quotas = quotas_effective_many(pairs=set(first))
-    budgeted = {pair: q for pair, q in quotas.items() if pair in first and q.gpu_hours_budget}
-    used = usage_gpu_hours_many(
-        project_ids={project_id for project_id, _ in budgeted},
-        now=now,
-        periods={q.budget_period_days for q in budgeted.values()},
-    )
+    positions = quota_positions(now=now, asks={pair: QuotaAsk(*pair) for pair in first})
     count = 0
-    for (project_id, owner_id), quota in budgeted.items():
-        hours = used.get((quota.budget_period_days, project_id, owner_id), 0.0)
-        if hours < settings.NOTIFY_BUDGET_FRACTION * quota.gpu_hours_budget:
+    for (project_id, owner_id), position in positions.items():
+        side = next(
+            (s for s in position.sides if budget_nearly_used(s, settings.NOTIFY_BUDGET_FRACTION)),
+            None,
+        )
+        if side is None:
             continue
+        limits = position.user_limits if side.scope == "user" else position.project_limits
+        hours, budget = side.quota.gpu_hours_used, side.quota.gpu_hours_budget
         # Once per user, project and period.
-        period = int(now.timestamp() // (quota.budget_period_days * 86400))
+        period = int(now.timestamp() // (limits.budget_period_days * 86400))
         key = f"budget:{project_id}:{owner_id}:{period}"
-        percent = round(100 * hours / quota.gpu_hours_budget)
         count += _record(
             first[(project_id, owner_id)], Event.BUDGET, key, now, used=round(hours, 1),
-            budget=quota.gpu_hours_budget, percent=percent,
+            budget=budget, percent=round(100 * hours / budget), scope=side.scope,
         )  # fmt: skip
     return count

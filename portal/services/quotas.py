@@ -1,12 +1,20 @@
-"""Quota selectors: the limits a user has in a project, and what they use now."""
+"""Quota selectors: the limits a user has in a project, and what they use now.
 
+``quota_positions`` is the one reader of a request's quota position, for every path (the
+allocator's snapshot, reservations, extend, admission, the estimate and the budget scan);
+``scheduler.position_refusal`` is the one check of it.
+"""
+
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import ExpressionWrapper, F, FloatField, Func, Q, Sum, Value
+from django.db.models import ExpressionWrapper, F, FloatField, Func, Sum, Value
 from django.db.models.functions import Greatest, Least
 
+import scheduler
 from portal.models import Allocation, Project, Quota
+from scheduler.quota import Ledger
 
 DEFAULT_BUDGET_PERIOD_DAYS = 30
 _FIELDS = (
@@ -40,10 +48,8 @@ class Usage:
     gpu_hours_used: float
 
 
-def scheduler_quota(quota: EffectiveQuota, *, gpu_hours_used: float = 0.0):
+def scheduler_quota(quota: EffectiveQuota, *, gpu_hours_used: float = 0.0) -> scheduler.Quota:
     """The limits as the scheduler's quota rule takes them (scheduler.quota_refusal)."""
-    import scheduler
-
     return scheduler.Quota(
         max_gpus=quota.max_gpus,
         gpu_hours_budget=quota.gpu_hours_budget,
@@ -51,19 +57,111 @@ def scheduler_quota(quota: EffectiveQuota, *, gpu_hours_used: float = 0.0):
     )
 
 
-def quota_project(*, project: Project) -> EffectiveQuota:
-    """The project's own limits (no user override)."""
-    row = Quota.objects.filter(project=project, user__isnull=True).first()
-    return _merge([row])
+@dataclass(frozen=True)
+class QuotaAsk:
+    """Whose quota position to read: a user in a project, and where the request would hold
+    devices (``window``; None for a queued one, whose window the allocator finds) less one
+    booking's own use (``exclude_booking``: the booking being extended)."""
+
+    project_id: int
+    user_id: int
+    window: tuple[datetime, datetime] | None = None
+    exclude_booking: int | None = None
 
 
-def quota_effective(*, project: Project, user) -> EffectiveQuota:
-    """Limits for `user` in `project`: the override row field by field, then the project row."""
-    rows = {
-        q.user_id: q
-        for q in Quota.objects.filter(Q(user__isnull=True) | Q(user=user), project=project)
-    }
-    return _merge([rows.get(user.pk), rows.get(None)])
+@dataclass(frozen=True)
+class QuotaPosition:
+    """A request's quota position: the user-in-project and the project, each with its limits,
+    GPU-hours used in its budget period and the most GPU-equivalents held over the window."""
+
+    user_limits: EffectiveQuota
+    project_limits: EffectiveQuota
+    user: scheduler.QuotaSide
+    project: scheduler.QuotaSide
+
+    @property
+    def sides(self) -> tuple[scheduler.QuotaSide, scheduler.QuotaSide]:
+        return (self.user, self.project)
+
+
+def quota_positions(
+    *, now: datetime, asks: Mapping[Hashable, QuotaAsk], use: bool = True
+) -> dict[Hashable, QuotaPosition]:
+    """Quota positions of many requests in a constant number of queries: one for the limits,
+    one per distinct budget period for GPU-hours used, one for what is held over the windows.
+    With ``use=False`` only the limits are read (nothing used or held)."""
+    pairs = {(a.project_id, a.user_id) for a in asks.values()}
+    limits = quotas_effective_many(pairs=pairs)
+    used: dict[tuple, float] = {}
+    if use:
+        periods = {q.budget_period_days for q in limits.values() if q.gpu_hours_budget is not None}
+        used = usage_gpu_hours_many(project_ids={p for p, _ in pairs}, now=now, periods=periods)
+    windowed = {key: ask for key, ask in asks.items() if use and ask.window is not None}
+    held = _held_many(windowed)
+    out = {}
+    for key, ask in asks.items():
+        mine, theirs = limits[(ask.project_id, ask.user_id)], limits[(ask.project_id, None)]
+        user_held, project_held = held.get(key, (0.0, 0.0))
+        out[key] = QuotaPosition(
+            user_limits=mine,
+            project_limits=theirs,
+            user=_side("user", mine, used, (ask.project_id, ask.user_id), user_held),
+            project=_side("project", theirs, used, (ask.project_id, None), project_held),
+        )
+    return out
+
+
+def quota_position(
+    *,
+    project: Project,
+    user,
+    now: datetime,
+    window: tuple[datetime, datetime] | None = None,
+    exclude_booking: int | None = None,
+    use: bool = True,
+) -> QuotaPosition:
+    """The quota position of one request (``quota_positions`` with one key)."""
+    ask = QuotaAsk(project.pk, user.pk, window, exclude_booking)
+    return quota_positions(now=now, asks={None: ask}, use=use)[None]
+
+
+def _side(scope: str, limits: EffectiveQuota, used: dict, key: tuple, held: float):
+    hours = 0.0
+    if limits.gpu_hours_budget is not None:
+        hours = used.get((limits.budget_period_days, *key), 0.0)
+    return scheduler.QuotaSide(scope, scheduler_quota(limits, gpu_hours_used=hours), held)
+
+
+def _held_many(asks: Mapping[Hashable, QuotaAsk]) -> dict[Hashable, tuple[float, float]]:
+    """Most GPU-equivalents held at once by live allocations over each ask's window, by the
+    user in the project and by the project (the allocator's ledgers measure it), in one query."""
+    if not asks:
+        return {}
+    start = min(ask.window[0] for ask in asks.values())
+    end = max(ask.window[1] for ask in asks.values())
+    rows = Allocation.objects.filter(
+        booking__project_id__in={ask.project_id for ask in asks.values()},
+        live=True,
+        start__lt=end,
+        end__gt=start,
+    ).values_list(
+        "booking__project_id", "booking__owner_id", "booking_id", "start", "end", "fraction"
+    )
+    rows = list(rows)
+    out = {}
+    for key, ask in asks.items():
+        lo, hi = ask.window[0].timestamp(), ask.window[1].timestamp()
+        mine, theirs = Ledger("user", scheduler.Quota()), Ledger("project", scheduler.Quota())
+        for project_id, owner_id, booking_id, a_start, a_end, fraction in rows:
+            if project_id != ask.project_id or booking_id == ask.exclude_booking:
+                continue
+            span = (a_start.timestamp(), a_end.timestamp(), fraction, str(booking_id))
+            theirs.add(*span)
+            if owner_id == ask.user_id:
+                mine.add(*span)
+        # Unrounded: a slice is a seventh, and the check compares at the limit itself.
+        out[key] = (mine.peak(lo, hi), theirs.peak(lo, hi))
+    return out
 
 
 def quotas_effective_many(
@@ -152,35 +250,19 @@ def _merge(rows: list[Quota | None]) -> EffectiveQuota:
 
 
 def usage_current(*, project: Project, user=None, now: datetime, period_days: int) -> Usage:
-    """Usage of a project (or of one user in it) at `now`."""
-    since = now - timedelta(days=period_days)
-    allocations = Allocation.objects.filter(booking__project=project, start__lt=now, end__gt=since)
-    if user is not None:
-        allocations = allocations.filter(booking__owner=user)
-    in_use = 0.0
-    gpu_seconds = 0.0
-    for start, end, fraction, live in allocations.values_list("start", "end", "fraction", "live"):
-        if live and start <= now < end:
-            in_use += fraction
-        gpu_seconds += fraction * (min(end, now) - max(start, since)).total_seconds()
-    return Usage(gpus_in_use=round(in_use, 4), gpu_hours_used=round(gpu_seconds / 3600, 4))
-
-
-def peak_use_in_window(*, project: Project, user=None, start: datetime, end: datetime) -> float:
-    """Most GPU-equivalents held at any moment of [start, end) by live allocations."""
-    allocations = Allocation.objects.filter(
-        booking__project=project, live=True, start__lt=end, end__gt=start
+    """Usage of a project (or of one user in it) at `now`: GPU-equivalents held now and
+    GPU-hours used in the period, read as the quota position reads them."""
+    used = usage_gpu_hours_many(project_ids={project.pk}, now=now, periods={period_days})
+    user_id = user.pk if user is not None else None
+    held = _held_many({None: QuotaAsk(project.pk, user_id or 0, (now, now + _INSTANT))})
+    mine, theirs = held[None]
+    return Usage(
+        gpus_in_use=round(mine if user is not None else theirs, 4),
+        gpu_hours_used=used.get((period_days, project.pk, user_id), 0.0),
     )
-    if user is not None:
-        allocations = allocations.filter(booking__owner=user)
-    events: list[tuple[datetime, float]] = []
-    for a_start, a_end, fraction in allocations.values_list("start", "end", "fraction"):
-        events += [(max(a_start, start), fraction), (min(a_end, end), -fraction)]
-    peak = level = 0.0
-    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
-        level += delta
-        peak = max(peak, level)
-    return round(peak, 4)
+
+
+_INSTANT = timedelta(microseconds=1)
 
 
 def quota_overview(*, user, now: datetime) -> list[dict]:
@@ -188,7 +270,7 @@ def quota_overview(*, user, now: datetime) -> list[dict]:
     rows = []
     for membership in user.memberships.select_related("project").order_by("project__slug"):
         project = membership.project
-        quota = quota_effective(project=project, user=user)
+        quota = quota_position(project=project, user=user, now=now, use=False).user_limits
         mine = usage_current(
             project=project, user=user, now=now, period_days=quota.budget_period_days
         )

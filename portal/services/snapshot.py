@@ -18,12 +18,7 @@ from django.db.models.functions import Cast
 import scheduler
 from portal.models import Allocation, Booking, Gpu, MigInstance, mig_fraction
 from portal.services import fairshare
-from portal.services.quotas import (
-    EffectiveQuota,
-    EpochSeconds,
-    quotas_effective_many,
-    usage_gpu_hours_many,
-)
+from portal.services.quotas import EpochSeconds, QuotaAsk, quota_positions
 from portal.services.telemetry_cache import latest_by_uuid
 
 State = Booking.State
@@ -170,21 +165,16 @@ def snapshot_plus(snap: Snapshot, *, now: datetime, bookings: list[Booking]):
 
 def _quotas(now: datetime, keys: dict[tuple[int, int], tuple[str, str]]):
     """The scheduler's user and project quotas (with use) and project shares for these
-    (project id, user id): (slug, username) pairs."""
-    quotas = quotas_effective_many(pairs=set(keys))
-    periods = {q.budget_period_days for q in quotas.values() if q.gpu_hours_budget is not None}
-    used = usage_gpu_hours_many(project_ids={p for p, _ in keys}, now=now, periods=periods)
+    (project id, user id): (slug, username) pairs, read by the one quota position reader."""
+    positions = quota_positions(now=now, asks={pair: QuotaAsk(*pair) for pair in keys})
     quotas_user: dict[str, scheduler.Quota] = {}
     quotas_project: dict[str, scheduler.Quota] = {}
     shares: dict[str, float] = {}
-    for (project_id, user_id), (slug, username) in keys.items():
-        quotas_user[f"{username}@{slug}"] = _quota(
-            quotas[(project_id, user_id)], used, (project_id, user_id)
-        )
-        if slug not in quotas_project:
-            project_quota = quotas[(project_id, None)]
-            quotas_project[slug] = _quota(project_quota, used, (project_id, None))
-            shares[slug] = project_quota.shares
+    for pair, (slug, username) in keys.items():
+        position = positions[pair]
+        quotas_user[f"{username}@{slug}"] = position.user.quota
+        quotas_project[slug] = position.project.quota
+        shares[slug] = position.project_limits.shares
     return quotas_user, quotas_project, shares
 
 
@@ -219,17 +209,6 @@ def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str,
         project_quotas=quotas_project,
     )
     return state, {key: row for key, (_, row) in devices.items()}, recent
-
-
-def _quota(effective: EffectiveQuota, used: dict, key: tuple):
-    hours = 0.0
-    if effective.gpu_hours_budget is not None:
-        hours = used.get((effective.budget_period_days, *key), 0.0)
-    return scheduler.Quota(
-        max_gpus=effective.max_gpus,
-        gpu_hours_budget=effective.gpu_hours_budget,
-        gpu_hours_used=hours,
-    )
 
 
 def _devices() -> dict[str, tuple]:

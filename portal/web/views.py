@@ -19,7 +19,7 @@ from agents.protocol import LOG_TAIL_BYTES
 from portal.models import Allocation, Booking, Gpu, Node, Project
 from portal.services import accounting as accounting_services
 from portal.services import permissions
-from portal.services.quotas import quota_effective, quota_project, usage_current
+from portal.services.quotas import quota_position, usage_current
 from portal.services.sessions import session_view
 from portal.web import calendar, charts, history, panels, selectors
 
@@ -264,8 +264,9 @@ def project_detail(request, slug: str):
     if not (request.user.is_staff or project.memberships.filter(user=request.user).exists()):
         raise Http404("No such project among yours.")
     now = timezone.now()
-    limits = quota_project(project=project)
-    mine = quota_effective(project=project, user=request.user)
+    # The limits every quota path judges by: the project's, and the viewer's in the project.
+    position = quota_position(project=project, user=request.user, now=now, use=False)
+    limits, mine = position.project_limits, position.user_limits
     period = limits.budget_period_days
     first_day = (now - timedelta(days=29)).date()
     since = datetime.combine(first_day, time.min, tzinfo=now.tzinfo)

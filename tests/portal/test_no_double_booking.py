@@ -149,10 +149,10 @@ def test_it_makes_a_cancel_racing_an_extension_wait_for_it(monkeypatch):
     check_quota = services._check_extend_quota
     cancels: list[threading.Thread] = []
 
-    def cancel_meanwhile(booking, by_s):
+    def cancel_meanwhile(booking, by_s, now):
         # Without the booking row locked, the cancel commits while this waits.
         cancels.append(_cancel_in_a_thread(user, booking.pk, wait_s=1))
-        check_quota(booking, by_s)
+        check_quota(booking, by_s, now)
 
     monkeypatch.setattr(services, "_check_extend_quota", cancel_meanwhile)
     extended = services.booking_extend(
