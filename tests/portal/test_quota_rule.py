@@ -24,7 +24,8 @@ from tests.factories import (
     member,
 )
 
-pytestmark = pytest.mark.django_db
+# The rule decides queued passes and estimates too: it runs on SQLite (the default mode) as well.
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 def _used(owner, project, gpu, hours: float, now) -> None:
