@@ -14,6 +14,7 @@ from portal.models.tokens import hash_token, new_token
 from portal.services import events, permissions
 from portal.services.audit import SYSTEM, Source, audit_record
 from portal.services.bookings import booking_stop
+from portal.services.locking import lock_nodes
 from portal.services.notifications import node_down_record
 
 
@@ -58,6 +59,10 @@ def node_inventory_update(*, node: Node, gpus: list[dict]) -> None:
     stop (batch jobs requeue) and planned reservations move or fail, with the reason.
     """
     _check_indexes_unique(gpus)
+    # The node's row is what a start of the allocation pass locks before it re-checks its
+    # devices: holding it, no booking starts on a device between its retirement and the
+    # stop below.
+    lock_nodes([node.pk])
     now = timezone.now()
     reported = {info["uuid"]: info for info in gpus}
     by_index = {info["index"]: info["uuid"] for info in gpus}

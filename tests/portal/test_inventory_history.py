@@ -262,9 +262,22 @@ def test_it_lists_only_live_devices_as_free_and_on_the_overview(agent, api, admi
     migs = api.get("/api/v1/mig-instances/?free=true").json()["results"]
     assert [g["uuid"] for g in gpus] == ["GPU-b"]
     assert migs == []
+    retired = api.get("/api/v1/gpus/?retired=true").json()["results"]
+    assert [(g["uuid"], g["retired_at"] is not None) for g in retired] == [("GPU-a", True)]
+    assert api.get("/api/v1/gpus/?free=false").json()["count"] == 1
     page = admin_client.get("/").content.decode()
     assert "node-a/gpu1" in page
     assert "node-a/gpu0" not in page and "node-a/gpu1/3g.40gb" not in page
+
+
+def test_it_refuses_two_gpus_at_one_index_with_the_field(agent):
+    from tests.conftest import error_of
+
+    response = _register(agent, _gpu(0, "GPU-a"), _gpu(0, "GPU-b"))
+
+    assert response.status_code == 400
+    assert error_of(response)["fields"] == {"gpus[1].index": "the same index as another GPU"}
+    assert not Gpu.objects.exists()
 
 
 def test_it_moves_a_card_retired_on_another_node_but_refuses_a_live_one(agent):
