@@ -204,6 +204,38 @@ def test_it_stops_a_live_booking_on_a_removed_card_with_the_reason(agent, settin
     assert interactive.state == Booking.State.FAILED
     assert "GPU 2 of node-a was replaced (new UUID GPU-new)" in interactive.state_detail
     assert not Allocation.objects.filter(live=True, gpu__uuid__in=["GPU-b", "GPU-c"]).exists()
+    assert agent.get(protocol.DESIRED_PATH).json()["bookings"] == []  # the agent ends them
+
+
+def test_it_fails_a_live_booking_on_an_instance_of_an_old_mig_layout(agent):
+    _register(agent, _gpu(0, "GPU-m", [("MIG-1", "3g.40gb"), ("MIG-2", "3g.40gb")]))
+    kept = make_active_booking([MigInstance.objects.get(uuid="MIG-2")])
+    gone = make_active_booking([MigInstance.objects.get(uuid="MIG-1")])
+
+    layout = [("MIG-2", "3g.40gb"), ("MIG-3", "2g.20gb")]
+    assert _register(agent, _gpu(0, "GPU-m", layout)).status_code == 200
+
+    gone.refresh_from_db(), kept.refresh_from_db()
+    assert gone.state == Booking.State.FAILED
+    assert gone.state_detail == (
+        "MIG instance 3g.40gb (MIG-1) of GPU 0 of node-a was removed (a new MIG layout)"
+    )
+    assert kept.state == Booking.State.ACTIVE
+    desired = agent.get(protocol.DESIRED_PATH).json()["bookings"]
+    assert [(b["booking_id"], b["device_uuids"]) for b in desired] == [(kept.pk, ["MIG-2"])]
+
+
+def test_it_shows_a_retired_card_and_its_bookings_where_history_is(agent, admin_client):
+    _register(agent, _gpu(0, "GPU-old"))
+    old = Gpu.objects.get(uuid="GPU-old")
+    booking = _history(old)
+    _register(agent, _gpu(0, "GPU-new"))
+
+    page = admin_client.get(f"/gpus/{old.pk}/")
+    assert page.status_code == 200
+    assert "retired" in page.content.decode() and "Book a" not in page.content.decode()
+    detail = admin_client.get(f"/bookings/{booking.pk}/")
+    assert detail.status_code == 200 and "node-a/gpu0" in detail.content.decode()
 
 
 def _planned(device: Gpu, **kwargs) -> Booking:
