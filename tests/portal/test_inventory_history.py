@@ -14,7 +14,13 @@ from portal.models import Allocation, Booking, Gpu, MigInstance
 from portal.services import inventory, placement
 from portal.services.allocation import allocation_pass
 from portal.services.snapshot import snapshot_take
-from tests.factories import AllocationFactory, BookingFactory, make_active_booking
+from tests.factories import (
+    AllocationFactory,
+    BookingFactory,
+    UserFactory,
+    make_active_booking,
+    member,
+)
 from tests.portal_agent.conftest import AgentClient
 
 pytestmark = pytest.mark.django_db
@@ -344,3 +350,50 @@ def test_it_never_starts_a_booking_on_a_retired_device(agent, project, user):
     )
     booking.refresh_from_db()
     assert booking.state == Booking.State.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_starts_a_booking_on_a_card_a_register_is_retiring(settings):
+    import threading
+
+    from django.db import connection, transaction
+
+    from portal.services.nodes import node_inventory_update
+    from portal.services.pass_start import start_planned
+    from tests.factories import ProjectFactory, QuotaFactory, make_node
+
+    settings.BOOKING_LOCK_TIMEOUT_MS = 300
+    node = make_node("node-a", gpus=2)
+    a, b = node.gpus.order_by("index")
+    _history(b)
+    user, project = UserFactory(), ProjectFactory()
+    member(user, project)
+    QuotaFactory(project=project, max_gpus=None)
+    booking = BookingFactory(owner=user, project=project, gpus=1)
+    now = timezone.now()
+    snap = snapshot_take(now=now)
+    started = []
+
+    def pass_start():  # the pass applies a start planned on card b while the register runs
+        try:
+            rows = [snap.devices[f"gpu:{b.pk}"]]
+            started.append(
+                start_planned(
+                    pending=snap.pending[booking.pk], rows=rows, snap=snap, now=now, done=set()
+                )
+            )
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        info = {"index": 0, "uuid": a.uuid, "model": a.model, "memory_total_mib": a.memory_mib}
+        node_inventory_update(node=node, gpus=[info])
+        other = threading.Thread(target=pass_start)
+        other.start()
+        other.join(timeout=10)
+
+    other.join(timeout=10)
+    booking.refresh_from_db()
+    assert started == [False]
+    assert booking.state == Booking.State.PENDING
+    assert not Allocation.objects.filter(booking=booking).exists()
