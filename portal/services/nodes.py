@@ -16,6 +16,7 @@ from portal.services.audit import SYSTEM, Source, audit_record
 from portal.services.bookings import booking_stop
 from portal.services.locking import lock_nodes
 from portal.services.notifications import node_down_record
+from portal.services.reservations import reservation_move_off_retired
 
 
 def node_token_issue(*, hostname: str) -> str:
@@ -70,23 +71,30 @@ def node_inventory_update(*, node: Node, gpus: list[dict]) -> None:
     for gpu in node.gpus.filter(retired_at__isnull=True).exclude(uuid__in=reported):
         new = by_index.get(gpu.index)
         change = f"replaced (new UUID {new})" if new else "removed"
-        reason = f"GPU {gpu.index} of {node.hostname} was {change}"
-        gone.append((Q(gpu_id=gpu.pk), reason))
+        gone.append((Q(gpu_id=gpu.pk), f"GPU {gpu.index} of {node.hostname} was {change}"))
         _gpu_retire(gpu, now)
     _slots_free(node, gpus, now)
     for info in gpus:
         gpu, was_whole = _gpu_upsert(node, info)
-        label = f"GPU {gpu.index} of {node.hostname}"
         if was_whole and gpu.mig_mode:
-            gone.append((Q(gpu_id=gpu.pk, mig_instance__isnull=True), f"{label} entered MIG mode"))
-        seen = [_mig_upsert(gpu, m, at).pk for m, at in _placed(info.get("mig_instances", []))]
-        stale = gpu.mig_instances.filter(retired_at__isnull=True).exclude(pk__in=seen)
-        why = "a new MIG layout" if gpu.mig_mode else "the GPU left MIG mode"
-        for mig in stale:
-            reason = f"MIG instance {mig.profile} ({mig.uuid}) of {label} was removed ({why})"
-            gone.append((Q(mig_instance_id=mig.pk), reason))
-            _mig_retire(mig, now)
+            reason = f"GPU {gpu.index} of {node.hostname} entered MIG mode"
+            gone.append((Q(gpu_id=gpu.pk, mig_instance__isnull=True), reason))
+        gone += _migs_update(gpu, info.get("mig_instances", []), now)
     _bookings_settle(gone, now)
+
+
+def _migs_update(gpu: Gpu, migs: list[dict], now: datetime) -> list[tuple[Q, str]]:
+    """Make the GPU's live MIG instances the reported ones; the retired ones, with why."""
+    seen = [_mig_upsert(gpu, m, at).pk for m, at in _placed(migs)]
+    stale = gpu.mig_instances.filter(retired_at__isnull=True).exclude(pk__in=seen)
+    why = "a new MIG layout" if gpu.mig_mode else "the GPU left MIG mode"
+    gone = []
+    for mig in stale:
+        where = f"GPU {gpu.index} of {gpu.node.hostname}"
+        reason = f"MIG instance {mig.profile} ({mig.uuid}) of {where} was removed ({why})"
+        gone.append((Q(mig_instance_id=mig.pk), reason))
+        _mig_retire(mig, now)
+    return gone
 
 
 def _check_indexes_unique(gpus: list[dict]) -> None:
@@ -126,13 +134,12 @@ def _slots_free(node: Node, gpus: list[dict], now: datetime) -> None:
 def _bookings_settle(gone: list[tuple[Q, str]], now: datetime) -> None:
     """Stop the active bookings and move (or fail) the planned reservations that hold a device
     that is gone, each with the first reason that concerns it."""
-    from portal.services.reservations import reservation_move_off_retired
-
     reasons: dict[int, str] = {}
     for where, reason in gone:
         live = Allocation.objects.filter(where, live=True, end__gt=now)
         for booking_id in live.values_list("booking_id", flat=True).distinct():
-            reasons.setdefault(booking_id, reason)
+            # Room in state_detail for what booking_stop or the move adds to it.
+            reasons.setdefault(booking_id, reason if len(reason) <= 240 else reason[:239] + "…")
     states = dict(Booking.objects.filter(pk__in=reasons).values_list("pk", "state"))
     for booking_id in sorted(reasons):
         if states.get(booking_id) == Booking.State.ACTIVE:

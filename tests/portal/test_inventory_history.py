@@ -45,9 +45,9 @@ def _gpu(index: int, uuid: str, migs=()) -> dict:
     }
 
 
-def _register(agent: AgentClient, *gpus: dict):
+def _register(agent: AgentClient, *gpus: dict, hostname: str = "node-a"):
     body = {
-        "hostname": "node-a",
+        "hostname": hostname,
         "agent_version": "0.1.0",
         "protocol": protocol.PROTOCOL_VERSION,
         "gpus": list(gpus),
@@ -229,6 +229,25 @@ def test_it_fails_a_live_booking_on_an_instance_of_an_old_mig_layout(agent):
     assert kept.state == Booking.State.ACTIVE
     desired = agent.get(protocol.DESIRED_PATH).json()["bookings"]
     assert [(b["booking_id"], b["device_uuids"]) for b in desired] == [(kept.pk, ["MIG-2"])]
+
+
+def test_it_keeps_the_reason_within_state_detail_for_a_long_hostname():
+    from portal.services.nodes import node_token_issue
+    from tests.factories import NodeFactory
+
+    hostname = "n" * 250
+    NodeFactory(hostname=hostname)
+    agent = AgentClient(node_token_issue(hostname=hostname))
+    _register(agent, _gpu(0, "GPU-m", [("MIG-1", "3g.40gb")]), hostname=hostname)
+    booking = make_active_booking([MigInstance.objects.get(uuid="MIG-1")], command="train")
+
+    layout = [("MIG-2", "3g.40gb")]
+    assert _register(agent, _gpu(0, "GPU-m", layout), hostname=hostname).status_code == 200
+
+    booking.refresh_from_db()
+    assert booking.state == Booking.State.PENDING
+    assert booking.state_detail.startswith("MIG instance 3g.40gb (MIG-1) of GPU 0 of nnn")
+    assert booking.state_detail.endswith("…; requeued")
 
 
 def test_it_shows_a_retired_card_and_its_bookings_where_history_is(agent, admin_client):
