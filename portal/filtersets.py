@@ -8,13 +8,23 @@ from portal.services import inventory
 
 
 def _free_filter(free_now):
-    """?free=true: devices held by no booking now on an up node; ?free=false: the others."""
+    """?free=true: bookable devices (inventory.gpus_bookable) held by no booking now on an up
+    node; ?free=false: the others."""
 
     def apply(queryset, name, value):
         free = free_now(queryset, now=timezone.now())
         return free if value else queryset.exclude(id__in=free.values("id"))
 
     return django_filters.BooleanFilter(method=apply, label="free now")
+
+
+def _retired_filter(field: str):
+    """?retired=true: devices no longer reported (kept for history); ?retired=false: live ones."""
+
+    def apply(queryset, name, value):
+        return queryset.filter(**{f"{field}__isnull": not value})
+
+    return django_filters.BooleanFilter(method=apply, label="retired")
 
 
 class NodeFilterSet(django_filters.FilterSet):
@@ -26,6 +36,7 @@ class NodeFilterSet(django_filters.FilterSet):
 class GpuFilterSet(django_filters.FilterSet):
     node = django_filters.CharFilter(field_name="node__hostname")
     free = _free_filter(inventory.gpus_free_now)
+    retired = _retired_filter("retired_at")
 
     class Meta:
         model = Gpu
@@ -36,6 +47,7 @@ class MigInstanceFilterSet(django_filters.FilterSet):
     node = django_filters.CharFilter(field_name="gpu__node__hostname")
     model = django_filters.CharFilter(field_name="gpu__model")
     free = _free_filter(inventory.mig_instances_free_now)
+    retired = _retired_filter("retired_at")
 
     class Meta:
         model = MigInstance

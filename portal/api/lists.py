@@ -60,7 +60,16 @@ _ALLOCATION_FIELDS = (
     "mig_instance__uuid",
     "mig_instance__profile",
 )
-GPU_FIELDS = ("id", "uuid", "node__hostname", "index", "model", "memory_mib", "mig_mode")
+GPU_FIELDS = (
+    "id",
+    "uuid",
+    "node__hostname",
+    "index",
+    "model",
+    "memory_mib",
+    "mig_mode",
+    "retired_at",
+)
 
 
 def booking_rows(page: list[dict]) -> list[dict]:
@@ -129,9 +138,10 @@ def gpu_rows(page: list[dict]) -> list[dict]:
     """GpuOutput's JSON for a page of `.values(*GPU_FIELDS)` rows, in one more query and one
     multi-get of the latest readings."""
     readings = telemetry_cache.latest_by_uuid([row["uuid"] for row in page])
+    tz = timezone.get_current_timezone()
     migs = defaultdict(list)
     instances = (
-        MigInstance.objects.filter(gpu_id__in=[row["id"] for row in page])
+        MigInstance.objects.filter(gpu_id__in=[row["id"] for row in page], retired_at__isnull=True)
         .order_by("gpu_id", "uuid")
         .values("gpu_id", "id", "uuid", "profile")
     )
@@ -146,6 +156,7 @@ def gpu_rows(page: list[dict]) -> list[dict]:
             "model": row["model"],
             "memory_mib": row["memory_mib"],
             "mig_mode": row["mig_mode"],
+            "retired_at": iso(row["retired_at"], tz),
             "mig_instances": migs.get(row["id"], []),
             "reading": reading_json(readings.get(row["uuid"])),
         }

@@ -354,6 +354,7 @@ class MigInstanceOutput(serializers.ModelSerializer):
             "gpu",
             "node",
             "model",
+            "retired_at",
             "reading",
         ]
 
@@ -426,12 +427,18 @@ class GpuOutput(serializers.ModelSerializer):
             "model",
             "memory_mib",
             "mig_mode",
+            "retired_at",
             "mig_instances",
             "reading",
         ]
 
     def get_mig_instances(self, obj) -> list[dict]:
-        return [{"id": m.id, "uuid": m.uuid, "profile": m.profile} for m in obj.mig_instances.all()]
+        # Its live instances (the present layout); retired ones are reachable by their own id.
+        return [
+            {"id": m.id, "uuid": m.uuid, "profile": m.profile}
+            for m in obj.mig_instances.all()
+            if m.retired_at is None
+        ]
 
     def get_reading(self, obj) -> ReadingOutput(allow_null=True):
         return reading_json(self.context.get("readings", {}).get(obj.uuid))
@@ -445,6 +452,7 @@ class GpuOutput(serializers.ModelSerializer):
             "model": obj.model,
             "memory_mib": obj.memory_mib,
             "mig_mode": obj.mig_mode,
+            "retired_at": iso(obj.retired_at),
             "mig_instances": self.get_mig_instances(obj),
             "reading": self.get_reading(obj),
         }

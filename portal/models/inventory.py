@@ -33,7 +33,14 @@ class Node(models.Model):
 
 
 class Gpu(models.Model):
-    """A physical GPU in a node. Bookable as a whole when MIG mode is off."""
+    """A physical GPU in a node. Bookable as a whole when MIG mode is off.
+
+    A slot (node, index) holds a part (the card, known by its UUID). A card that its agent stops
+    reporting, or that another card replaces at its index, is retired, not deleted, once bookings
+    have used it: its row stays for history, accounting and audit, and it is never offered
+    again. Only live cards hold their slot; the UUID stays unique, so a retired card reported
+    again comes back as the same row.
+    """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
@@ -41,11 +48,18 @@ class Gpu(models.Model):
     model = models.CharField(max_length=64, db_index=True, help_text="e.g. H100-80GB")
     memory_mib = models.PositiveIntegerField()
     mig_mode = models.BooleanField(default=False)
+    retired_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its agent stopped reporting it; never offered since."
+    )
 
     class Meta:
         ordering = ["node__hostname", "index"]
         constraints = [
-            models.UniqueConstraint(fields=["node", "index"], name="%(app_label)s_%(class)s_slot")
+            models.UniqueConstraint(
+                fields=["node", "index"],
+                condition=models.Q(retired_at__isnull=True),
+                name="%(app_label)s_%(class)s_slot",
+            )
         ]
 
     def __str__(self) -> str:
@@ -53,7 +67,11 @@ class Gpu(models.Model):
 
 
 class MigInstance(models.Model):
-    """A MIG slice of a GPU in MIG mode (e.g. 3g.40gb); each one is a bookable device."""
+    """A MIG slice of a GPU in MIG mode (e.g. 3g.40gb); each one is a bookable device.
+
+    After a re-partition (or when its GPU leaves MIG mode) an instance that bookings have used is
+    retired, not deleted: kept for history, never offered again (the UUID stays unique).
+    """
 
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_instances")
     profile = models.CharField(max_length=32, db_index=True, help_text="e.g. 3g.40gb")
@@ -65,6 +83,9 @@ class MigInstance(models.Model):
         "[placement_start, placement_start + slices).",
     )
     memory_mib = models.PositiveIntegerField()
+    retired_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its agent stopped reporting it; never offered since."
+    )
 
     class Meta:
         ordering = ["gpu__node__hostname", "gpu__index", "uuid"]

@@ -106,10 +106,12 @@ def _check_devices_unique(request: RegisterRequest) -> None:
 
 
 def _check_devices_not_elsewhere(node: Node, request: RegisterRequest) -> None:
-    # A token must not let one node take over another node's devices by naming their UUIDs.
+    # A token must not let one node take over another node's live devices by naming their
+    # UUIDs. A device retired on another node may move here (a card moved between servers).
     where = dict(_device_uuid_fields(request))
-    gpus = Gpu.objects.filter(uuid__in=where).exclude(node=node).order_by()
-    migs = MigInstance.objects.filter(uuid__in=where).exclude(gpu__node=node).order_by()
+    gpus = Gpu.objects.filter(uuid__in=where, retired_at__isnull=True).exclude(node=node)
+    migs = MigInstance.objects.filter(uuid__in=where, retired_at__isnull=True)
+    gpus, migs = gpus.order_by(), migs.exclude(gpu__node=node).order_by()
     taken = gpus.values_list("uuid", flat=True).union(migs.values_list("uuid", flat=True))
     uuid = min(taken, default=None)
     if uuid is not None:

@@ -1,4 +1,10 @@
-"""Inventory selectors: which devices exist, which are bookable, which are free in a window."""
+"""Inventory selectors: which devices exist, which are bookable, which are free in a window.
+
+`gpus_bookable` and `mig_instances_bookable` are the one rule of what may be offered or planned
+on: live (not retired) devices, whole GPUs only out of MIG mode, MIG instances only of GPUs in
+MIG mode. Everything that offers or plans devices starts from them; pages that show history
+(a booking's devices, accounting) read the rows as they are, retired ones included.
+"""
 
 from datetime import datetime
 
@@ -8,34 +14,52 @@ import scheduler
 from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
 
 
+def gpus_live() -> QuerySet:
+    """GPUs that their agents report now (not retired), in MIG mode or not: what the overview
+    lists, GPUs in MIG mode with their bookable slices under them."""
+    return Gpu.objects.filter(retired_at__isnull=True)
+
+
+def gpus_bookable() -> QuerySet:
+    """Whole GPUs that may be offered: live and not in MIG mode (on any node; callers that
+    need an up node filter on it)."""
+    return gpus_live().filter(mig_mode=False)
+
+
+def mig_instances_bookable() -> QuerySet:
+    """MIG instances that may be offered: live, of a live GPU in MIG mode."""
+    return MigInstance.objects.filter(
+        retired_at__isnull=True, gpu__retired_at__isnull=True, gpu__mig_mode=True
+    )
+
+
 def gpu_models() -> list[str]:
-    return sorted(set(Gpu.objects.filter(mig_mode=False).values_list("model", flat=True)))
+    return sorted(set(gpus_bookable().values_list("model", flat=True)))
 
 
 def mig_gpu_models() -> list[str]:
-    """Models of the GPUs that hold MIG instances."""
-    return sorted(set(MigInstance.objects.values_list("gpu__model", flat=True)))
+    """Models of the GPUs that hold bookable MIG instances."""
+    return sorted(set(mig_instances_bookable().values_list("gpu__model", flat=True)))
 
 
 def mig_profiles(*, gpu_model: str = "") -> list[str]:
-    qs = MigInstance.objects.all()
+    qs = mig_instances_bookable()
     if gpu_model:
         qs = qs.filter(gpu__model=gpu_model)
     return sorted(set(qs.values_list("profile", flat=True)))
 
 
 def mig_profile_slices(profile: str) -> int | None:
-    return MigInstance.objects.filter(profile=profile).values_list("slices", flat=True).first()
+    qs = mig_instances_bookable().filter(profile=profile)
+    return qs.values_list("slices", flat=True).first()
 
 
 def admission_devices() -> tuple[scheduler.Device, ...]:
     """The inventory as the admission check needs it, from two grouped counts: per node, its
     whole GPUs by model and its MIG instances by model and profile. Down nodes count too: a
     request that fits only once a node is back is queued (reason node_down), not refused."""
-    whole = Gpu.objects.filter(mig_mode=False).values_list("node_id", "model")
-    migs = MigInstance.objects.filter(gpu__mig_mode=True).values_list(
-        "gpu__node_id", "gpu__model", "profile", "slices"
-    )
+    whole = gpus_bookable().values_list("node_id", "model")
+    migs = mig_instances_bookable().values_list("gpu__node_id", "gpu__model", "profile", "slices")
     devices = []
     for node, model, count in whole.annotate(n=Count("id")).order_by():
         devices += [
@@ -53,14 +77,15 @@ def admission_devices() -> tuple[scheduler.Device, ...]:
 
 def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[int]:
     """Up nodes that could hold the request at all: the rows the booking path locks."""
-    qs = Node.objects.filter(state=Node.State.UP)
     if mig_profile:
-        qs = qs.filter(gpus__mig_instances__profile=mig_profile)
+        devices = mig_instances_bookable().filter(profile=mig_profile)
+        node, model = "gpu__node_id", "gpu__model"
     else:
-        qs = qs.filter(gpus__mig_mode=False)
+        devices, node, model = gpus_bookable(), "node_id", "model"
     if gpu_model:
-        qs = qs.filter(gpus__model=gpu_model)
-    return sorted(set(qs.values_list("id", flat=True)))
+        devices = devices.filter(**{model: gpu_model})
+    up = Node.objects.filter(state=Node.State.UP).values("id")
+    return sorted(set(devices.filter(**{f"{node}__in": up}).values_list(node, flat=True)))
 
 
 def _held_now(now: datetime) -> QuerySet:
@@ -70,12 +95,14 @@ def _held_now(now: datetime) -> QuerySet:
 def gpus_free_now(gpus: QuerySet, *, now: datetime) -> QuerySet:
     """Of `gpus`, the whole GPUs bookable and held by no booking now (on an up node)."""
     held = _held_now(now).values("gpu_id")
-    return gpus.filter(node__state=Node.State.UP, mig_mode=False).exclude(id__in=held)
+    bookable = (gpus & gpus_bookable()).filter(node__state=Node.State.UP)
+    return bookable.exclude(id__in=held)
 
 
 def mig_instances_free_now(instances: QuerySet, *, now: datetime) -> QuerySet:
     """Of `instances`, the MIG instances held by no booking now (on an up node)."""
     held = _held_now(now)
-    return instances.filter(gpu__node__state=Node.State.UP).exclude(
+    bookable = instances & mig_instances_bookable()
+    return bookable.filter(gpu__node__state=Node.State.UP).exclude(
         id__in=held.filter(mig_instance__isnull=False).values("mig_instance_id")
     )

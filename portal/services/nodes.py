@@ -4,16 +4,19 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from portal.errors import NotAllowed
-from portal.models import Booking, Gpu, MigInstance, Node
+from portal.errors import NotAllowed, ValidationFailed
+from portal.models import Allocation, Booking, Gpu, MigInstance, Node
 from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.models.tokens import hash_token, new_token
 from portal.services import events, permissions
 from portal.services.audit import SYSTEM, Source, audit_record
 from portal.services.bookings import booking_stop
+from portal.services.locking import lock_nodes
 from portal.services.notifications import node_down_record
+from portal.services.reservations import reservation_move_off_retired
 
 
 def node_token_issue(*, hostname: str) -> str:
@@ -47,20 +50,104 @@ def node_for_token(raw: str) -> Node | None:
 
 @transaction.atomic
 def node_inventory_update(*, node: Node, gpus: list[dict]) -> None:
-    """Make the node's GPUs and MIG instances match what its agent discovered.
+    """Make the node's live GPUs and MIG instances exactly what its agent reported.
 
-    Devices are matched by UUID. A device that disappeared is deleted unless bookings reference
-    it (then it stays, and the allocator no longer sees it once its GPU leaves MIG mode, etc.).
+    Devices are matched by UUID; a reported one is live at the index it reports (a retired one
+    comes back, a card retired on another node moves here). A device not reported (removed,
+    replaced at its index, a MIG instance of an old layout or of a GPU that left MIG mode) is
+    retired if any allocation ever used it, and deleted if none did: one rule, so history,
+    accounting and audit keep every device that was booked. Active bookings on a retired device
+    stop (batch jobs requeue) and planned reservations move or fail, with the reason.
     """
-    seen_gpus: list[int] = []
+    _check_indexes_unique(gpus)
+    # The node's row is what a start of the allocation pass locks before it re-checks its
+    # devices: holding it, no booking starts on a device between its retirement and the
+    # stop below.
+    lock_nodes([node.pk])
+    now = timezone.now()
+    reported = {info["uuid"]: info for info in gpus}
+    by_index = {info["index"]: info["uuid"] for info in gpus}
+    gone: list[tuple[Q, str]] = []
+    for gpu in node.gpus.filter(retired_at__isnull=True).exclude(uuid__in=reported):
+        new = by_index.get(gpu.index)
+        change = f"replaced (new UUID {new})" if new else "removed"
+        gone.append((Q(gpu_id=gpu.pk), f"GPU {gpu.index} of {node.hostname} was {change}"))
+        _gpu_retire(gpu, now)
+    _slots_free(node, gpus, now)
     for info in gpus:
-        gpu = _gpu_upsert(node, info)
-        seen_gpus.append(gpu.pk)
-        seen_migs = [_mig_upsert(gpu, m, at).pk for m, at in _placed(info.get("mig_instances", []))]
-        gone = gpu.mig_instances.exclude(pk__in=seen_migs).filter(allocations__isnull=True)
-        MigInstance.objects.filter(pk__in=gone.values("pk")).delete()
-    gone_gpus = node.gpus.exclude(pk__in=seen_gpus).filter(allocations__isnull=True)
-    Gpu.objects.filter(pk__in=gone_gpus.values("pk")).delete()
+        gpu, was_whole = _gpu_upsert(node, info)
+        if was_whole and gpu.mig_mode:
+            reason = f"GPU {gpu.index} of {node.hostname} entered MIG mode"
+            gone.append((Q(gpu_id=gpu.pk, mig_instance__isnull=True), reason))
+        gone += _migs_update(gpu, info.get("mig_instances", []), now)
+    _bookings_settle(gone, now)
+
+
+def _migs_update(gpu: Gpu, migs: list[dict], now: datetime) -> list[tuple[Q, str]]:
+    """Make the GPU's live MIG instances the reported ones; the retired ones, with why."""
+    seen = [_mig_upsert(gpu, m, at).pk for m, at in _placed(migs)]
+    stale = gpu.mig_instances.filter(retired_at__isnull=True).exclude(pk__in=seen)
+    why = "a new MIG layout" if gpu.mig_mode else "the GPU left MIG mode"
+    gone = []
+    for mig in stale:
+        where = f"GPU {gpu.index} of {gpu.node.hostname}"
+        reason = f"MIG instance {mig.profile} ({mig.uuid}) of {where} was removed ({why})"
+        gone.append((Q(mig_instance_id=mig.pk), reason))
+        _mig_retire(mig, now)
+    return gone
+
+
+def _check_indexes_unique(gpus: list[dict]) -> None:
+    seen: set[int] = set()
+    for i, info in enumerate(gpus):
+        if info["index"] in seen:
+            raise ValidationFailed.field(f"gpus[{i}].index", "the same index as another GPU")
+        seen.add(info["index"])
+
+
+def _gpu_retire(gpu: Gpu, now: datetime) -> None:
+    if not Allocation.objects.filter(gpu=gpu).exists():
+        gpu.delete()  # never booked: nothing to keep (its MIG instances were never booked either)
+        return
+    Gpu.objects.filter(pk=gpu.pk).update(retired_at=now)
+    for mig in gpu.mig_instances.filter(retired_at__isnull=True):
+        _mig_retire(mig, now)
+
+
+def _mig_retire(mig: MigInstance, now: datetime) -> None:
+    if Allocation.objects.filter(mig_instance=mig).exists():
+        MigInstance.objects.filter(pk=mig.pk).update(retired_at=now)
+    else:
+        mig.delete()
+
+
+def _slots_free(node: Node, gpus: list[dict], now: datetime) -> None:
+    # Only live GPUs hold a slot (node, index). A reported GPU that moves (two cards swapped,
+    # or a card coming from another node) is parked as retired first, so that no update below
+    # meets a slot still held by a card that moves away from it later in the loop.
+    for info in gpus:
+        Gpu.objects.filter(uuid=info["uuid"], retired_at__isnull=True).exclude(
+            node=node, index=info["index"]
+        ).update(retired_at=now)
+
+
+def _bookings_settle(gone: list[tuple[Q, str]], now: datetime) -> None:
+    """Stop the active bookings and move (or fail) the planned reservations that hold a device
+    that is gone, each with the first reason that concerns it."""
+    reasons: dict[int, str] = {}
+    for where, reason in gone:
+        live = Allocation.objects.filter(where, live=True, end__gt=now)
+        for booking_id in live.values_list("booking_id", flat=True).distinct():
+            # Room in state_detail for what booking_stop or the move adds to it.
+            reasons.setdefault(booking_id, reason if len(reason) <= 240 else reason[:239] + "…")
+    states = dict(Booking.objects.filter(pk__in=reasons).values_list("pk", "state"))
+    for booking_id in sorted(reasons):
+        if states.get(booking_id) == Booking.State.ACTIVE:
+            booking_stop(
+                booking_id=booking_id, to=Booking.State.FAILED, now=now, detail=reasons[booking_id]
+            )
+        elif states.get(booking_id) == Booking.State.PLANNED:
+            reservation_move_off_retired(booking_id=booking_id, now=now, reason=reasons[booking_id])
 
 
 def gpu_model_name(nvml_name: str) -> str:
@@ -70,9 +157,9 @@ def gpu_model_name(nvml_name: str) -> str:
     return name[len("NVIDIA ") :] if name.upper().startswith("NVIDIA ") else name
 
 
-def _gpu_upsert(node: Node, info: dict) -> Gpu:
-    # Another GPU of this node may hold the index that this UUID now reports (card swapped).
-    Gpu.objects.filter(node=node, index=info["index"]).exclude(uuid=info["uuid"]).delete()
+def _gpu_upsert(node: Node, info: dict) -> tuple[Gpu, bool]:
+    """The GPU live at the reported slot, and whether it was live and whole before."""
+    before = Gpu.objects.filter(uuid=info["uuid"]).values_list("mig_mode", "retired_at").first()
     gpu, _ = Gpu.objects.update_or_create(
         uuid=info["uuid"],
         defaults={
@@ -81,9 +168,10 @@ def _gpu_upsert(node: Node, info: dict) -> Gpu:
             "model": gpu_model_name(info["model"]),
             "memory_mib": info["memory_total_mib"],
             "mig_mode": bool(info.get("mig_mode")),
+            "retired_at": None,
         },
     )
-    return gpu
+    return gpu, before is not None and not before[0]
 
 
 def _placed(migs: list[dict]) -> list[tuple[dict, int]]:
@@ -104,6 +192,7 @@ def _mig_upsert(gpu: Gpu, info: dict, placement_start: int) -> MigInstance:
             "slices": info["slices"],
             "placement_start": placement_start,
             "memory_mib": info["memory_total_mib"],
+            "retired_at": None,
         },
     )
     return mig

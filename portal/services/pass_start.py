@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from portal.errors import Busy
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node, Project
-from portal.services import events
+from portal.services import events, inventory
 from portal.services.locking import is_allocation_clash, is_contention, lock_nodes, lock_project
 from portal.services.snapshot import DeviceRow, PendingRow, Snapshot
 
@@ -62,7 +62,8 @@ _TABLES = {
     "booking": Booking._meta.db_table,
 }
 
-# Under the locks: the nodes are up, the devices exist in the same MIG layout, nothing took them
+# Under the locks: the nodes are up, the devices are live (not retired: see
+# inventory.gpus_bookable) in the same MIG layout, nothing took them
 # over [now, end), and no other booking of the project got devices since the snapshot. Then the
 # booking becomes active (if still pending, and not extended since) and gets its allocations, in
 # one statement.
@@ -71,10 +72,11 @@ WITH valid AS (
   SELECT
     (SELECT count(*) FROM {node} WHERE id = ANY(%(nodes)s) AND state = 'up')
       = cardinality(%(nodes)s::bigint[])
-    AND (SELECT count(*) FROM {gpu} WHERE id = ANY(%(whole)s) AND NOT mig_mode)
-      = cardinality(%(whole)s::bigint[])
+    AND (SELECT count(*) FROM {gpu} WHERE id = ANY(%(whole)s) AND NOT mig_mode
+         AND retired_at IS NULL) = cardinality(%(whole)s::bigint[])
     AND (SELECT count(*) FROM {mig} m JOIN {gpu} g ON g.id = m.gpu_id
-         WHERE m.id = ANY(%(migs)s) AND g.mig_mode) = cardinality(%(migs)s::bigint[])
+         WHERE m.id = ANY(%(migs)s) AND g.mig_mode AND m.retired_at IS NULL
+           AND g.retired_at IS NULL) = cardinality(%(migs)s::bigint[])
     AND NOT EXISTS (
       SELECT 1 FROM {alloc} a WHERE a.live AND a.start < %(end)s AND a."end" > %(now)s
         AND (a.gpu_id = ANY(%(whole)s) OR a.mig_instance_id = ANY(%(migs)s)
@@ -167,9 +169,9 @@ def _still_valid(pending, rows, snap, now, end, done) -> bool:
         return False
     whole = [row.gpu_id for row in rows if row.mig_id is None]
     migs = [row.mig_id for row in rows if row.mig_id is not None]
-    if Gpu.objects.filter(pk__in=whole, mig_mode=False).count() != len(whole):
+    if inventory.gpus_bookable().filter(pk__in=whole).count() != len(whole):
         return False
-    if MigInstance.objects.filter(pk__in=migs, gpu__mig_mode=True).count() != len(migs):
+    if inventory.mig_instances_bookable().filter(pk__in=migs).count() != len(migs):
         return False
     mig_gpus = [row.gpu_id for row in rows if row.mig_id is not None]
     taken = Allocation.objects.filter(live=True, start__lt=end, end__gt=now).filter(

@@ -1,14 +1,14 @@
 """Reservation placement, read from the database and decided by ``scheduler.reserve``.
 
-The callers hold the node locks; this reads the candidate devices on up nodes and the live
+The callers hold the node locks; this reads the candidate devices (bookable ones, see
+``inventory.gpus_bookable``) on up nodes and the live
 allocations that overlap the window on their GPUs, asks the pure rule, and hands back its slots.
 """
 
 from datetime import datetime
 
-from django.db.models import Q
-
-from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
+from portal.models import Allocation, Node, mig_fraction
+from portal.services import inventory
 from scheduler.reserve import Hold, Slot, Wanted, clashes, reserve
 
 
@@ -77,8 +77,8 @@ def _slots(
     *, mig_profile: str, gpu_model: str, allowed_models: tuple[str, ...]
 ) -> tuple[Slot, ...]:
     if mig_profile:
-        qs = MigInstance.objects.filter(
-            profile=mig_profile, gpu__mig_mode=True, gpu__node__state=Node.State.UP
+        qs = inventory.mig_instances_bookable().filter(
+            profile=mig_profile, gpu__node__state=Node.State.UP
         )
         qs = _model_filter(qs, "gpu__model", gpu_model, allowed_models)
         rows = qs.values_list(
@@ -96,7 +96,7 @@ def _slots(
             )
             for node, gpu, mig, model, slices, first in rows
         )
-    qs = Gpu.objects.filter(Q(node__state=Node.State.UP), mig_mode=False)
+    qs = inventory.gpus_bookable().filter(node__state=Node.State.UP)
     qs = _model_filter(qs, "model", gpu_model, allowed_models)
     return tuple(
         Slot(node, gpu, None, model)

@@ -16,8 +16,8 @@ from django.db.models import Max, TextField
 from django.db.models.functions import Cast
 
 import scheduler
-from portal.models import Allocation, Booking, Gpu, MigInstance, mig_fraction
-from portal.services import fairshare
+from portal.models import Allocation, Booking, mig_fraction
+from portal.services import fairshare, inventory
 from portal.services.quotas import EpochSeconds, QuotaAsk, quota_positions
 from portal.services.telemetry_cache import latest_by_uuid
 
@@ -216,11 +216,11 @@ def _devices() -> dict[str, tuple]:
     # Rows, not model instances: one query per table and nothing built per device but the
     # scheduler's own objects.
     gpus = list(
-        Gpu.objects.filter(mig_mode=False).values_list(
+        inventory.gpus_bookable().values_list(
             "pk", "uuid", "model", "node_id", "node__hostname", "node__state"
         )
     )
-    migs = MigInstance.objects.filter(gpu__mig_mode=True).values_list(
+    migs = inventory.mig_instances_bookable().values_list(
         "pk",
         "profile",
         "slices",

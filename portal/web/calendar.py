@@ -4,7 +4,8 @@ booked, and where queued requests are planned to start."""
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 
-from portal.models import Allocation, Booking, Gpu
+from portal.models import Allocation, Booking
+from portal.services import inventory
 from portal.services.bookings import visible_bookings
 
 WEEK = timedelta(days=7)
@@ -203,11 +204,13 @@ def held_spans(*, since: datetime, until: datetime) -> dict[str, list[tuple[date
         )
     )
     slices: dict[str, list[str]] = {}
-    for gpu_uuid, mig_uuid in Gpu.objects.filter(
-        uuid__in={r[0] for r in rows if r[1] is None}
-    ).values_list("uuid", "mig_instances__uuid"):
-        if mig_uuid:
-            slices.setdefault(gpu_uuid, []).append(mig_uuid)
+    # Only bookable slices have a row on the calendar.
+    for gpu_uuid, mig_uuid in (
+        inventory.mig_instances_bookable()
+        .filter(gpu__uuid__in={r[0] for r in rows if r[1] is None})
+        .values_list("gpu__uuid", "uuid")
+    ):
+        slices.setdefault(gpu_uuid, []).append(mig_uuid)
     spans: dict[str, list[tuple[datetime, datetime]]] = {}
     for gpu_uuid, mig_uuid, start, end in rows:
         for uuid in [mig_uuid] if mig_uuid else [gpu_uuid, *slices.get(gpu_uuid, [])]:

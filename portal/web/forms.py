@@ -168,9 +168,9 @@ class BookForm(AccessibleForm):
 
 
 def _mig_models() -> list[str]:
-    from portal.models import MigInstance
+    from portal.services.inventory import mig_gpu_models
 
-    return list(MigInstance.objects.values_list("gpu__model", flat=True).distinct())
+    return mig_gpu_models()
 
 
 class ExtendForm(AccessibleForm):

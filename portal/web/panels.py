@@ -8,7 +8,8 @@ from datetime import datetime
 
 from django.db.models import Count, F, Q
 
-from portal.models import Booking, Gpu, MigInstance, Node, NodeAlert
+from portal.models import Booking, Node, NodeAlert
+from portal.services import inventory
 from portal.services.bookings import visible_bookings
 from portal.services.telemetry_cache import latest_by_uuid
 from portal.web.selectors import device_labels, pending_reason_text
@@ -60,7 +61,7 @@ class AlertLine:
 def node_lines(*, alerts: list[AlertLine]) -> list[NodeLine]:
     """Every node, down and draining ones first, with its GPUs and open alerts counted."""
     nodes = Node.objects.annotate(
-        gpu_count=Count("gpus", distinct=True),
+        gpu_count=Count("gpus", filter=Q(gpus__retired_at__isnull=True), distinct=True),
         live_count=Count(
             "gpus__allocations__booking",
             filter=Q(gpus__allocations__live=True),
@@ -68,11 +69,12 @@ def node_lines(*, alerts: list[AlertLine]) -> list[NodeLine]:
         ),
     )
     models: dict[int, dict[str, int]] = {}
-    for node_id, model in Gpu.objects.values_list("node_id", "model"):
+    for node_id, model in inventory.gpus_live().values_list("node_id", "model"):
         models.setdefault(node_id, {}).setdefault(model, 0)
         models[node_id][model] += 1
     slices = dict(
-        MigInstance.objects.values("gpu__node_id")
+        inventory.mig_instances_bookable()
+        .values("gpu__node_id")
         .annotate(n=Count("id"))
         .values_list("gpu__node_id", "n")
     )

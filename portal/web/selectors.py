@@ -9,12 +9,17 @@ from datetime import datetime, timedelta
 from django.db.models import Prefetch
 
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert, ProcessUsage
+from portal.services import inventory
 from portal.services.bookings import visible_bookings
 from portal.services.telemetry_cache import latest_by_uuid
 from portal.web.device_usage import busy_devices
 
 # A device whose reading shows processes, or more than this utilization, is "in use".
-STATE_LABELS = {"in_use": "in use", "unbooked": "in use, unbooked"}
+STATE_LABELS = {
+    "in_use": "in use",
+    "unbooked": "in use, unbooked",
+    "retired": "retired (no longer reported)",
+}
 
 PENDING_REASONS = {
     "resources": "Waiting for enough free devices of the kind asked for.",
@@ -50,12 +55,20 @@ class DeviceRow:
 
 
 def device_state(
-    *, node_state: str, booking: Booking | None, reading: dict | None, busy: bool = False
+    *,
+    node_state: str,
+    booking: Booking | None,
+    reading: dict | None,
+    busy: bool = False,
+    retired: bool = False,
 ) -> str:
     """free / booked / in_use / unbooked / down: what a researcher needs to know about a device
     now. "unbooked": processes on it that no booking accounts for (not free, whatever it says).
     A booked device is "in_use" with processes on it, or when `busy` (device_usage: utilization
-    with hysteresis, so idle noise does not flip it)."""
+    with hysteresis, so idle noise does not flip it). "retired": its agent no longer reports it
+    (shown only where history is, e.g. the GPU's own page); never offered."""
+    if retired:
+        return "retired"
     if node_state != Node.State.UP:
         return "down"
     if booking is None:
@@ -80,13 +93,11 @@ def _current_allocations(now: datetime) -> tuple[dict, dict]:
 
 
 def device_rows(*, now: datetime, gpu_id: int | None = None) -> list[DeviceRow]:
-    """Every GPU (or just `gpu_id`) and, under a GPU in MIG mode, each slice, with booking,
-    reading and state."""
-    gpus = Gpu.objects.select_related("node").prefetch_related(
-        Prefetch("mig_instances", queryset=MigInstance.objects.order_by("-slices", "uuid"))
-    )
-    if gpu_id is not None:
-        gpus = gpus.filter(pk=gpu_id)
+    """Every live GPU (or just `gpu_id`, even retired) and, under a GPU in MIG mode, each
+    bookable slice, with booking, reading and state."""
+    gpus = inventory.gpus_live() if gpu_id is None else Gpu.objects.filter(pk=gpu_id)
+    slices = inventory.mig_instances_bookable().order_by("-slices", "uuid")
+    gpus = gpus.select_related("node").prefetch_related(Prefetch("mig_instances", slices))
     gpus = list(gpus.order_by("node__hostname", "index"))
     uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig_instances.all()]
     readings = latest_by_uuid(uuids)
@@ -154,7 +165,13 @@ def _row(gpu: Gpu, *, mig_id: int | None, reading, booking, busy: bool, **fields
         model=gpu.model,
         is_mig=mig_id is not None,
         mig_id=mig_id,
-        state=device_state(node_state=gpu.node.state, booking=booking, reading=reading, busy=busy),
+        state=device_state(
+            node_state=gpu.node.state,
+            booking=booking,
+            reading=reading,
+            busy=busy,
+            retired=gpu.retired_at is not None,
+        ),
         booking=booking,
         reading=reading,
         **fields,
@@ -194,7 +211,7 @@ def site_totals(*, rows: list[DeviceRow], now: datetime) -> Totals:
     whole = [r for r in rows if not r.children]
     slices = [c for r in rows for c in r.children]
     pending = Booking.objects.filter(state=Booking.State.PENDING)
-    slices_of = dict(MigInstance.objects.values_list("profile", "slices").distinct())
+    slices_of = dict(inventory.mig_instances_bookable().values_list("profile", "slices").distinct())
     queued_hours = sum(
         (b.gpus or slices_of.get(b.mig_profile, 7) / 7) * b.duration_s / 3600
         for b in pending.only("gpus", "mig_profile", "duration_s")
@@ -267,7 +284,7 @@ def booking_for_page(*, user, booking_id: int) -> Booking | None:
 
 def filter_choices() -> dict:
     return {
-        "models": sorted(set(Gpu.objects.values_list("model", flat=True))),
+        "models": sorted(set(inventory.gpus_live().values_list("model", flat=True))),
         "nodes": list(Node.objects.order_by("hostname").values_list("hostname", flat=True)),
         "states": ["free", "booked", "in_use", "unbooked", "down"],
     }
