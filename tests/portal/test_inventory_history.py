@@ -23,7 +23,8 @@ from tests.factories import (
 )
 from tests.portal_agent.conftest import AgentClient
 
-pytestmark = pytest.mark.django_db
+# Hardware changes under history in the default mode too: these run on SQLite as well.
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 def _gpu(index: int, uuid: str, migs=()) -> dict:
