@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal.env import env, envbool, envfloat, envint, envlist
+from portal.env import SettingError, env, envbool, envfloat, envint, envlist
 from portal.headers import policy_header
 from portal.notify_env import notify_settings
 from portal.policy_env import policy_env_names, policy_settings
@@ -35,7 +35,7 @@ def _secret_key() -> str:
     if DEBUG:
         return "insecure-dev-key-" + "x" * 40
     if not EMBEDDED:
-        raise RuntimeError("Set SECRET_KEY (or SECRET_KEY_FILE) in server mode.")
+        raise SettingError("Set SECRET_KEY (or SECRET_KEY_FILE) in server mode.")
     # The embedded demo makes its own key once and keeps it beside its database.
     import secrets
 
@@ -141,9 +141,9 @@ WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 8)
 WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.25)
 WEB_RETRY_AFTER_S = envint("WEB_RETRY_AFTER_S", 1)
 if not 1 <= WEB_WORKERS <= 256 or not 1 <= WEB_THREADS <= 64:
-    raise RuntimeError("WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64.")
+    raise SettingError("WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64.")
 if WEB_MAX_INFLIGHT < 1 or not 0 < WEB_QUEUE_WAIT_S <= 60 or not 1 <= WEB_RETRY_AFTER_S <= 3600:
-    raise RuntimeError(
+    raise SettingError(
         "WEB_MAX_INFLIGHT must be at least 1, WEB_QUEUE_WAIT_S in (0, 60] and "
         "WEB_RETRY_AFTER_S in [1, 3600]."
     )
@@ -158,9 +158,9 @@ DB_POOL_MIN_SIZE = envint("DB_POOL_MIN_SIZE", 1)
 DB_POOL_MAX_SIZE = envint("DB_POOL_MAX_SIZE", 8)
 DB_POOL_TIMEOUT_S = envfloat("DB_POOL_TIMEOUT_S", 2.0)
 if not 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE or DB_POOL_MAX_SIZE < 1:
-    raise RuntimeError("DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1.")
+    raise SettingError("DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1.")
 if not 0 < DB_POOL_TIMEOUT_S <= 60:
-    raise RuntimeError("DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds.")
+    raise SettingError("DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds.")
 
 if DATABASE_URL:
     # With the pool, CONN_HEALTH_CHECKS makes Django hand the pool its connection check: one that
@@ -213,12 +213,12 @@ SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0)
 # passes, each seeing all of them); 0 runs one pass per change.
 SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0)
 if not 0 <= SCHEDULER_PASS_COALESCE_S <= 60:
-    raise RuntimeError("SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds.")
+    raise SettingError("SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds.")
 # Under SCHEDULER_FAIRSHARE_CHARGE=measured or blend, how long the running allocations' measured
 # utilization is reused between passes (reading it costs a scan of their minute rollups).
 FAIRSHARE_LIVE_UTILIZATION_CACHE_S = envfloat("FAIRSHARE_LIVE_UTILIZATION_CACHE_S", 60.0)
 if not 0 <= FAIRSHARE_LIVE_UTILIZATION_CACHE_S <= 3600:
-    raise RuntimeError("FAIRSHARE_LIVE_UTILIZATION_CACHE_S must be between 0 and 3600 seconds.")
+    raise SettingError("FAIRSHARE_LIVE_UTILIZATION_CACHE_S must be between 0 and 3600 seconds.")
 # Every periodic job, one line each.
 CELERY_BEAT_SCHEDULE = {
     # Start due reservations, end finished bookings, plan and start the queue.
@@ -256,7 +256,7 @@ for _net in METRICS_ALLOWED_NETWORKS:
     try:
         ipaddress.ip_network(_net, strict=False)
     except ValueError as _exc:
-        raise RuntimeError(f"METRICS_ALLOWED_NETWORKS: {_net!r} is not a network: {_exc}") from None
+        raise SettingError(f"METRICS_ALLOWED_NETWORKS: {_net!r} is not a network: {_exc}") from None
 READY_PASS_MAX_AGE_S = envfloat("READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S))
 
 # Node agents: what the portal tells them at register, and when a silent node counts as down.
@@ -264,7 +264,7 @@ AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0)
 AGENT_SYNC_INTERVAL_S = envfloat("AGENT_SYNC_INTERVAL_S", 30.0)
 AGENT_ENFORCEMENT = env("AGENT_ENFORCEMENT", "report")  # report | warn | kill
 if AGENT_ENFORCEMENT not in ("report", "warn", "kill"):
-    raise RuntimeError("AGENT_ENFORCEMENT must be report, warn or kill.")
+    raise SettingError(f"AGENT_ENFORCEMENT={AGENT_ENFORCEMENT!r}: expected report, warn or kill")
 NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0)
 # A booked device is "in use" (not just "booked") from a reading at or above IN_USE_UTIL_ON %
 # utilization until one at or below IN_USE_UTIL_OFF %, over its readings of the last
@@ -273,17 +273,17 @@ IN_USE_UTIL_ON = envfloat("IN_USE_UTIL_ON", 10.0)
 IN_USE_UTIL_OFF = envfloat("IN_USE_UTIL_OFF", 3.0)
 IN_USE_WINDOW_S = envfloat("IN_USE_WINDOW_S", 60.0)
 if not 0 <= IN_USE_UTIL_OFF < IN_USE_UTIL_ON <= 100:
-    raise RuntimeError(
+    raise SettingError(
         "IN_USE_UTIL_OFF and IN_USE_UTIL_ON must be percentages with OFF below ON "
         f"(got OFF={IN_USE_UTIL_OFF}, ON={IN_USE_UTIL_ON})."
     )
 if not 0 < IN_USE_WINDOW_S <= 3600:
-    raise RuntimeError("IN_USE_WINDOW_S must be between 0 and 3600 seconds (not 0).")
+    raise SettingError("IN_USE_WINDOW_S must be between 0 and 3600 seconds (not 0).")
 # A running batch job's output (the agent sends its tail when it grew, once per report): the
 # portal stores and broadcasts at most one per booking this often (a guard against a chatty agent).
 BOOKING_OUTPUT_MIN_INTERVAL_S = envfloat("BOOKING_OUTPUT_MIN_INTERVAL_S", 2.0)
 if not 0 <= BOOKING_OUTPUT_MIN_INTERVAL_S <= 3600:
-    raise RuntimeError("BOOKING_OUTPUT_MIN_INTERVAL_S must be between 0 and 3600 seconds.")
+    raise SettingError("BOOKING_OUTPUT_MIN_INTERVAL_S must be between 0 and 3600 seconds.")
 REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
 # Telemetry history: raw samples for hours, per-minute rollups for days.
 TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
@@ -338,24 +338,24 @@ LOGIN_FAILURE_WINDOW_S = envint("LOGIN_FAILURE_WINDOW_S", 300)
 # the cached entry at once (portal.api.auth), so this bounds only staleness of the user's fields.
 TOKEN_CACHE_S = envint("TOKEN_CACHE_S", 30)
 if not 0 <= TOKEN_CACHE_S <= 3600:
-    raise RuntimeError("TOKEN_CACHE_S must be between 0 and 3600 seconds.")
+    raise SettingError("TOKEN_CACHE_S must be between 0 and 3600 seconds.")
 
 # The audit log's CSV export (GET /api/v1/audit/?format=csv) holds at most this many rows;
 # narrow the filters (from/to) for more.
 AUDIT_EXPORT_MAX_ROWS = envint("AUDIT_EXPORT_MAX_ROWS", 100_000)
 if not 1 <= AUDIT_EXPORT_MAX_ROWS <= 10_000_000:
-    raise RuntimeError("AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000.")
+    raise SettingError("AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000.")
 # POST bookings/estimate/ per user (the Book page asks as one types): "N/s", "N/min", "N/hour"
 # or "N/day"; past it 429 with Retry-After. Queued requests are planned on a copy of the queue
 # taken at most ESTIMATE_SNAPSHOT_TTL_S seconds ago (0: read it for every estimate).
 ESTIMATE_RATE = env("ESTIMATE_RATE", "60/min").strip() or "60/min"
 ESTIMATE_SNAPSHOT_TTL_S = envfloat("ESTIMATE_SNAPSHOT_TTL_S", 5.0)
 if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)", ESTIMATE_RATE):
-    raise RuntimeError(
+    raise SettingError(
         'ESTIMATE_RATE must be like "60/min": a positive count per s, min, h or day.'
     )
 if not 0 <= ESTIMATE_SNAPSHOT_TTL_S <= 300:
-    raise RuntimeError("ESTIMATE_SNAPSHOT_TTL_S must be between 0 and 300 seconds.")
+    raise SettingError("ESTIMATE_SNAPSHOT_TTL_S must be between 0 and 300 seconds.")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
