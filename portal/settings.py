@@ -201,6 +201,28 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Notifications and idle reclaim (docs/notifications.md), read and validated by portal.notify_env.
+_notify = notify_settings()
+SLACK_BOT_TOKEN = _notify["SLACK_BOT_TOKEN"]
+SLACK_SIGNING_SECRET = _notify["SLACK_SIGNING_SECRET"]
+SLACK_API_URL = _notify["SLACK_API_URL"]
+NOTIFY_DEFAULT_EVENTS = _notify["NOTIFY_DEFAULT_EVENTS"]
+NOTIFY_DEFAULT_CHANNELS = _notify["NOTIFY_DEFAULT_CHANNELS"]
+NOTIFY_SEND_TIMEOUT_S = _notify["NOTIFY_SEND_TIMEOUT_S"]
+NOTIFY_MAX_ATTEMPTS = _notify["NOTIFY_MAX_ATTEMPTS"]
+NOTIFY_RETRY_BACKOFF_S = _notify["NOTIFY_RETRY_BACKOFF_S"]
+NOTIFY_ACTION_TTL_S = _notify["NOTIFY_ACTION_TTL_S"]
+NOTIFY_STARTING_SOON_MIN = _notify["NOTIFY_STARTING_SOON_MIN"]
+NOTIFY_ENDING_SOON_MIN = _notify["NOTIFY_ENDING_SOON_MIN"]
+NOTIFY_MOVED_THRESHOLD_MIN = _notify["NOTIFY_MOVED_THRESHOLD_MIN"]
+NOTIFY_BUDGET_FRACTION = _notify["NOTIFY_BUDGET_FRACTION"]
+NOTIFY_SCAN_INTERVAL_S = _notify["NOTIFY_SCAN_INTERVAL_S"]
+IDLE_RECLAIM_ENABLED = _notify["IDLE_RECLAIM_ENABLED"]
+IDLE_UTIL_THRESHOLD = _notify["IDLE_UTIL_THRESHOLD"]
+IDLE_MINUTES = _notify["IDLE_MINUTES"]
+IDLE_GRACE_MINUTES = _notify["IDLE_GRACE_MINUTES"]
+IDLE_MEMORY_MIB = _notify["IDLE_MEMORY_MIB"]
+
 # Celery: with REDIS_URL a worker and beat run the allocator; without, `manage.py up` runs the
 # same pass in-process (CELERY_TASK_ALWAYS_EAGER keeps .delay() calls synchronous).
 CELERY_BROKER_URL = REDIS_URL or "memory://"
@@ -239,7 +261,7 @@ CELERY_BEAT_SCHEDULE = {
     # Starting soon, ending soon, planned start moved, budget nearly used; resend stuck deliveries.
     "notifications-scan": {
         "task": "portal.tasks.notifications_scan",
-        "schedule": envfloat("NOTIFY_SCAN_INTERVAL_S", 60.0),
+        "schedule": NOTIFY_SCAN_INTERVAL_S,
     },
     # Warn bookings whose devices sit idle; release those nobody kept (IDLE_RECLAIM_ENABLED).
     "idle-reclaim": {
@@ -300,9 +322,40 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # --- Signing in (docs/authentication.md) ---------------------------------------------------
 # Local passwords (LOCAL_LOGIN_ENABLED), OpenID Connect (on with OIDC_RP_CLIENT_ID) and LDAP (on
-# with LDAP_SERVER_URI): AUTHENTICATION_BACKENDS, LOCAL_LOGIN_ENABLED, OIDC_*, LDAP_ENABLED and
-# AUTH_LDAP_*, read and validated by portal.sso.config.
-globals().update(sign_in_settings(env))
+# with LDAP_SERVER_URI), read and validated by portal.sso.config. The OIDC_* and AUTH_LDAP_*
+# settings exist only when their way in is on, as mozilla-django-oidc and django-auth-ldap expect.
+_sign_in = sign_in_settings(env)
+LOCAL_LOGIN_ENABLED = _sign_in["LOCAL_LOGIN_ENABLED"]
+AUTHENTICATION_BACKENDS = _sign_in["AUTHENTICATION_BACKENDS"]
+OIDC_ENABLED = _sign_in["OIDC_ENABLED"]
+OIDC_PROVIDER_NAME = _sign_in["OIDC_PROVIDER_NAME"]
+LOGIN_REDIRECT_URL_FAILURE = _sign_in["LOGIN_REDIRECT_URL_FAILURE"]
+LDAP_ENABLED = _sign_in["LDAP_ENABLED"]
+if OIDC_ENABLED:
+    OIDC_RP_CLIENT_ID = _sign_in["OIDC_RP_CLIENT_ID"]
+    OIDC_RP_CLIENT_SECRET = _sign_in["OIDC_RP_CLIENT_SECRET"]
+    OIDC_RP_SIGN_ALGO = _sign_in["OIDC_RP_SIGN_ALGO"]
+    OIDC_RP_SCOPES = _sign_in["OIDC_RP_SCOPES"]
+    OIDC_OP_AUTHORIZATION_ENDPOINT = _sign_in["OIDC_OP_AUTHORIZATION_ENDPOINT"]
+    OIDC_OP_TOKEN_ENDPOINT = _sign_in["OIDC_OP_TOKEN_ENDPOINT"]
+    OIDC_OP_USER_ENDPOINT = _sign_in["OIDC_OP_USER_ENDPOINT"]
+    OIDC_OP_JWKS_ENDPOINT = _sign_in["OIDC_OP_JWKS_ENDPOINT"]
+    OIDC_GROUPS_CLAIM = _sign_in["OIDC_GROUPS_CLAIM"]
+    OIDC_USERNAME_CLAIM = _sign_in["OIDC_USERNAME_CLAIM"]
+    OIDC_CREATE_USER = _sign_in["OIDC_CREATE_USER"]
+    OIDC_VERIFY_SSL = _sign_in["OIDC_VERIFY_SSL"]
+    OIDC_TIMEOUT = _sign_in["OIDC_TIMEOUT"]
+if LDAP_ENABLED:
+    AUTH_LDAP_SERVER_URI = _sign_in["AUTH_LDAP_SERVER_URI"]
+    AUTH_LDAP_BIND_DN = _sign_in["AUTH_LDAP_BIND_DN"]
+    AUTH_LDAP_BIND_PASSWORD = _sign_in["AUTH_LDAP_BIND_PASSWORD"]
+    AUTH_LDAP_START_TLS = _sign_in["AUTH_LDAP_START_TLS"]
+    AUTH_LDAP_USER_SEARCH = _sign_in["AUTH_LDAP_USER_SEARCH"]
+    AUTH_LDAP_GROUP_SEARCH = _sign_in["AUTH_LDAP_GROUP_SEARCH"]
+    AUTH_LDAP_GROUP_TYPE = _sign_in["AUTH_LDAP_GROUP_TYPE"]
+    AUTH_LDAP_USER_ATTR_MAP = _sign_in["AUTH_LDAP_USER_ATTR_MAP"]
+    AUTH_LDAP_ALWAYS_UPDATE_USER = _sign_in["AUTH_LDAP_ALWAYS_UPDATE_USER"]
+    AUTH_LDAP_CONNECTION_OPTIONS = _sign_in["AUTH_LDAP_CONNECTION_OPTIONS"]
 # --- end of signing in ----------------------------------------------------------------------
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -390,8 +443,6 @@ EMAIL_PORT = envint("EMAIL_PORT", 25)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "gpu-portal@localhost")
 # The site's Slack incoming webhook: admins' events (node down, foreign process).
 SLACK_WEBHOOK_URL = env("SLACK_WEBHOOK_URL")
-# Notifications and idle reclaim: NOTIFY_*, SLACK_BOT_TOKEN, IDLE_* (docs/notifications.md).
-globals().update(notify_settings())
 
 # Portal policy knobs.
 BOOKING_MAX_GPUS_PER_REQUEST = envint("BOOKING_MAX_GPUS_PER_REQUEST", 1024)

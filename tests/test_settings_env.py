@@ -152,3 +152,42 @@ def test_it_reads_a_secret_from_its_file_and_names_a_missing_file(monkeypatch, t
     monkeypatch.setenv("PORTAL_KEY_FILE", str(tmp_path / "gone"))
     with pytest.raises(SettingError, match="PORTAL_KEY_FILE=.*gone"):
         env("PORTAL_KEY")
+
+
+def _names_assigned_in_settings() -> set[str]:
+    import ast
+    from pathlib import Path
+
+    import portal.settings
+
+    tree = ast.parse(Path(portal.settings.__file__).read_text())
+    assigned = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    calls = {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    assert "globals" not in calls, "settings.py names its settings; no globals().update"
+    return assigned
+
+
+def test_it_names_every_notification_and_sign_in_setting_in_settings_py():
+    from portal.sso.config import ldap_settings
+
+    ldap = {
+        "LDAP_SERVER_URI": "ldap://127.0.0.1",
+        "LDAP_USER_SEARCH_BASE": "ou=people,dc=x",
+        "LDAP_GROUP_SEARCH_BASE": "ou=groups,dc=x",
+    }
+    provided = (
+        set(notify_settings())
+        | set(sign_in_settings(lambda n, d="": OIDC.get(n, d)))
+        | set(ldap_settings(lambda n, d="": ldap.get(n, d)))
+    )
+    assert provided - _names_assigned_in_settings() == set()
