@@ -1,5 +1,5 @@
 """Notification and idle-reclaim settings, read from the environment and validated (see
-docs/notifications.md). portal.settings merges them in; one place names and checks them all."""
+docs/notifications.md). portal.settings assigns each by name; one place reads and checks them all."""
 
 from portal.env import SettingError, env, envbool, envfloat, envint, envlist
 
