@@ -141,11 +141,15 @@ WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 8)
 WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.25)
 WEB_RETRY_AFTER_S = envint("WEB_RETRY_AFTER_S", 1)
 if not 1 <= WEB_WORKERS <= 256 or not 1 <= WEB_THREADS <= 64:
-    raise SettingError("WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64.")
+    raise SettingError(
+        "WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64 "
+        f"(got WEB_WORKERS={WEB_WORKERS}, WEB_THREADS={WEB_THREADS})."
+    )
 if WEB_MAX_INFLIGHT < 1 or not 0 < WEB_QUEUE_WAIT_S <= 60 or not 1 <= WEB_RETRY_AFTER_S <= 3600:
     raise SettingError(
         "WEB_MAX_INFLIGHT must be at least 1, WEB_QUEUE_WAIT_S in (0, 60] and "
-        "WEB_RETRY_AFTER_S in [1, 3600]."
+        f"WEB_RETRY_AFTER_S in [1, 3600] (got {WEB_MAX_INFLIGHT}, {WEB_QUEUE_WAIT_S:g}, "
+        f"{WEB_RETRY_AFTER_S})."
     )
 
 # PostgreSQL connections come from a pool in each process (psycopg_pool), so the connections a
@@ -158,9 +162,14 @@ DB_POOL_MIN_SIZE = envint("DB_POOL_MIN_SIZE", 1)
 DB_POOL_MAX_SIZE = envint("DB_POOL_MAX_SIZE", 8)
 DB_POOL_TIMEOUT_S = envfloat("DB_POOL_TIMEOUT_S", 2.0)
 if not 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE or DB_POOL_MAX_SIZE < 1:
-    raise SettingError("DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1.")
+    raise SettingError(
+        "DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1 "
+        f"(got DB_POOL_MIN_SIZE={DB_POOL_MIN_SIZE}, DB_POOL_MAX_SIZE={DB_POOL_MAX_SIZE})."
+    )
 if not 0 < DB_POOL_TIMEOUT_S <= 60:
-    raise SettingError("DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds.")
+    raise SettingError(
+        f"DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds, not {DB_POOL_TIMEOUT_S:g}."
+    )
 
 if DATABASE_URL:
     # With the pool, CONN_HEALTH_CHECKS makes Django hand the pool its connection check: one that
@@ -235,12 +244,18 @@ SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0)
 # passes, each seeing all of them); 0 runs one pass per change.
 SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0)
 if not 0 <= SCHEDULER_PASS_COALESCE_S <= 60:
-    raise SettingError("SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds.")
+    raise SettingError(
+        "SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds, "
+        f"not {SCHEDULER_PASS_COALESCE_S:g}."
+    )
 # Under SCHEDULER_FAIRSHARE_CHARGE=measured or blend, how long the running allocations' measured
 # utilization is reused between passes (reading it costs a scan of their minute rollups).
 FAIRSHARE_LIVE_UTILIZATION_CACHE_S = envfloat("FAIRSHARE_LIVE_UTILIZATION_CACHE_S", 60.0)
 if not 0 <= FAIRSHARE_LIVE_UTILIZATION_CACHE_S <= 3600:
-    raise SettingError("FAIRSHARE_LIVE_UTILIZATION_CACHE_S must be between 0 and 3600 seconds.")
+    raise SettingError(
+        "FAIRSHARE_LIVE_UTILIZATION_CACHE_S must be between 0 and 3600 seconds, "
+        f"not {FAIRSHARE_LIVE_UTILIZATION_CACHE_S:g}."
+    )
 # Every periodic job, one line each.
 CELERY_BEAT_SCHEDULE = {
     # Start due reservations, end finished bookings, plan and start the queue.
@@ -300,12 +315,17 @@ if not 0 <= IN_USE_UTIL_OFF < IN_USE_UTIL_ON <= 100:
         f"(got OFF={IN_USE_UTIL_OFF}, ON={IN_USE_UTIL_ON})."
     )
 if not 0 < IN_USE_WINDOW_S <= 3600:
-    raise SettingError("IN_USE_WINDOW_S must be between 0 and 3600 seconds (not 0).")
+    raise SettingError(
+        f"IN_USE_WINDOW_S must be between 0 and 3600 seconds (not 0), not {IN_USE_WINDOW_S:g}."
+    )
 # A running batch job's output (the agent sends its tail when it grew, once per report): the
 # portal stores and broadcasts at most one per booking this often (a guard against a chatty agent).
 BOOKING_OUTPUT_MIN_INTERVAL_S = envfloat("BOOKING_OUTPUT_MIN_INTERVAL_S", 2.0)
 if not 0 <= BOOKING_OUTPUT_MIN_INTERVAL_S <= 3600:
-    raise SettingError("BOOKING_OUTPUT_MIN_INTERVAL_S must be between 0 and 3600 seconds.")
+    raise SettingError(
+        "BOOKING_OUTPUT_MIN_INTERVAL_S must be between 0 and 3600 seconds, "
+        f"not {BOOKING_OUTPUT_MIN_INTERVAL_S:g}."
+    )
 REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
 # Telemetry history: raw samples for hours, per-minute rollups for days.
 TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
@@ -391,13 +411,15 @@ LOGIN_FAILURE_WINDOW_S = envint("LOGIN_FAILURE_WINDOW_S", 300)
 # the cached entry at once (portal.api.auth), so this bounds only staleness of the user's fields.
 TOKEN_CACHE_S = envint("TOKEN_CACHE_S", 30)
 if not 0 <= TOKEN_CACHE_S <= 3600:
-    raise SettingError("TOKEN_CACHE_S must be between 0 and 3600 seconds.")
+    raise SettingError(f"TOKEN_CACHE_S must be between 0 and 3600 seconds, not {TOKEN_CACHE_S:g}.")
 
 # The audit log's CSV export (GET /api/v1/audit/?format=csv) holds at most this many rows;
 # narrow the filters (from/to) for more.
 AUDIT_EXPORT_MAX_ROWS = envint("AUDIT_EXPORT_MAX_ROWS", 100_000)
 if not 1 <= AUDIT_EXPORT_MAX_ROWS <= 10_000_000:
-    raise SettingError("AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000.")
+    raise SettingError(
+        f"AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000, not {AUDIT_EXPORT_MAX_ROWS:g}."
+    )
 # POST bookings/estimate/ per user (the Book page asks as one types): "N/s", "N/min", "N/hour"
 # or "N/day"; past it 429 with Retry-After. Queued requests are planned on a copy of the queue
 # taken at most ESTIMATE_SNAPSHOT_TTL_S seconds ago (0: read it for every estimate).
@@ -405,10 +427,14 @@ ESTIMATE_RATE = env("ESTIMATE_RATE", "60/min").strip() or "60/min"
 ESTIMATE_SNAPSHOT_TTL_S = envfloat("ESTIMATE_SNAPSHOT_TTL_S", 5.0)
 if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)", ESTIMATE_RATE):
     raise SettingError(
-        'ESTIMATE_RATE must be like "60/min": a positive count per s, min, h or day.'
+        f'ESTIMATE_RATE={ESTIMATE_RATE!r}: expected like "60/min", a positive count per s, '
+        "min, h or day."
     )
 if not 0 <= ESTIMATE_SNAPSHOT_TTL_S <= 300:
-    raise SettingError("ESTIMATE_SNAPSHOT_TTL_S must be between 0 and 300 seconds.")
+    raise SettingError(
+        "ESTIMATE_SNAPSHOT_TTL_S must be between 0 and 300 seconds, "
+        f"not {ESTIMATE_SNAPSHOT_TTL_S:g}."
+    )
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

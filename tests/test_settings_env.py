@@ -127,6 +127,9 @@ def _start(**env: str) -> subprocess.CompletedProcess:
         ("IDLE_RECLAIM_ENABLED", "sometimes", {}),
         ("LOCAL_LOGIN_ENABLED", "disabled", {}),
         ("OIDC_VERIFY_SSL", "maybe", OIDC),
+        ("TOKEN_CACHE_S", "-5", {}),
+        ("ESTIMATE_RATE", "lots", {}),
+        ("DB_POOL_TIMEOUT_S", "90", {}),
     ],
 )
 def test_it_stops_the_start_with_one_line_naming_the_variable(name, value, others):
@@ -134,7 +137,7 @@ def test_it_stops_the_start_with_one_line_naming_the_variable(name, value, other
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert name in lines[0] and "Traceback" not in done.stderr
+    assert name in lines[0] and value in lines[0] and "Traceback" not in done.stderr
 
 
 def test_it_starts_with_valid_spellings():
