@@ -1,31 +1,79 @@
-"""Small helpers for reading settings from the environment (secrets may come from NAME_FILE)."""
+"""Small helpers for reading settings from the environment (secrets may come from NAME_FILE).
 
+A value that does not parse is a SettingError naming the variable, the value and what was
+expected: a typo (``DEBUG=ture``) stops the start instead of quietly meaning something else.
+Unset or empty (a compose file's ``${NAME:-}``) means the default.
+"""
+
+import math
 import os
+
+from django.core.exceptions import ImproperlyConfigured
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class SettingError(ImproperlyConfigured):
+    """A setting's value is wrong; the message names the variable and says what it wants."""
 
 
 def env(name: str, default: str = "") -> str:
     """Return $NAME, or the contents of the file named by $NAME_FILE, or the default."""
     path = os.environ.get(f"{name}_FILE")
     if path:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as error:
+            raise SettingError(f"{name}_FILE={path!r}: cannot read it ({error.strerror})") from None
     return os.environ.get(name, default)
 
 
-def envbool(name: str, default: str = "False") -> bool:
-    return env(name, default).strip().lower() in ("1", "true", "yes", "on")
+def parse_bool(name: str, text: str, default: bool) -> bool:
+    """``text`` as a boolean (1/0, true/false, yes/no, on/off, any case); blank is the default."""
+    word = text.strip().lower()
+    if not word:
+        return default
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise SettingError(f"{name}={text!r}: expected true or false (or 1/0, yes/no, on/off)")
+
+
+def envbool(name: str, default: bool | str = False) -> bool:
+    """$NAME as a boolean; the default may be written as a bool or as a spelling ("True")."""
+    if isinstance(default, str):
+        default = parse_bool(f"the default of {name}", default, False)
+    return parse_bool(name, env(name), default)
 
 
 def envint(name: str, default: int) -> int:
     """$NAME as an int; unset or empty (a compose file's `${NAME:-}`) means the default."""
     value = env(name).strip()
-    return int(value) if value else default
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise SettingError(f"{name}={value!r}: expected a whole number") from None
 
 
 def envfloat(name: str, default: float) -> float:
+    """$NAME as a finite float; unset or empty means the default."""
     value = env(name).strip()
-    return float(value) if value else default
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise SettingError(f"{name}={value!r}: expected a number, e.g. 2.5")
+    return number
 
 
 def envlist(name: str, default: str = "") -> list[str]:
+    """$NAME as a comma-separated list, blanks dropped."""
     return [item.strip() for item in env(name, default).split(",") if item.strip()]

@@ -1,7 +1,7 @@
 """Notification and idle-reclaim settings, read from the environment and validated (see
-docs/notifications.md). portal.settings merges them in; one place names and checks them all."""
+docs/notifications.md). portal.settings assigns each by name; one place reads and checks them all."""
 
-from portal.env import env, envbool, envfloat, envint, envlist
+from portal.env import SettingError, env, envbool, envfloat, envint, envlist
 
 EVENTS = (
     "queued",
@@ -80,4 +80,4 @@ def _check(v: dict) -> None:
         if not low <= v[name] <= high
     ]
     if problems:
-        raise RuntimeError("; ".join(problems))
+        raise SettingError("; ".join(problems))

@@ -3,7 +3,7 @@
 ``SCHEDULER_<FIELD>`` sets field ``<field>`` (``SCHEDULER_BACKFILL=easy``,
 ``SCHEDULER_PROTECT_AFTER_RUNS=none``, ``SCHEDULER_QOS_LEVELS=low:0,normal:1,high:2``). A value
 that does not parse, or a policy that ``scheduler.Policy`` refuses (an unknown ``backfill``, a
-negative weight), is an ImproperlyConfigured error at settings load naming the variable.
+negative weight), is a SettingError at settings load naming the variable.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from django.core.exceptions import ImproperlyConfigured
-
 import scheduler
+from portal.env import SettingError, parse_bool
 
 PREFIX = "SCHEDULER_"
 
@@ -23,27 +22,34 @@ def policy_env_names() -> dict[str, str]:
     return {f.name: PREFIX + f.name.upper() for f in dataclasses.fields(scheduler.Policy)}
 
 
-def _parse(kind: str, text: str):
+def _parse(name: str, kind: str, text: str):
     text = text.strip()
     if "None" in kind and text.lower() in ("none", "off", ""):
         return None
     if kind.startswith("bool"):
-        if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ValueError("expected true or false")
-        return text.lower() in ("1", "true", "yes", "on")
+        if not text:
+            raise ValueError("expected true or false (or 1/0, yes/no, on/off)")
+        return parse_bool(name, text, False)
     if kind.startswith("int"):
-        return int(text)
+        return _number(int, text, "a whole number")
     if kind.startswith("float"):
-        return float(text)
+        return _number(float, text, "a number")
     if kind.startswith("tuple"):
         levels = []
         for item in text.split(","):
-            name, _, level = item.strip().partition(":")
-            if not name or not level:
+            level_name, _, level = item.strip().partition(":")
+            if not level_name or not level:
                 raise ValueError("expected name:level pairs, e.g. low:0,normal:1,high:2")
-            levels.append((name, int(level)))
+            levels.append((level_name, _number(int, level, "whole-number levels")))
         return tuple(levels)
     return text
+
+
+def _number(kind: type, text: str, expected: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"expected {expected}") from None
 
 
 def policy_settings(environ: Mapping[str, str]) -> dict:
@@ -54,14 +60,14 @@ def policy_settings(environ: Mapping[str, str]) -> dict:
         if name not in environ:
             continue
         try:
-            overrides[field] = _parse(kinds[field], environ[name])
+            overrides[field] = _parse(name, kinds[field], environ[name])
         except ValueError as error:
-            raise ImproperlyConfigured(f"{name}={environ[name]!r}: {error}") from error
+            raise SettingError(f"{name}={environ[name]!r}: {error}") from None
     try:
         scheduler.Policy(**overrides)
     except ValueError as error:
         names = policy_env_names()
-        raise ImproperlyConfigured(
+        raise SettingError(
             f"scheduler policy from {', '.join(names[f] for f in overrides) or 'defaults'}: {error}"
-        ) from error
+        ) from None
     return overrides

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal.env import env, envbool, envfloat, envint, envlist
+from portal.env import SettingError, env, envbool, envfloat, envint, envlist
 from portal.headers import policy_header
 from portal.notify_env import notify_settings
 from portal.policy_env import policy_env_names, policy_settings
@@ -35,7 +35,7 @@ def _secret_key() -> str:
     if DEBUG:
         return "insecure-dev-key-" + "x" * 40
     if not EMBEDDED:
-        raise RuntimeError("Set SECRET_KEY (or SECRET_KEY_FILE) in server mode.")
+        raise SettingError("Set SECRET_KEY (or SECRET_KEY_FILE) in server mode.")
     # The embedded demo makes its own key once and keeps it beside its database.
     import secrets
 
@@ -141,11 +141,15 @@ WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 8)
 WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.25)
 WEB_RETRY_AFTER_S = envint("WEB_RETRY_AFTER_S", 1)
 if not 1 <= WEB_WORKERS <= 256 or not 1 <= WEB_THREADS <= 64:
-    raise RuntimeError("WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64.")
+    raise SettingError(
+        "WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64 "
+        f"(got WEB_WORKERS={WEB_WORKERS}, WEB_THREADS={WEB_THREADS})."
+    )
 if WEB_MAX_INFLIGHT < 1 or not 0 < WEB_QUEUE_WAIT_S <= 60 or not 1 <= WEB_RETRY_AFTER_S <= 3600:
-    raise RuntimeError(
+    raise SettingError(
         "WEB_MAX_INFLIGHT must be at least 1, WEB_QUEUE_WAIT_S in (0, 60] and "
-        "WEB_RETRY_AFTER_S in [1, 3600]."
+        f"WEB_RETRY_AFTER_S in [1, 3600] (got {WEB_MAX_INFLIGHT}, {WEB_QUEUE_WAIT_S:g}, "
+        f"{WEB_RETRY_AFTER_S})."
     )
 
 # PostgreSQL connections come from a pool in each process (psycopg_pool), so the connections a
@@ -158,9 +162,14 @@ DB_POOL_MIN_SIZE = envint("DB_POOL_MIN_SIZE", 1)
 DB_POOL_MAX_SIZE = envint("DB_POOL_MAX_SIZE", 8)
 DB_POOL_TIMEOUT_S = envfloat("DB_POOL_TIMEOUT_S", 2.0)
 if not 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE or DB_POOL_MAX_SIZE < 1:
-    raise RuntimeError("DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1.")
+    raise SettingError(
+        "DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1 "
+        f"(got DB_POOL_MIN_SIZE={DB_POOL_MIN_SIZE}, DB_POOL_MAX_SIZE={DB_POOL_MAX_SIZE})."
+    )
 if not 0 < DB_POOL_TIMEOUT_S <= 60:
-    raise RuntimeError("DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds.")
+    raise SettingError(
+        f"DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds, not {DB_POOL_TIMEOUT_S:g}."
+    )
 
 if DATABASE_URL:
     # With the pool, CONN_HEALTH_CHECKS makes Django hand the pool its connection check: one that
@@ -201,6 +210,28 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Notifications and idle reclaim (docs/notifications.md), read and validated by portal.notify_env.
+_notify = notify_settings()
+SLACK_BOT_TOKEN = _notify["SLACK_BOT_TOKEN"]
+SLACK_SIGNING_SECRET = _notify["SLACK_SIGNING_SECRET"]
+SLACK_API_URL = _notify["SLACK_API_URL"]
+NOTIFY_DEFAULT_EVENTS = _notify["NOTIFY_DEFAULT_EVENTS"]
+NOTIFY_DEFAULT_CHANNELS = _notify["NOTIFY_DEFAULT_CHANNELS"]
+NOTIFY_SEND_TIMEOUT_S = _notify["NOTIFY_SEND_TIMEOUT_S"]
+NOTIFY_MAX_ATTEMPTS = _notify["NOTIFY_MAX_ATTEMPTS"]
+NOTIFY_RETRY_BACKOFF_S = _notify["NOTIFY_RETRY_BACKOFF_S"]
+NOTIFY_ACTION_TTL_S = _notify["NOTIFY_ACTION_TTL_S"]
+NOTIFY_STARTING_SOON_MIN = _notify["NOTIFY_STARTING_SOON_MIN"]
+NOTIFY_ENDING_SOON_MIN = _notify["NOTIFY_ENDING_SOON_MIN"]
+NOTIFY_MOVED_THRESHOLD_MIN = _notify["NOTIFY_MOVED_THRESHOLD_MIN"]
+NOTIFY_BUDGET_FRACTION = _notify["NOTIFY_BUDGET_FRACTION"]
+NOTIFY_SCAN_INTERVAL_S = _notify["NOTIFY_SCAN_INTERVAL_S"]
+IDLE_RECLAIM_ENABLED = _notify["IDLE_RECLAIM_ENABLED"]
+IDLE_UTIL_THRESHOLD = _notify["IDLE_UTIL_THRESHOLD"]
+IDLE_MINUTES = _notify["IDLE_MINUTES"]
+IDLE_GRACE_MINUTES = _notify["IDLE_GRACE_MINUTES"]
+IDLE_MEMORY_MIB = _notify["IDLE_MEMORY_MIB"]
+
 # Celery: with REDIS_URL a worker and beat run the allocator; without, `manage.py up` runs the
 # same pass in-process (CELERY_TASK_ALWAYS_EAGER keeps .delay() calls synchronous).
 CELERY_BROKER_URL = REDIS_URL or "memory://"
@@ -213,12 +244,18 @@ SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0)
 # passes, each seeing all of them); 0 runs one pass per change.
 SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0)
 if not 0 <= SCHEDULER_PASS_COALESCE_S <= 60:
-    raise RuntimeError("SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds.")
+    raise SettingError(
+        "SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds, "
+        f"not {SCHEDULER_PASS_COALESCE_S:g}."
+    )
 # Under SCHEDULER_FAIRSHARE_CHARGE=measured or blend, how long the running allocations' measured
 # utilization is reused between passes (reading it costs a scan of their minute rollups).
 FAIRSHARE_LIVE_UTILIZATION_CACHE_S = envfloat("FAIRSHARE_LIVE_UTILIZATION_CACHE_S", 60.0)
 if not 0 <= FAIRSHARE_LIVE_UTILIZATION_CACHE_S <= 3600:
-    raise RuntimeError("FAIRSHARE_LIVE_UTILIZATION_CACHE_S must be between 0 and 3600 seconds.")
+    raise SettingError(
+        "FAIRSHARE_LIVE_UTILIZATION_CACHE_S must be between 0 and 3600 seconds, "
+        f"not {FAIRSHARE_LIVE_UTILIZATION_CACHE_S:g}."
+    )
 # Every periodic job, one line each.
 CELERY_BEAT_SCHEDULE = {
     # Start due reservations, end finished bookings, plan and start the queue.
@@ -239,7 +276,7 @@ CELERY_BEAT_SCHEDULE = {
     # Starting soon, ending soon, planned start moved, budget nearly used; resend stuck deliveries.
     "notifications-scan": {
         "task": "portal.tasks.notifications_scan",
-        "schedule": envfloat("NOTIFY_SCAN_INTERVAL_S", 60.0),
+        "schedule": NOTIFY_SCAN_INTERVAL_S,
     },
     # Warn bookings whose devices sit idle; release those nobody kept (IDLE_RECLAIM_ENABLED).
     "idle-reclaim": {
@@ -256,7 +293,7 @@ for _net in METRICS_ALLOWED_NETWORKS:
     try:
         ipaddress.ip_network(_net, strict=False)
     except ValueError as _exc:
-        raise RuntimeError(f"METRICS_ALLOWED_NETWORKS: {_net!r} is not a network: {_exc}") from None
+        raise SettingError(f"METRICS_ALLOWED_NETWORKS: {_net!r} is not a network: {_exc}") from None
 READY_PASS_MAX_AGE_S = envfloat("READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S))
 
 # Node agents: what the portal tells them at register, and when a silent node counts as down.
@@ -264,7 +301,7 @@ AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0)
 AGENT_SYNC_INTERVAL_S = envfloat("AGENT_SYNC_INTERVAL_S", 30.0)
 AGENT_ENFORCEMENT = env("AGENT_ENFORCEMENT", "report")  # report | warn | kill
 if AGENT_ENFORCEMENT not in ("report", "warn", "kill"):
-    raise RuntimeError("AGENT_ENFORCEMENT must be report, warn or kill.")
+    raise SettingError(f"AGENT_ENFORCEMENT={AGENT_ENFORCEMENT!r}: expected report, warn or kill")
 NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0)
 # A booked device is "in use" (not just "booked") from a reading at or above IN_USE_UTIL_ON %
 # utilization until one at or below IN_USE_UTIL_OFF %, over its readings of the last
@@ -273,17 +310,22 @@ IN_USE_UTIL_ON = envfloat("IN_USE_UTIL_ON", 10.0)
 IN_USE_UTIL_OFF = envfloat("IN_USE_UTIL_OFF", 3.0)
 IN_USE_WINDOW_S = envfloat("IN_USE_WINDOW_S", 60.0)
 if not 0 <= IN_USE_UTIL_OFF < IN_USE_UTIL_ON <= 100:
-    raise RuntimeError(
+    raise SettingError(
         "IN_USE_UTIL_OFF and IN_USE_UTIL_ON must be percentages with OFF below ON "
         f"(got OFF={IN_USE_UTIL_OFF}, ON={IN_USE_UTIL_ON})."
     )
 if not 0 < IN_USE_WINDOW_S <= 3600:
-    raise RuntimeError("IN_USE_WINDOW_S must be between 0 and 3600 seconds (not 0).")
+    raise SettingError(
+        f"IN_USE_WINDOW_S must be between 0 and 3600 seconds (not 0), not {IN_USE_WINDOW_S:g}."
+    )
 # A running batch job's output (the agent sends its tail when it grew, once per report): the
 # portal stores and broadcasts at most one per booking this often (a guard against a chatty agent).
 BOOKING_OUTPUT_MIN_INTERVAL_S = envfloat("BOOKING_OUTPUT_MIN_INTERVAL_S", 2.0)
 if not 0 <= BOOKING_OUTPUT_MIN_INTERVAL_S <= 3600:
-    raise RuntimeError("BOOKING_OUTPUT_MIN_INTERVAL_S must be between 0 and 3600 seconds.")
+    raise SettingError(
+        "BOOKING_OUTPUT_MIN_INTERVAL_S must be between 0 and 3600 seconds, "
+        f"not {BOOKING_OUTPUT_MIN_INTERVAL_S:g}."
+    )
 REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
 # Telemetry history: raw samples for hours, per-minute rollups for days.
 TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
@@ -300,9 +342,40 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # --- Signing in (docs/authentication.md) ---------------------------------------------------
 # Local passwords (LOCAL_LOGIN_ENABLED), OpenID Connect (on with OIDC_RP_CLIENT_ID) and LDAP (on
-# with LDAP_SERVER_URI): AUTHENTICATION_BACKENDS, LOCAL_LOGIN_ENABLED, OIDC_*, LDAP_ENABLED and
-# AUTH_LDAP_*, read and validated by portal.sso.config.
-globals().update(sign_in_settings(env))
+# with LDAP_SERVER_URI), read and validated by portal.sso.config. The OIDC_* and AUTH_LDAP_*
+# settings exist only when their way in is on, as mozilla-django-oidc and django-auth-ldap expect.
+_sign_in = sign_in_settings(env)
+LOCAL_LOGIN_ENABLED = _sign_in["LOCAL_LOGIN_ENABLED"]
+AUTHENTICATION_BACKENDS = _sign_in["AUTHENTICATION_BACKENDS"]
+OIDC_ENABLED = _sign_in["OIDC_ENABLED"]
+OIDC_PROVIDER_NAME = _sign_in["OIDC_PROVIDER_NAME"]
+LOGIN_REDIRECT_URL_FAILURE = _sign_in["LOGIN_REDIRECT_URL_FAILURE"]
+LDAP_ENABLED = _sign_in["LDAP_ENABLED"]
+if OIDC_ENABLED:
+    OIDC_RP_CLIENT_ID = _sign_in["OIDC_RP_CLIENT_ID"]
+    OIDC_RP_CLIENT_SECRET = _sign_in["OIDC_RP_CLIENT_SECRET"]
+    OIDC_RP_SIGN_ALGO = _sign_in["OIDC_RP_SIGN_ALGO"]
+    OIDC_RP_SCOPES = _sign_in["OIDC_RP_SCOPES"]
+    OIDC_OP_AUTHORIZATION_ENDPOINT = _sign_in["OIDC_OP_AUTHORIZATION_ENDPOINT"]
+    OIDC_OP_TOKEN_ENDPOINT = _sign_in["OIDC_OP_TOKEN_ENDPOINT"]
+    OIDC_OP_USER_ENDPOINT = _sign_in["OIDC_OP_USER_ENDPOINT"]
+    OIDC_OP_JWKS_ENDPOINT = _sign_in["OIDC_OP_JWKS_ENDPOINT"]
+    OIDC_GROUPS_CLAIM = _sign_in["OIDC_GROUPS_CLAIM"]
+    OIDC_USERNAME_CLAIM = _sign_in["OIDC_USERNAME_CLAIM"]
+    OIDC_CREATE_USER = _sign_in["OIDC_CREATE_USER"]
+    OIDC_VERIFY_SSL = _sign_in["OIDC_VERIFY_SSL"]
+    OIDC_TIMEOUT = _sign_in["OIDC_TIMEOUT"]
+if LDAP_ENABLED:
+    AUTH_LDAP_SERVER_URI = _sign_in["AUTH_LDAP_SERVER_URI"]
+    AUTH_LDAP_BIND_DN = _sign_in["AUTH_LDAP_BIND_DN"]
+    AUTH_LDAP_BIND_PASSWORD = _sign_in["AUTH_LDAP_BIND_PASSWORD"]
+    AUTH_LDAP_START_TLS = _sign_in["AUTH_LDAP_START_TLS"]
+    AUTH_LDAP_USER_SEARCH = _sign_in["AUTH_LDAP_USER_SEARCH"]
+    AUTH_LDAP_GROUP_SEARCH = _sign_in["AUTH_LDAP_GROUP_SEARCH"]
+    AUTH_LDAP_GROUP_TYPE = _sign_in["AUTH_LDAP_GROUP_TYPE"]
+    AUTH_LDAP_USER_ATTR_MAP = _sign_in["AUTH_LDAP_USER_ATTR_MAP"]
+    AUTH_LDAP_ALWAYS_UPDATE_USER = _sign_in["AUTH_LDAP_ALWAYS_UPDATE_USER"]
+    AUTH_LDAP_CONNECTION_OPTIONS = _sign_in["AUTH_LDAP_CONNECTION_OPTIONS"]
 # --- end of signing in ----------------------------------------------------------------------
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -338,24 +411,30 @@ LOGIN_FAILURE_WINDOW_S = envint("LOGIN_FAILURE_WINDOW_S", 300)
 # the cached entry at once (portal.api.auth), so this bounds only staleness of the user's fields.
 TOKEN_CACHE_S = envint("TOKEN_CACHE_S", 30)
 if not 0 <= TOKEN_CACHE_S <= 3600:
-    raise RuntimeError("TOKEN_CACHE_S must be between 0 and 3600 seconds.")
+    raise SettingError(f"TOKEN_CACHE_S must be between 0 and 3600 seconds, not {TOKEN_CACHE_S:g}.")
 
 # The audit log's CSV export (GET /api/v1/audit/?format=csv) holds at most this many rows;
 # narrow the filters (from/to) for more.
 AUDIT_EXPORT_MAX_ROWS = envint("AUDIT_EXPORT_MAX_ROWS", 100_000)
 if not 1 <= AUDIT_EXPORT_MAX_ROWS <= 10_000_000:
-    raise RuntimeError("AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000.")
+    raise SettingError(
+        f"AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000, not {AUDIT_EXPORT_MAX_ROWS:g}."
+    )
 # POST bookings/estimate/ per user (the Book page asks as one types): "N/s", "N/min", "N/hour"
 # or "N/day"; past it 429 with Retry-After. Queued requests are planned on a copy of the queue
 # taken at most ESTIMATE_SNAPSHOT_TTL_S seconds ago (0: read it for every estimate).
 ESTIMATE_RATE = env("ESTIMATE_RATE", "60/min").strip() or "60/min"
 ESTIMATE_SNAPSHOT_TTL_S = envfloat("ESTIMATE_SNAPSHOT_TTL_S", 5.0)
 if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)", ESTIMATE_RATE):
-    raise RuntimeError(
-        'ESTIMATE_RATE must be like "60/min": a positive count per s, min, h or day.'
+    raise SettingError(
+        f'ESTIMATE_RATE={ESTIMATE_RATE!r}: expected like "60/min", a positive count per s, '
+        "min, h or day."
     )
 if not 0 <= ESTIMATE_SNAPSHOT_TTL_S <= 300:
-    raise RuntimeError("ESTIMATE_SNAPSHOT_TTL_S must be between 0 and 300 seconds.")
+    raise SettingError(
+        "ESTIMATE_SNAPSHOT_TTL_S must be between 0 and 300 seconds, "
+        f"not {ESTIMATE_SNAPSHOT_TTL_S:g}."
+    )
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -390,8 +469,6 @@ EMAIL_PORT = envint("EMAIL_PORT", 25)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "gpu-portal@localhost")
 # The site's Slack incoming webhook: admins' events (node down, foreign process).
 SLACK_WEBHOOK_URL = env("SLACK_WEBHOOK_URL")
-# Notifications and idle reclaim: NOTIFY_*, SLACK_BOT_TOKEN, IDLE_* (docs/notifications.md).
-globals().update(notify_settings())
 
 # Portal policy knobs.
 BOOKING_MAX_GPUS_PER_REQUEST = envint("BOOKING_MAX_GPUS_PER_REQUEST", 1024)

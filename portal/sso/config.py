@@ -7,6 +7,8 @@ without LDAP needs neither installed.
 
 from collections.abc import Callable
 
+from portal.env import SettingError, parse_bool
+
 Env = Callable[..., str]
 
 LOCAL_BACKEND = "portal.sso.backends.LocalPasswordBackend"
@@ -21,8 +23,9 @@ OIDC_SIGN_ALGOS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "HS256"
 LDAP_GROUP_TYPES = ("groupOfNames", "groupOfUniqueNames", "posixGroup")
 
 
-def _bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+def _bool(env: Env, name: str, default: bool) -> bool:
+    """$NAME as a boolean (1/0, true/false, yes/no, on/off); blank means the default."""
+    return parse_bool(name, env(name, ""), default)
 
 
 def _read(env: Env, name: str, default: str = "") -> str:
@@ -32,7 +35,7 @@ def _read(env: Env, name: str, default: str = "") -> str:
 
 def sign_in_settings(env: Env) -> dict:
     """Django settings for signing in; `env(name, default)` reads one variable."""
-    local = _bool(_read(env, "LOCAL_LOGIN_ENABLED", "True"))
+    local = _bool(env, "LOCAL_LOGIN_ENABLED", True)
     values = {"LOCAL_LOGIN_ENABLED": local, "AUTHENTICATION_BACKENDS": [LOCAL_BACKEND]}
     values |= oidc_settings(env)
     values |= ldap_settings(env)
@@ -41,7 +44,7 @@ def sign_in_settings(env: Env) -> dict:
     if values["LDAP_ENABLED"]:
         values["AUTHENTICATION_BACKENDS"].append(LDAP_BACKEND)
     if not (local or values["OIDC_ENABLED"] or values["LDAP_ENABLED"]):
-        raise RuntimeError(
+        raise SettingError(
             "LOCAL_LOGIN_ENABLED is off but neither OpenID Connect (OIDC_RP_CLIENT_ID) nor "
             "LDAP (LDAP_SERVER_URI) is set up: nobody could sign in."
         )
@@ -62,14 +65,16 @@ def oidc_settings(env: Env) -> dict:
     missing = [name for name in OIDC_ENDPOINTS if not _read(env, name)]
     algo = _read(env, "OIDC_RP_SIGN_ALGO", "RS256")
     if algo not in OIDC_SIGN_ALGOS:
-        raise RuntimeError(f"OIDC_RP_SIGN_ALGO must be one of {', '.join(OIDC_SIGN_ALGOS)}.")
+        raise SettingError(
+            f"OIDC_RP_SIGN_ALGO={algo!r}: expected one of {', '.join(OIDC_SIGN_ALGOS)}"
+        )
     if not algo.startswith("HS") and not _read(env, "OIDC_OP_JWKS_ENDPOINT", ""):
         missing.append("OIDC_OP_JWKS_ENDPOINT")
     secret = env("OIDC_RP_CLIENT_SECRET", "")
     if not secret:
         missing.append("OIDC_RP_CLIENT_SECRET")
     if missing:
-        raise RuntimeError(f"OIDC_RP_CLIENT_ID is set, so set {', '.join(missing)} too.")
+        raise SettingError(f"OIDC_RP_CLIENT_ID is set, so set {', '.join(missing)} too.")
     groups_claim = _read(env, "OIDC_GROUPS_CLAIM", "groups")
     username_claim = _read(env, "OIDC_USERNAME_CLAIM", "preferred_username")
     values |= {
@@ -80,8 +85,8 @@ def oidc_settings(env: Env) -> dict:
         "OIDC_OP_JWKS_ENDPOINT": _read(env, "OIDC_OP_JWKS_ENDPOINT", "") or None,
         "OIDC_GROUPS_CLAIM": groups_claim,
         "OIDC_USERNAME_CLAIM": username_claim,
-        "OIDC_CREATE_USER": _bool(_read(env, "OIDC_CREATE_USER", "True")),
-        "OIDC_VERIFY_SSL": _bool(_read(env, "OIDC_VERIFY_SSL", "True")),
+        "OIDC_CREATE_USER": _bool(env, "OIDC_CREATE_USER", True),
+        "OIDC_VERIFY_SSL": _bool(env, "OIDC_VERIFY_SSL", True),
         "OIDC_TIMEOUT": 10,
     }
     values |= {name: _read(env, name) for name in OIDC_ENDPOINTS}
@@ -97,16 +102,18 @@ def ldap_settings(env: Env) -> dict:
     group_base = _read(env, "LDAP_GROUP_SEARCH_BASE", "")
     group_type = _read(env, "LDAP_GROUP_TYPE", "groupOfNames")
     if not user_base or not group_base:
-        raise RuntimeError(
+        raise SettingError(
             "LDAP_SERVER_URI is set, so set LDAP_USER_SEARCH_BASE and LDAP_GROUP_SEARCH_BASE too."
         )
     if group_type not in LDAP_GROUP_TYPES:
-        raise RuntimeError(f"LDAP_GROUP_TYPE must be one of {', '.join(LDAP_GROUP_TYPES)}.")
+        raise SettingError(
+            f"LDAP_GROUP_TYPE={group_type!r}: expected one of {', '.join(LDAP_GROUP_TYPES)}"
+        )
     try:
         import ldap
         from django_auth_ldap import config
     except ImportError:
-        raise RuntimeError(
+        raise SettingError(
             "LDAP_SERVER_URI is set but python-ldap / django-auth-ldap are not installed: "
             "pip install 'gpu-portal[ldap]'."
         ) from None
@@ -121,7 +128,7 @@ def ldap_settings(env: Env) -> dict:
         "AUTH_LDAP_SERVER_URI": uri,
         "AUTH_LDAP_BIND_DN": _read(env, "LDAP_BIND_DN", ""),
         "AUTH_LDAP_BIND_PASSWORD": env("LDAP_BIND_PASSWORD", ""),
-        "AUTH_LDAP_START_TLS": _bool(_read(env, "LDAP_START_TLS", "False")),
+        "AUTH_LDAP_START_TLS": _bool(env, "LDAP_START_TLS", False),
         "AUTH_LDAP_USER_SEARCH": config.LDAPSearch(user_base, ldap.SCOPE_SUBTREE, user_filter),
         "AUTH_LDAP_GROUP_SEARCH": config.LDAPSearch(
             group_base, ldap.SCOPE_SUBTREE, f"(objectClass={group_type})"

@@ -2,6 +2,7 @@
 
 import pytest
 
+from portal.env import SettingError
 from portal.sso.config import sign_in_settings
 
 
@@ -26,7 +27,7 @@ def test_it_takes_blank_variables_as_their_defaults():
 
 
 def test_it_names_the_missing_oidc_endpoints():
-    with pytest.raises(RuntimeError, match="OIDC_OP_TOKEN_ENDPOINT, OIDC_OP_USER_ENDPOINT"):
+    with pytest.raises(SettingError, match="OIDC_OP_TOKEN_ENDPOINT, OIDC_OP_USER_ENDPOINT"):
         _settings(
             OIDC_RP_CLIENT_ID="portal",
             OIDC_RP_CLIENT_SECRET="s",
@@ -36,19 +37,19 @@ def test_it_names_the_missing_oidc_endpoints():
 
 
 def test_it_refuses_an_unknown_signing_algorithm():
-    with pytest.raises(RuntimeError, match="OIDC_RP_SIGN_ALGO"):
+    with pytest.raises(SettingError, match="OIDC_RP_SIGN_ALGO"):
         _settings(OIDC_RP_CLIENT_ID="portal", OIDC_RP_SIGN_ALGO="none")
 
 
 def test_it_refuses_to_switch_off_local_login_with_no_other_way_in():
-    with pytest.raises(RuntimeError, match="nobody could sign in"):
+    with pytest.raises(SettingError, match="nobody could sign in"):
         _settings(LOCAL_LOGIN_ENABLED="false")
 
 
 def test_it_wants_the_ldap_search_bases_and_a_known_group_type():
-    with pytest.raises(RuntimeError, match="LDAP_USER_SEARCH_BASE"):
+    with pytest.raises(SettingError, match="LDAP_USER_SEARCH_BASE"):
         _settings(LDAP_SERVER_URI="ldap://127.0.0.1")
-    with pytest.raises(RuntimeError, match="LDAP_GROUP_TYPE"):
+    with pytest.raises(SettingError, match="LDAP_GROUP_TYPE"):
         _settings(
             LDAP_SERVER_URI="ldap://127.0.0.1",
             LDAP_USER_SEARCH_BASE="ou=people,dc=x",

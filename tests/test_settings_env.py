@@ -1,0 +1,196 @@
+"""Settings fail loudly: a value that does not parse stops the start, naming the variable."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from portal.env import SettingError, envbool, envfloat, envint
+from portal.notify_env import notify_settings
+from portal.policy_env import policy_settings
+from portal.sso.config import sign_in_settings
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1", True),
+        ("true", True),
+        ("True", True),
+        (" YES ", True),
+        ("on", True),
+        ("0", False),
+        ("false", False),
+        ("FALSE", False),
+        ("no", False),
+        (" Off\n", False),
+    ],
+)
+def test_it_reads_the_usual_boolean_spellings(monkeypatch, text, value):
+    monkeypatch.setenv("PORTAL_FLAG", text)
+    assert envbool("PORTAL_FLAG", "False") is value
+    assert envbool("PORTAL_FLAG", "True") is value
+
+
+@pytest.mark.parametrize("text", ["", "  "])
+def test_it_takes_an_empty_boolean_as_its_default(monkeypatch, text):
+    monkeypatch.setenv("PORTAL_FLAG", text)
+    assert envbool("PORTAL_FLAG", "True") is True
+    assert envbool("PORTAL_FLAG", "False") is False
+
+
+@pytest.mark.parametrize(
+    ("helper", "text", "expected"),
+    [
+        (envbool, "ture", "true or false"),
+        (envbool, "enabled", "true or false"),
+        (envbool, "2", "true or false"),
+        (envint, "two", "a whole number"),
+        (envint, "2.5", "a whole number"),
+        (envfloat, "fast", "a number"),
+        (envfloat, "nan", "a number"),
+    ],
+)
+def test_it_refuses_a_value_that_does_not_parse_naming_it(monkeypatch, helper, text, expected):
+    monkeypatch.setenv("PORTAL_KNOB", text)
+    default = {envbool: "False", envint: 1, envfloat: 1.0}[helper]
+    with pytest.raises(SettingError) as raised:
+        helper("PORTAL_KNOB", default)
+    message = str(raised.value)
+    assert "PORTAL_KNOB" in message and repr(text) in message and expected in message
+
+
+def test_it_has_one_error_type_for_a_bad_setting(monkeypatch):
+    assert issubclass(SettingError, ImproperlyConfigured)
+    with pytest.raises(SettingError, match="SCHEDULER_BACKFILL"):
+        policy_settings({"SCHEDULER_BACKFILL": "aggressive"})
+    with pytest.raises(SettingError, match="SCHEDULER_ESTIMATE_ALL"):
+        policy_settings({"SCHEDULER_ESTIMATE_ALL": "maybe"})
+    monkeypatch.setenv("NOTIFY_MAX_ATTEMPTS", "0")
+    with pytest.raises(SettingError, match="NOTIFY_MAX_ATTEMPTS"):
+        notify_settings()
+    monkeypatch.setenv("NOTIFY_MAX_ATTEMPTS", "many")
+    with pytest.raises(SettingError, match="NOTIFY_MAX_ATTEMPTS='many'"):
+        notify_settings()
+    with pytest.raises(SettingError, match="nobody could sign in"):
+        sign_in_settings(lambda name, default="": {"LOCAL_LOGIN_ENABLED": "no"}.get(name, default))
+
+
+OIDC = {
+    "OIDC_RP_CLIENT_ID": "portal",
+    "OIDC_RP_CLIENT_SECRET": "s",
+    "OIDC_OP_AUTHORIZATION_ENDPOINT": "https://idp/auth",
+    "OIDC_OP_TOKEN_ENDPOINT": "https://idp/token",
+    "OIDC_OP_USER_ENDPOINT": "https://idp/user",
+    "OIDC_OP_JWKS_ENDPOINT": "https://idp/jwks",
+}
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OIDC_VERIFY_SSL": "yes please"},
+        {"OIDC_CREATE_USER": "nope"},
+        {"LOCAL_LOGIN_ENABLED": "disabled"},
+    ],
+)
+def test_it_refuses_a_sign_in_boolean_that_does_not_parse(env):
+    full = OIDC | env
+    (name,) = env
+    with pytest.raises(SettingError, match=name):
+        sign_in_settings(lambda n, d="": full.get(n, d))
+
+
+def _start(**env: str) -> subprocess.CompletedProcess:
+    environ = os.environ | {"DJANGO_SETTINGS_MODULE": "portal.settings_test"} | env
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "others"),
+    [
+        ("DEBUG", "ture", {}),
+        ("BEHIND_TLS_PROXY", "enabled", {}),
+        ("WEB_WORKERS", "two", {}),
+        ("DB_POOL_TIMEOUT_S", "soon", {}),
+        ("SCHEDULER_RESERVATION_DEPTH", "deep", {}),
+        ("SCHEDULER_BACKFILL", "aggressive", {}),
+        ("NOTIFY_SEND_TIMEOUT_S", "ten", {}),
+        ("IDLE_RECLAIM_ENABLED", "sometimes", {}),
+        ("LOCAL_LOGIN_ENABLED", "disabled", {}),
+        ("OIDC_VERIFY_SSL", "maybe", OIDC),
+        ("TOKEN_CACHE_S", "-5", {}),
+        ("ESTIMATE_RATE", "lots", {}),
+        ("DB_POOL_TIMEOUT_S", "90", {}),
+    ],
+)
+def test_it_stops_the_start_with_one_line_naming_the_variable(name, value, others):
+    done = _start(**others, **{name: value})
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert name in lines[0] and value in lines[0] and "Traceback" not in done.stderr
+
+
+def test_it_starts_with_valid_spellings():
+    done = _start(DEBUG=" Yes ", IDLE_RECLAIM_ENABLED="off", WEB_WORKERS="3")
+    assert done.returncode == 0, done.stderr
+
+
+def test_it_reads_a_secret_from_its_file_and_names_a_missing_file(monkeypatch, tmp_path):
+    from portal.env import env
+
+    secret = tmp_path / "key"
+    secret.write_text("s3cret\n")
+    monkeypatch.setenv("PORTAL_KEY_FILE", str(secret))
+    assert env("PORTAL_KEY") == "s3cret"
+    monkeypatch.setenv("PORTAL_KEY_FILE", str(tmp_path / "gone"))
+    with pytest.raises(SettingError, match="PORTAL_KEY_FILE=.*gone"):
+        env("PORTAL_KEY")
+
+
+def _names_assigned_in_settings() -> set[str]:
+    import ast
+    from pathlib import Path
+
+    import portal.settings
+
+    tree = ast.parse(Path(portal.settings.__file__).read_text())
+    assigned = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    calls = {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    assert "globals" not in calls, "settings.py names its settings; no globals().update"
+    return assigned
+
+
+def test_it_names_every_notification_and_sign_in_setting_in_settings_py():
+    from portal.sso.config import ldap_settings
+
+    ldap = {
+        "LDAP_SERVER_URI": "ldap://127.0.0.1",
+        "LDAP_USER_SEARCH_BASE": "ou=people,dc=x",
+        "LDAP_GROUP_SEARCH_BASE": "ou=groups,dc=x",
+    }
+    provided = (
+        set(notify_settings())
+        | set(sign_in_settings(lambda n, d="": OIDC.get(n, d)))
+        | set(ldap_settings(lambda n, d="": ldap.get(n, d)))
+    )
+    assert provided - _names_assigned_in_settings() == set()
