@@ -382,6 +382,8 @@ def test_it_never_starts_a_booking_on_a_card_a_register_is_retiring(settings):
     from portal.services.pass_start import start_planned
     from tests.factories import ProjectFactory, QuotaFactory, make_node
 
+    if connection.vendor != "postgresql":
+        pytest.skip("a race of row locks: PostgreSQL only (SQLite serialises every writer)")
     settings.BOOKING_LOCK_TIMEOUT_MS = 300
     node = make_node("node-a", gpus=2)
     a, b = node.gpus.order_by("index")
