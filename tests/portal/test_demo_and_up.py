@@ -121,7 +121,10 @@ def _terminate(process: subprocess.Popen, timeout_s: float = 30) -> float:
 
 def test_it_runs_the_embedded_demo_with_live_simulated_nodes(embedded_portal):
     base, log_path = embedded_portal
-    banner = log_path.read_text()
+    # The banner comes once the server listens, a moment after its first answer on a busy machine.
+    banner = _wait(
+        lambda: "GPU Portal running at" in (text := log_path.read_text()) and text, 30, "the banner"
+    )
     assert "GPU Portal running at http://127.0.0.1:" in banner and DEMO_PASSWORD in banner
     token = _json(f"{base}/api/v1/auth/token/", {"username": "alice", "password": DEMO_PASSWORD})[
         "token"
