@@ -36,6 +36,8 @@ CLAIM_S = 60
 # The sweep leaves young facts to their own after-commit dispatch.
 SWEEP_GRACE_S = 10
 SWEEP_BATCH = 500
+# Dispatched facts are kept this long for whoever looks into what was sent, then deleted.
+KEEP_DAYS = 7
 
 _subscribers: dict[str, list[tuple[str, Handler]]] = {}
 _dispatcher: Callable[[list[int]], None] | None = None
@@ -99,7 +101,9 @@ def facts_dispatch(*, fact_ids, now: datetime | None = None) -> int:
 
 
 def outbox_sweep(*, now: datetime) -> int:
-    """Dispatch the facts left undispatched (a dispatcher that died, a failed subscriber)."""
+    """Dispatch the facts left undispatched (a dispatcher that died, a failed subscriber), and
+    forget those dispatched more than KEEP_DAYS ago; returns how many it dispatched."""
+    DomainEvent.objects.filter(dispatched_at__lt=now - timedelta(days=KEEP_DAYS)).delete()
     left = (
         DomainEvent.objects.filter(dispatched_at=None, created_at__lt=now - _seconds(SWEEP_GRACE_S))
         .filter(Q(claimed_until=None) | Q(claimed_until__lt=now))
@@ -132,8 +136,9 @@ def _dispatch_one(fact_id: int, now: datetime) -> bool:
         try:
             with transaction.atomic():
                 handler(fact)
-                fact.done.append(name)
-                DomainEvent.objects.filter(pk=fact_id).update(done=fact.done)
+                done = [*fact.done, name]
+                DomainEvent.objects.filter(pk=fact_id).update(done=done)
+            fact.done = done
         except Exception as exc:  # retried at the next sweep; the other subscribers still run
             log.exception("subscriber %s failed on fact %s", name, fact_id)
             failed = failed or f"{name}: {exc}"[:300]

@@ -228,3 +228,17 @@ def test_it_records_a_node_down_as_a_fact_and_tells_admins_after_commit(
     for callback in callbacks:
         callback()
     assert Notification.objects.get().event == "node_down"
+
+
+@pytest.mark.both_databases
+def test_it_forgets_dispatched_facts_after_a_week_and_keeps_undispatched_ones(
+    user, project, cluster
+):
+    _reserve(user, project, timezone.now())
+    _reserve(user, project, timezone.now() + timedelta(hours=2))
+    first, second = DomainEvent.objects.order_by("id")
+    assert outbox.facts_dispatch(fact_ids=[first.pk]) == 1
+    week_later = timezone.now() + timedelta(days=outbox.KEEP_DAYS, minutes=1)
+    DomainEvent.objects.filter(pk=second.pk).update(claimed_until=week_later)  # held elsewhere
+    outbox_sweep(now=week_later)
+    assert list(DomainEvent.objects.values_list("pk", flat=True)) == [second.pk]
