@@ -10,3 +10,20 @@ class PortalConfig(AppConfig):
         # are dropped the moment a token or its user changes.
         from portal import audit_signals  # noqa: F401
         from portal.api import auth  # noqa: F401
+
+        _subscribe()
+
+
+def _subscribe() -> None:
+    """The one list of what runs after a fact commits (portal.services.outbox)."""
+    from portal import tasks
+    from portal.services import agents, events, live, notifications
+    from portal.services.outbox import dispatcher_set, subscribe
+
+    dispatcher_set(lambda fact_ids: tasks.outbox_dispatch.delay(fact_ids))
+
+    subscribe(events.BOOKING_CHANGED, notifications.booking_fact_notify)
+    subscribe(events.BOOKING_CHANGED, live.booking_fact_broadcast)
+    subscribe(events.BOOKING_CHANGED, agents.booking_fact_push)
+    subscribe(events.BOOKING_CHANGED, events.booking_fact_pass_request)
+    subscribe(events.NODE_DOWN, notifications.node_down_fact_notify)

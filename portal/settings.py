@@ -278,6 +278,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "portal.tasks.notifications_scan",
         "schedule": NOTIFY_SCAN_INTERVAL_S,
     },
+    # Send the facts left undispatched after commit (a process died, a subscriber failed).
+    "outbox-sweep": {
+        "task": "portal.tasks.outbox_sweep",
+        "schedule": envfloat("OUTBOX_SWEEP_INTERVAL_S", 30.0),
+    },
     # Warn bookings whose devices sit idle; release those nobody kept (IDLE_RECLAIM_ENABLED).
     "idle-reclaim": {
         "task": "portal.tasks.idle_reclaim",

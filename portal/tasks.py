@@ -3,8 +3,8 @@
 from celery import shared_task
 from django.utils import timezone
 
-from portal.models import Allocation, Booking, Delivery
-from portal.services import live, notifications
+from portal.models import Delivery
+from portal.services import notifications, outbox
 
 # Idempotent jobs are acknowledged only when done, and put back if the process running them dies
 # (SIGKILL, OOM): another worker runs them again. A notification delivery is one of them: its
@@ -20,19 +20,20 @@ def allocation_pass() -> None:
     run_pass(now=timezone.now())
 
 
-@shared_task(ignore_result=True)
-def booking_event(booking_id: int, event: str) -> None:
-    """After-commit effects of a booking change: live views and agent push (its notifications
-    were recorded with the change and are sent as deliveries)."""
-    booking = Booking.objects.select_related("owner", "project").filter(pk=booking_id).first()
-    if booking is None:
-        return
-    live.booking_broadcast(
-        booking_id=booking.pk, owner_id=booking.owner_id, state=booking.state, event=event
-    )
-    live.agents_push(
-        Allocation.objects.filter(booking=booking).values_list("gpu__node_id", flat=True)
-    )
+# A fact's subscribers are idempotent by its id and a claim keeps two dispatchers apart, so a
+# second run after a worker died is safe.
+@shared_task(**IDEMPOTENT)
+def outbox_dispatch(fact_ids: list[int]) -> None:
+    """Run the subscribers of facts just committed (notify, live, agents, pass request)."""
+    with notifications.recipients_cached():
+        outbox.facts_dispatch(fact_ids=fact_ids)
+
+
+@shared_task(**IDEMPOTENT)
+def outbox_sweep() -> None:
+    """Dispatch the facts left undispatched (a process died after commit, a subscriber failed)."""
+    with notifications.recipients_cached():
+        outbox.outbox_sweep(now=timezone.now())
 
 
 @shared_task(**IDEMPOTENT)

@@ -14,6 +14,7 @@ from portal.models.notifications import (
     NotificationPreference,
     ProjectNotificationSettings,
 )
+from portal.models.outbox import DomainEvent
 from portal.models.projects import Membership, Project, Quota
 from portal.models.sso import GroupMappingRule
 from portal.models.telemetry import NodeAlert, ProcessUsage, Sample, SampleMinute
@@ -23,6 +24,7 @@ __all__ = [
     "ActionUse",
     "Channel",
     "Delivery",
+    "DomainEvent",
     "Event",
     "IdleReclaim",
     "Notification",

@@ -167,6 +167,15 @@ def _session_fields(booking: Booking) -> dict:
     return {"interactive": booking.interactive, "session_token": booking.session_token}
 
 
+def booking_fact_push(fact) -> None:
+    """Subscriber: nudge the agents of the nodes a changed booking holds (or held) devices on."""
+    desired_push(
+        node_ids=Allocation.objects.filter(booking_id=fact.booking_id).values_list(
+            "gpu__node_id", flat=True
+        )
+    )
+
+
 def desired_push(*, node_ids) -> None:
     """Tell these nodes' agents (websocket group) their desired state changed. After commit only."""
     for node_id in sorted(set(node_ids)):

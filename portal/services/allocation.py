@@ -22,7 +22,7 @@ from django.db import connection, transaction
 
 import scheduler
 from portal.models import Booking
-from portal.services import events, live, metrics, notifications
+from portal.services import events, live, metrics
 from portal.services.bookings import booking_stop, booking_transition
 from portal.services.locking import advisory_unlock, try_session_advisory_lock
 from portal.services.pass_start import start_planned
@@ -61,8 +61,7 @@ def allocation_pass(*, now: datetime) -> PassResult:
     _local.running = True
     started = time.perf_counter()
     try:
-        with notifications.recipients_cached():
-            result = _run(now)
+        result = _run(now)
         metrics.pass_observe(time.perf_counter() - started)
         return result
     finally:

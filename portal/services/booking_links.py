@@ -17,6 +17,8 @@ from django.db import IntegrityError, transaction
 
 from portal.errors import ApplicationError
 from portal.models import ActionUse, Booking
+from portal.services import bookings, reclaim
+from portal.services.events import caused_by
 
 _SALT = "portal.booking-action"
 EXTEND_BY_S = 3600
@@ -121,9 +123,12 @@ def action_perform(*, token: str, now: datetime) -> LinkCheck:
 
 
 def _do(booking: Booking, action: str, now: datetime) -> None:
-    from portal.services import bookings, reclaim
-
     owner, pk = booking.owner, booking.pk
+    with caused_by("link"):
+        _do_as_owner(owner, pk, action, now)
+
+
+def _do_as_owner(owner, pk: int, action: str, now: datetime) -> None:
     if action == "extend":
         bookings.booking_extend(user=owner, booking_id=pk, now=now, by_s=EXTEND_BY_S)
     elif action == "release":

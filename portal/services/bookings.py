@@ -89,7 +89,7 @@ def booking_submit(
         else:
             _reserve(booking, request, now)
         audit_booking(action="booking.submit", booking=booking, actor=user, source=source)
-        events.booking_changed(booking, "submitted")
+        events.booking_changed(booking, "submitted", cause="owner")
     return booking
 
 
@@ -302,7 +302,7 @@ def _end(
         before = booking_state(booking)
         booking.refresh_from_db()
         audit_booking(action=action, booking=booking, actor=user, source=source, before=before)
-        events.booking_changed(booking, event)
+        events.booking_changed(booking, event, cause="owner" if user else "site")
     return booking
 
 
@@ -399,7 +399,7 @@ def booking_extend(
         audit_booking(
             action="booking.extend", booking=booking, actor=user, source=source, before=before
         )
-        events.booking_changed(booking, "extended")
+        events.booking_changed(booking, "extended", cause="owner")
     return booking
 
 

@@ -1,16 +1,30 @@
-"""Side effects of booking changes, sent only after the transaction commits.
+"""Booking facts, and the allocation pass they ask for.
 
-Emails, Slack, agent dispatch, live updates and the next allocation pass are slow or external:
-they must never run inside the transaction that made the change (STYLE.md principle 4). They run
-`robust`: one that fails (broker or Redis down) is logged, and the request that committed the
-change still succeeds; an error there would make clients retry a write that happened.
+A booking command calls `booking_changed` inside its transaction: it records one fact (an outbox
+row, portal.services.outbox) and nothing else. Notifications, live updates, agent pushes and the
+next allocation pass are the fact's subscribers (registered in PortalConfig.ready); they run after
+commit, each in its own transaction, and one that fails (broker or Redis down) is logged and
+retried by the outbox sweep, while the request that committed the change still succeeds.
+
+The fact carries its cause, so no subscriber asks another module why a booking changed: the
+command's caller names it when it knows better (`caused_by("reclaim")` around the idle
+reclaim's release, `caused_by("link")` around a one-click link), else the call site does
+("owner" for a person's own command, "site" for the pass, a node failure or an agent's report).
 """
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+
+from portal.services.outbox import fact_record
+
+BOOKING_CHANGED = "booking_changed"
+NODE_DOWN = "node_down"
 
 # Events after which the queue may move: ask for an allocation pass.
 _QUEUE_EVENTS = {
@@ -23,18 +37,31 @@ _QUEUE_EVENTS = {
     "node_changed",
 }
 
+_cause: ContextVar[str] = ContextVar("booking_change_cause", default="")
 
-def booking_changed(booking, event: str) -> None:
-    """Queue the side effects of `event` on `booking` for after commit."""
-    from portal import tasks
-    from portal.services.notifications import booking_event_record
 
-    booking_id = booking.pk
-    # Recorded in the transaction of the change, so a message is never lost nor sent for a
-    # change that rolled back; sent after commit (portal.services.delivery).
-    booking_event_record(booking_id=booking_id, event=event)
-    transaction.on_commit(lambda: tasks.booking_event.delay(booking_id, event), robust=True)
-    if event in _QUEUE_EVENTS:
+@contextmanager
+def caused_by(cause: str) -> Iterator[None]:
+    """Name the cause of the booking changes a command makes in this block."""
+    token = _cause.set(cause)
+    try:
+        yield
+    finally:
+        _cause.reset(token)
+
+
+def booking_changed(booking, event: str, *, cause: str = "site") -> None:
+    """Record the fact that `booking` changed by `event` (in the caller's transaction)."""
+    fact_record(
+        kind=BOOKING_CHANGED,
+        booking_id=booking.pk,
+        payload={"event": event, "cause": _cause.get() or cause},
+    )
+
+
+def booking_fact_pass_request(fact) -> None:
+    """Subscriber: a change after which the queue may move asks for an allocation pass."""
+    if fact.payload.get("event") in _QUEUE_EVENTS:
         request_allocation_pass()
 
 

@@ -3,6 +3,8 @@
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from portal.models import Booking
+
 QUEUE_GROUP = "queue"
 
 
@@ -27,14 +29,19 @@ def booking_broadcast(*, booking_id: int, owner_id: int, state: str, event: str)
     group_send(user_group(owner_id), message)
 
 
+def booking_fact_broadcast(fact) -> None:
+    """Subscriber: tell open pages about a booking fact, with the booking's state now."""
+    booking = Booking.objects.filter(pk=fact.booking_id).values("owner_id", "state").first()
+    if booking is not None:
+        booking_broadcast(
+            booking_id=fact.booking_id,
+            owner_id=booking["owner_id"],
+            state=booking["state"],
+            event=fact.payload["event"],
+        )
+
+
 def booking_output_broadcast(*, booking_id: int, owner_id: int, log_tail: str) -> None:
     """Send a running booking's latest output tail to its owner's open pages."""
     message = {"type": "booking.output", "booking_id": booking_id, "log_tail": log_tail}
     group_send(user_group(owner_id), message)
-
-
-def agents_push(node_ids) -> None:
-    """Nudge the agents of these nodes to pull their desired state now (with its generation)."""
-    from portal.services.agents import desired_push
-
-    desired_push(node_ids=node_ids)

@@ -15,7 +15,7 @@ from portal.services import events, permissions
 from portal.services.audit import SYSTEM, Source, audit_record
 from portal.services.bookings import booking_stop
 from portal.services.locking import lock_nodes
-from portal.services.notifications import node_down_record
+from portal.services.outbox import fact_record
 from portal.services.reservations import reservation_move_off_retired
 
 
@@ -283,7 +283,12 @@ def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> 
         ).distinct()
         for booking in held:
             _fail_booking(booking, reason, now)
-        node_down_record(node_id=node_id, hostname=hostname, reason=reason, now=now)
+        fact_record(
+            kind=events.NODE_DOWN,
+            node_id=node_id,
+            payload={"hostname": hostname, "reason": reason, "at": now.isoformat()},
+            now=now,
+        )
         events.request_allocation_pass()
     return True
 

@@ -1,9 +1,11 @@
-"""Recording notifications: who is told what, on which channel, in the transaction of the change.
+"""Recording notifications: who is told what, on which channel, after the change committed.
 
-A Notification row is written with the state change that caused it, with one Delivery row per
+A command records a fact (portal.services.outbox); the subscribers here turn it into a
+Notification row, in their own transaction after the command's, with one Delivery row per
 recipient and channel that person picked (preferences, else the project's default, else the
-site's). After commit one Celery task per delivery sends it (portal.services.delivery). Nothing
-here talks to the outside world.
+site's). The notification is keyed by the fact, so a fact dispatched twice is told once. After
+commit one Celery task per delivery sends it (portal.services.delivery). Nothing here talks to
+the outside world.
 """
 
 import hashlib
@@ -71,28 +73,43 @@ def _read(key: tuple, load: Callable):
     return cache[key]
 
 
-def booking_event_record(*, booking_id: int, event: str, now: datetime | None = None) -> int:
-    """Record the notification a booking service event gives (inside its transaction).
+def booking_fact_notify(fact) -> None:
+    """Subscriber: record the notification a booking fact gives (keyed by the fact)."""
+    booking_event_record(
+        booking_id=fact.booking_id,
+        event=fact.payload["event"],
+        cause=fact.payload.get("cause", ""),
+        key=f"fact:{fact.pk}",
+    )
 
-    An as-soon-as-possible submission is told once the allocator has placed it in the queue
+
+def booking_event_record(
+    *,
+    booking_id: int,
+    event: str,
+    now: datetime | None = None,
+    cause: str = "",
+    key: str | None = None,
+) -> int:
+    """Record the notification a booking service event gives; returns its deliveries.
+
+    A release caused by the idle reclaim is told as a reclaim. An as-soon-as-possible
+    submission is told once the allocator has placed it in the queue
     (portal.services.notify_scan), when its position and planned start are known.
     """
     kind = _BOOKING_EVENTS.get(event)
     if kind is None:
         return 0
-    booking = Booking.objects.select_related("owner", "project").get(pk=booking_id)
-    if kind == Event.QUEUED and not booking.is_reservation:
+    booking = Booking.objects.select_related("owner", "project").filter(pk=booking_id).first()
+    if booking is None or (kind == Event.QUEUED and not booking.is_reservation):
         return 0
-    if event == "released":
-        from portal.services.reclaim import reclaimed_by_idle
-
-        if reclaimed_by_idle(booking_id=booking_id):
-            kind = Event.RECLAIMED
+    if event == "released" and cause == "reclaim":
+        kind = Event.RECLAIMED
     context = {"what": event, "detail": booking.state_detail}
     if kind == Event.QUEUED:
         context["planned_start"] = booking.start.isoformat()
     return notification_record(
-        event=kind, booking=booking, now=now or timezone.now(), context=context
+        event=kind, booking=booking, now=now or timezone.now(), context=context, key=key
     )
 
 
@@ -271,12 +288,12 @@ def alert_notify(*, alert_id: int) -> bool:
     return True
 
 
-def node_down_record(*, node_id: int, hostname: str, reason: str, now: datetime) -> None:
-    """Tell the admins a node went down (inside the transaction that marked it)."""
+def node_down_fact_notify(fact) -> None:
+    """Subscriber: tell the admins a node went down (keyed by the node and when)."""
     notification_record(
         event=Event.NODE_DOWN,
-        now=now,
-        context={"node": hostname, "detail": reason},
-        key=f"node_down:{node_id}:{now.isoformat()}",
+        now=datetime.fromisoformat(fact.payload["at"]),
+        context={"node": fact.payload["hostname"], "detail": fact.payload["reason"]},
+        key=f"node_down:{fact.node_id}:{fact.payload['at']}",
         admins=True,
     )

@@ -29,6 +29,8 @@ from portal.models import (
     ProjectNotificationSettings,
     Sample,
 )
+from portal.services.bookings import booking_reclaim_release
+from portal.services.events import caused_by
 from portal.services.notifications import notification_record
 
 
@@ -223,22 +225,14 @@ def booking_reclaim(*, booking_id: int, now: datetime) -> bool:
     wins before it or finds nothing to keep. The release is the owner's ordinary one: the
     allocator runs and the next bookings move up; the owner hears 'released for idleness'.
     """
-    from portal.services.bookings import booking_reclaim_release
-
     warning = IdleReclaim.objects.filter(
         booking_id=booking_id, state=IdleReclaim.State.WARNED
     ).first()
     if warning is None or not _close(warning.pk, IdleReclaim.State.RELEASED, now):
         return False
     try:
-        booking_reclaim_release(booking_id=booking_id, now=now)
+        with caused_by("reclaim"):  # the owner is told it was released for idleness
+            booking_reclaim_release(booking_id=booking_id, now=now)
     except InvalidState:
         return False
     return True
-
-
-def reclaimed_by_idle(*, booking_id: int) -> bool:
-    """Whether the booking's release was an idle reclaim (its notification says so)."""
-    return IdleReclaim.objects.filter(
-        booking_id=booking_id, state=IdleReclaim.State.RELEASED
-    ).exists()

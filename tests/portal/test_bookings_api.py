@@ -417,7 +417,7 @@ def test_it_answers_201_when_an_after_commit_effect_fails(
         raise OSError("broker unreachable")
 
     monkeypatch.setattr(tasks.allocation_pass, "delay", broker_down)
-    monkeypatch.setattr(tasks.booking_event, "delay", broker_down)
+    monkeypatch.setattr(tasks.outbox_dispatch, "delay", broker_down)
     with django_capture_on_commit_callbacks(execute=True):
         response = _reserve(api)
     assert response.status_code == 201  # committed: a 500 would make the client book again

@@ -1,0 +1,244 @@
+"""The outbox: a booking command's transaction holds only its own rows and one fact; the fact's
+subscribers (notify, live, agents, pass request) run after commit, the sweep sends what a dead
+process left, and nothing is sent for a change that rolled back."""
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from portal.models import Delivery, DomainEvent, IdleReclaim, Notification
+from portal.services import events, outbox
+from portal.services.bookings import booking_cancel, booking_release, booking_submit
+from portal.services.live import user_group
+from portal.services.notifications import booking_fact_notify
+from portal.services.outbox import outbox_sweep
+from portal.services.reclaim import booking_reclaim
+from tests.factories import make_active_booking, make_node
+
+pytestmark = pytest.mark.django_db
+
+# Recipients (preferences, contacts, project settings) and what is recorded for them.
+NOTIFY_TABLES = (
+    "portal_notification",
+    "portal_delivery",
+    "portal_notificationpreference",
+    "portal_notificationcontact",
+    "portal_projectnotificationsettings",
+)
+
+
+def _notify_sql(queries) -> list[str]:
+    return [q["sql"] for q in queries if any(t in q["sql"] for t in NOTIFY_TABLES)]
+
+
+def _reserve(user, project, now):
+    start = now + timedelta(days=1)
+    return booking_submit(
+        user=user,
+        now=now,
+        project=project.slug,
+        gpus=1,
+        start=start,
+        end=start + timedelta(hours=1),
+    )
+
+
+def _later():
+    return timezone.now() + timedelta(seconds=outbox.SWEEP_GRACE_S + 1)
+
+
+@pytest.mark.both_databases
+def test_it_keeps_notification_work_out_of_the_booking_transaction(
+    user, project, cluster, django_capture_on_commit_callbacks
+):
+    now = timezone.now()
+    with django_capture_on_commit_callbacks() as callbacks:
+        with CaptureQueriesContext(connection) as command:
+            booking = _reserve(user, project, now)
+    assert _notify_sql(command.captured_queries) == []
+    (fact,) = DomainEvent.objects.all()
+    assert (fact.kind, fact.booking_id, fact.payload) == (
+        "booking_changed",
+        booking.pk,
+        {"event": "submitted", "cause": "owner"},
+    )
+    with CaptureQueriesContext(connection) as after:
+        for callback in callbacks:
+            callback()
+    assert _notify_sql(after.captured_queries)  # recipients read, rows written: after commit
+    assert Notification.objects.get(booking=booking).event == "queued"
+    assert DomainEvent.objects.get().dispatched_at is not None
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        with CaptureQueriesContext(connection) as command:
+            booking_cancel(user=user, booking_id=booking.pk, now=now)
+    assert _notify_sql(command.captured_queries) == []
+    assert not Notification.objects.filter(booking=booking, event="ended").exists()
+    for callback in callbacks:
+        callback()
+    assert Notification.objects.filter(booking=booking, event="ended").count() == 1
+
+
+@pytest.mark.both_databases
+def test_it_sends_nothing_for_a_change_that_rolled_back(
+    user, project, cluster, django_capture_on_commit_callbacks
+):
+    booking = make_active_booking([cluster[0].gpus.first()], owner=user, project=project)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            events.booking_changed(booking, "released", cause="owner")
+            raise RuntimeError("the command failed after recording its fact")
+    assert callbacks == []
+    assert not DomainEvent.objects.exists()
+    assert outbox_sweep(now=_later()) == 0
+    assert not Notification.objects.exists() and not Delivery.objects.exists()
+
+
+def _listen(owner_id):
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(user_group(owner_id), channel)
+
+    def receive(timeout=5.0):
+        async def get():
+            try:
+                return await asyncio.wait_for(layer.receive(channel), timeout=timeout)
+            except TimeoutError:
+                return None
+
+        return async_to_sync(get)()
+
+    return receive
+
+
+def test_it_broadcasts_after_commit_and_never_for_a_rollback(
+    user, project, cluster, django_capture_on_commit_callbacks
+):
+    booking = make_active_booking([cluster[0].gpus.first()], owner=user, project=project)
+    receive = _listen(user.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        with pytest.raises(RuntimeError), transaction.atomic():
+            booking_cancel(user=user, booking_id=booking.pk, now=timezone.now())
+            raise RuntimeError("rolled back")
+    with django_capture_on_commit_callbacks(execute=True):
+        booking_release(user=user, booking_id=booking.pk, now=timezone.now())
+    message = receive()  # the first one: the rolled-back cancel sent nothing before it
+    assert (message["type"], message["event"], message["state"]) == (
+        "booking.changed",
+        "released",
+        "finished",
+    )
+
+
+@pytest.mark.both_databases
+def test_it_sweeps_a_fact_whose_dispatch_never_ran_exactly_once(user, project, cluster):
+    # No on-commit callback runs here: as if the process died right after the commit.
+    booking = _reserve(user, project, timezone.now())
+    assert not Notification.objects.exists()
+    assert outbox_sweep(now=timezone.now()) == 0  # young: its own dispatch may still come
+    assert outbox_sweep(now=_later()) == 1
+    assert Notification.objects.filter(booking=booking, event="queued").count() == 1
+    deliveries = Delivery.objects.count()
+    assert deliveries >= 1
+    assert outbox_sweep(now=_later()) == 0
+    assert outbox.facts_dispatch(fact_ids=[DomainEvent.objects.get().pk]) == 0
+    assert Notification.objects.count() == 1 and Delivery.objects.count() == deliveries
+
+
+@pytest.fixture
+def flaky():
+    """A subscriber that fails on its first call, as a broker or Redis outage would."""
+    calls = []
+
+    def flaky_subscriber(fact):
+        calls.append(fact.pk)
+        if len(calls) == 1:
+            raise OSError("redis unreachable")
+
+    outbox.subscribe(events.BOOKING_CHANGED, flaky_subscriber)
+    yield calls
+    outbox.unsubscribe(events.BOOKING_CHANGED, flaky_subscriber)
+
+
+@pytest.mark.both_databases
+def test_it_retries_a_failed_subscriber_without_sending_the_others_twice(
+    user, project, cluster, flaky
+):
+    booking = _reserve(user, project, timezone.now())
+    assert outbox_sweep(now=_later()) == 0
+    fact = DomainEvent.objects.get()
+    assert fact.dispatched_at is None and fact.attempts == 1
+    assert "redis unreachable" in fact.last_error
+    assert "portal.services.notifications.booking_fact_notify" in fact.done
+    assert Notification.objects.filter(booking=booking).count() == 1
+    deliveries = Delivery.objects.count()
+    assert outbox_sweep(now=_later()) == 1
+    assert flaky == [fact.pk, fact.pk]
+    assert Notification.objects.filter(booking=booking).count() == 1
+    assert Delivery.objects.count() == deliveries
+    assert DomainEvent.objects.get().dispatched_at is not None
+
+
+def test_it_tells_a_reclaim_as_a_reclaim_without_asking_reclaim(user, project, cluster):
+    booking = make_active_booking([cluster[0].gpus.first()], owner=user, project=project)
+    now = timezone.now()
+    IdleReclaim.objects.create(booking=booking, warned_at=now - timedelta(minutes=6))
+    assert booking_reclaim(booking_id=booking.pk, now=now)
+    (fact,) = DomainEvent.objects.all()
+    assert fact.payload == {"event": "released", "cause": "reclaim"}
+    with CaptureQueriesContext(connection) as notify:
+        booking_fact_notify(fact)
+    assert not [q for q in notify.captured_queries if IdleReclaim._meta.db_table in q["sql"]]
+    assert Notification.objects.get(booking=booking).event == "reclaimed"
+
+
+@pytest.mark.both_databases
+def test_it_records_who_caused_a_release(user, project, cluster):
+    owners = make_active_booking([cluster[0].gpus.first()], owner=user, project=project)
+    linked = make_active_booking([cluster[1].gpus.first()], owner=user, project=project)
+    booking_release(user=user, booking_id=owners.pk, now=timezone.now())
+    with events.caused_by("link"):
+        booking_release(user=user, booking_id=linked.pk, now=timezone.now())
+    causes = dict(DomainEvent.objects.values_list("booking_id", "payload__cause"))
+    assert causes == {owners.pk: "owner", linked.pk: "link"}
+
+
+def test_it_records_a_node_down_as_a_fact_and_tells_admins_after_commit(
+    django_capture_on_commit_callbacks,
+):
+    from django.contrib.auth import get_user_model
+
+    from portal.models import Node
+    from portal.services.nodes import nodes_heartbeat_check
+
+    get_user_model().objects.create(username="root", email="root@example.org", is_staff=True)
+    node = make_node("gpu-down", gpus=1)
+    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(hours=1))
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert nodes_heartbeat_check(now=timezone.now()) == ["gpu-down"]
+    assert not Notification.objects.exists()
+    (fact,) = DomainEvent.objects.filter(kind="node_down")
+    assert fact.node_id == node.pk and fact.payload["hostname"] == "gpu-down"
+    for callback in callbacks:
+        callback()
+    assert Notification.objects.get().event == "node_down"
+
+
+@pytest.mark.both_databases
+def test_it_forgets_dispatched_facts_after_a_week_and_keeps_undispatched_ones(
+    user, project, cluster
+):
+    _reserve(user, project, timezone.now())
+    _reserve(user, project, timezone.now() + timedelta(hours=2))
+    first, second = DomainEvent.objects.order_by("id")
+    assert outbox.facts_dispatch(fact_ids=[first.pk]) == 1
+    week_later = timezone.now() + timedelta(days=outbox.KEEP_DAYS, minutes=1)
+    DomainEvent.objects.filter(pk=second.pk).update(claimed_until=week_later)  # held elsewhere
+    outbox_sweep(now=week_later)
+    assert list(DomainEvent.objects.values_list("pk", flat=True)) == [second.pk]
