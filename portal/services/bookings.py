@@ -25,6 +25,7 @@ from portal.errors import (
 from portal.models import Allocation, Booking
 from portal.services import events, fairshare, inventory, permissions, placement
 from portal.services.audit import SYSTEM, Source, audit_booking, booking_state
+from portal.services.booking_bounds import request_bounds
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
 from portal.services.quotas import quota_position
@@ -403,7 +404,7 @@ def _check_extend_quota(booking: Booking, by_s: int, now: datetime) -> None:
     time (where it holds devices) its width against what else is held, and its GPU-hours still
     to run, longer now, against the budget left after what was used."""
     new_duration = booking.duration_s + by_s
-    site_max = settings.BOOKING_MAX_DURATION_S
+    site_max = request_bounds().duration_max_s
     if new_duration > site_max:
         raise ValidationFailed.field(
             "by_s",
