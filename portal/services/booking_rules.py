@@ -157,8 +157,11 @@ def _check_what(request: BookingRequest, *, gpus: int | None, mig_profile: str) 
         raise ValidationFailed.field(
             "gpus", "required: a number of whole GPUs, or give mig_profile."
         )
-    if gpus < 1:
-        raise ValidationFailed.field("gpus", "must be at least 1.")
+    bounds = request_bounds()
+    if gpus < bounds.gpus_min:
+        raise ValidationFailed.field("gpus", f"must be at least {bounds.gpus_min}.")
+    if gpus > bounds.gpus_max:
+        raise ValidationFailed.field("gpus", f"at most {bounds.gpus_max} in one request here.")
     return replace(request, gpus=gpus, gpu_equivalents=float(gpus))
 
 

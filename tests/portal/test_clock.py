@@ -1,6 +1,7 @@
 """One conversion between datetimes and epoch seconds, the same in Python and in SQL."""
 
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from django.db.models import DateTimeField, Value
@@ -43,3 +44,16 @@ def test_it_gives_the_same_seconds_in_sql_as_in_python(moment):
     assert row.column == pytest.approx(to_epoch(moment), abs=1e-3)
     assert row.literal == pytest.approx(to_epoch(moment), abs=1e-3)
     assert row.empty is None
+
+
+def test_it_converts_epoch_seconds_nowhere_else_in_the_portal():
+    portal = Path(__file__).resolve().parents[2] / "portal"
+    own = [".timestamp()", "fromtimestamp(", "julianday(", "EXTRACT(EPOCH"]
+    found = [
+        f"{path.relative_to(portal)}: {needle}"
+        for path in portal.rglob("*.py")
+        if path.name != "clock.py" and "migrations" not in path.parts
+        for needle in own
+        if needle in path.read_text()
+    ]
+    assert found == []

@@ -3,10 +3,13 @@ bound, the site's settings move it, and the agent protocol's constants agree wit
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from agents import protocol
+from portal.errors import ValidationFailed
 from portal.models import Booking, Gpu, MigInstance
 from portal.services.booking_bounds import request_bounds
+from portal.services.bookings import booking_submit
 from portal.web.forms import BookForm
 from tests.conftest import error_of
 
@@ -71,3 +74,11 @@ def test_it_keeps_the_protocol_bounds_equal_to_the_table():
     assert bounds.model_max == Booking._meta.get_field("gpu_model").max_length
     # The wire carries any command a request may hold.
     assert protocol.COMMAND_MAX >= bounds.command_max
+
+
+@override_settings(BOOKING_MAX_GPUS_PER_REQUEST=8)
+def test_it_refuses_too_many_gpus_in_the_service_too(user, project, cluster):
+    with pytest.raises(ValidationFailed) as refused:
+        booking_submit(user=user, now=timezone.now(), gpus=9, duration_s=3600)
+    assert "gpus" in refused.value.fields
+    assert Booking.objects.count() == 0
