@@ -66,8 +66,8 @@ _TABLES = {
 # Under the locks: the nodes are up, the devices are live (not retired: see
 # inventory.gpus_bookable) in the same MIG layout, nothing took them
 # over [now, end), and no other booking of the project got devices since the snapshot. Then the
-# booking becomes active (if the transition table lets it, and not extended since) and gets its allocations, in
-# one statement.
+# booking becomes active (if the transition table lets it, and not extended since) and gets its
+# allocations, in one statement.
 _START_SQL = """
 WITH valid AS (
   SELECT
