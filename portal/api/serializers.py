@@ -12,7 +12,7 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
-from portal.services import fairshare
+from portal.services import booking_bounds, fairshare
 from portal.services.sessions import session_view
 from portal.services.telemetry import SAMPLE_VALUES
 
@@ -102,23 +102,41 @@ class TokenOutput(serializers.ModelSerializer):
 
 
 class BookingCreateInput(StrictSerializer):
-    project = serializers.SlugField(required=False, allow_blank=False, max_length=64)
-    gpus = serializers.IntegerField(required=False, min_value=1, max_value=4096)
-    mig_profile = serializers.CharField(required=False, max_length=32)
-    gpu_model = serializers.CharField(required=False, max_length=64)
+    """A booking request; its bounds are booking_bounds.request_bounds(), read per request."""
+
+    project = serializers.SlugField(
+        required=False, allow_blank=False, max_length=booking_bounds.PROJECT_MAX
+    )
+    gpus = serializers.IntegerField(required=False)
+    mig_profile = serializers.CharField(required=False, max_length=booking_bounds.PROFILE_MAX)
+    gpu_model = serializers.CharField(required=False, max_length=booking_bounds.MODEL_MAX)
     start = serializers.DateTimeField(required=False)
     end = serializers.DateTimeField(required=False)
-    duration_s = serializers.IntegerField(required=False, min_value=60, max_value=MAX_SECONDS)
+    duration_s = serializers.IntegerField(required=False)
     qos = serializers.ChoiceField(choices=Qos.choices, required=False, default=Qos.NORMAL)
     preemptible = serializers.BooleanField(required=False, default=False)
     command = serializers.CharField(
-        required=False, allow_blank=True, max_length=10000, trim_whitespace=False
+        required=False,
+        allow_blank=True,
+        max_length=booking_bounds.COMMAND_MAX,
+        trim_whitespace=False,
     )
     interactive = serializers.ChoiceField(
         choices=Booking.Interactive.choices,
         required=False,
         help_text="Run JupyterLab or a terminal on the booked devices, opened through the portal.",
     )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The settings' bounds, as they are now (a field's validators are fixed when it is made).
+        bounds = booking_bounds.request_bounds()
+        self.fields["gpus"] = serializers.IntegerField(
+            required=False, min_value=bounds.gpus_min, max_value=bounds.gpus_max
+        )
+        self.fields["duration_s"] = serializers.IntegerField(
+            required=False, min_value=bounds.duration_min_s, max_value=bounds.duration_max_s
+        )
 
 
 class BookingExtendInput(StrictSerializer):

@@ -20,6 +20,19 @@ class Qos(models.TextChoices):
     HIGH = "high", "High"
 
 
+class BookingState(models.TextChoices):
+    """Where a booking is in its life; Booking.State. Defined here so the CHECK can name it."""
+
+    PENDING = "pending", "Pending"
+    PLANNED = "planned", "Planned"
+    ACTIVE = "active", "Active"
+    FINISHED = "finished", "Finished"
+    CANCELLED = "cancelled", "Cancelled"
+    PREEMPTED = "preempted", "Preempted"
+    FAILED = "failed", "Failed"
+    EXPIRED = "expired", "Expired"
+
+
 class Booking(models.Model):
     """A request for GPUs or one MIG slice, and its life from submission to end.
 
@@ -28,15 +41,7 @@ class Booking(models.Model):
     the allocator starts it. The devices held are the booking's Allocation rows.
     """
 
-    class State(models.TextChoices):
-        PENDING = "pending", "Pending"
-        PLANNED = "planned", "Planned"
-        ACTIVE = "active", "Active"
-        FINISHED = "finished", "Finished"
-        CANCELLED = "cancelled", "Cancelled"
-        PREEMPTED = "preempted", "Preempted"
-        FAILED = "failed", "Failed"
-        EXPIRED = "expired", "Expired"
+    State = BookingState
 
     LIVE_STATES = (State.PENDING, State.PLANNED, State.ACTIVE)
 
@@ -128,6 +133,11 @@ class Booking(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(duration_s__gt=0), name="%(app_label)s_%(class)s_duration_positive"
+            ),
+            # The moves between these states are services.transitions.TRANSITIONS.
+            models.CheckConstraint(
+                condition=Q(state__in=BookingState.values),
+                name="%(app_label)s_%(class)s_state_known",
             ),
         ]
 

@@ -32,7 +32,8 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest, Least
 
-from portal.models import Allocation, Booking, Membership, SampleMinute
+from portal.models import Allocation, Booking, SampleMinute
+from portal.services import permissions
 
 GROUPS = ("project", "user", "model", "booking")
 _MINUTE_S = 60.0
@@ -112,9 +113,12 @@ def _held(since: datetime, until: datetime, now: datetime, user):
         | Q(booking__state=Booking.State.PENDING)
     )
     allocations = Allocation.objects.filter(ran, start__lt=until, end__gt=since)
-    if user is not None and not user.is_staff:
-        projects = Membership.objects.filter(user=user).values("project_id")
-        allocations = allocations.filter(booking__project_id__in=projects)
+    if user is not None:
+        match = permissions.visible_filter(
+            user, "accounting.view", owner_field=None, project_field="booking__project_id"
+        )
+        if match is not None:
+            allocations = allocations.filter(match)
     window_start = Greatest(OuterRef("start"), Value(since))
     window_end = Least(OuterRef("end"), Value(until))
     on_gpu = SampleMinute.objects.filter(

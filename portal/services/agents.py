@@ -287,9 +287,7 @@ def _record_exit(node: Node, event: Event, when: datetime) -> None:
     if event.kind != "exited" or not booking.command:
         return
     to, what, detail = _outcome(event)
-    if booking_transition(
-        booking.pk, from_states=(Booking.State.ACTIVE,), to=to, now=when, detail=detail[:300]
-    ):
+    if booking_transition(booking.pk, to=to, now=when, detail=detail[:300]):
         booking_events.booking_changed(booking, what)
 
 

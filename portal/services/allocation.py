@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db import connection, transaction
 
@@ -24,6 +24,7 @@ import scheduler
 from portal.models import Booking
 from portal.services import events, live, metrics
 from portal.services.bookings import booking_stop, booking_transition
+from portal.services.clock import from_epoch
 from portal.services.locking import advisory_unlock, try_session_advisory_lock
 from portal.services.pass_start import start_planned
 from portal.services.reservations import reservations_start_due
@@ -113,7 +114,6 @@ def _finish_ended(now: datetime) -> int:
         with transaction.atomic(durable=True):
             if booking_transition(
                 booking_id,
-                from_states=(State.ACTIVE,),
                 to=State.FINISHED,
                 now=now,
                 detail="reached its end time",
@@ -231,7 +231,7 @@ def _bulk_store_portable(rows: list[tuple]) -> None:
     bookings = [
         Booking(
             pk=pk,
-            planned_start=None if start is None else datetime.fromtimestamp(start, tz=UTC),
+            planned_start=None if start is None else from_epoch(start),
             queue_position=position,
             pending_reason=reason,
             state_detail=detail,

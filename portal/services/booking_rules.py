@@ -3,13 +3,12 @@
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
-
 import scheduler
 from portal.errors import NoCapacity, QuotaExceeded, ValidationFailed
 from portal.models import Project, Qos, mig_fraction
 from portal.models.bookings import mig_profile_slices
 from portal.services import inventory
+from portal.services.booking_bounds import request_bounds
 from portal.services.quotas import EffectiveQuota, QuotaPosition, quota_position
 
 PAST_SLACK = timedelta(seconds=60)
@@ -111,7 +110,7 @@ def _check_window(*, now, start, end, duration_s) -> tuple[datetime | None, date
     if start < now - PAST_SLACK:
         raise ValidationFailed.field("start", "is in the past.")
     # Room left to extend it to the site maximum: past this, end + extension overflows datetime.
-    if end > datetime.max.replace(tzinfo=UTC) - timedelta(seconds=settings.BOOKING_MAX_DURATION_S):
+    if end > datetime.max.replace(tzinfo=UTC) - timedelta(seconds=request_bounds().duration_max_s):
         raise ValidationFailed.field("end", "is too far in the future.")
     start = max(start, now)
     return start, end, int((end - start).total_seconds())
@@ -158,8 +157,11 @@ def _check_what(request: BookingRequest, *, gpus: int | None, mig_profile: str) 
         raise ValidationFailed.field(
             "gpus", "required: a number of whole GPUs, or give mig_profile."
         )
-    if gpus < 1:
-        raise ValidationFailed.field("gpus", "must be at least 1.")
+    bounds = request_bounds()
+    if gpus < bounds.gpus_min:
+        raise ValidationFailed.field("gpus", f"must be at least {bounds.gpus_min}.")
+    if gpus > bounds.gpus_max:
+        raise ValidationFailed.field("gpus", f"at most {bounds.gpus_max} in one request here.")
     return replace(request, gpus=gpus, gpu_equivalents=float(gpus))
 
 
@@ -178,7 +180,7 @@ def _check_mig(request: BookingRequest, mig_profile: str) -> BookingRequest:
 def _check_limits(request: BookingRequest) -> None:
     quota = request.quota
     field = "end" if request.start else "duration_s"
-    site_max = settings.BOOKING_MAX_DURATION_S
+    site_max = request_bounds().duration_max_s
     if request.duration_s > site_max:
         raise ValidationFailed.field(field, f"bookings last at most {site_max} s on this site.")
     if quota.max_duration_s and request.duration_s > quota.max_duration_s:

@@ -25,10 +25,12 @@ from portal.errors import (
 from portal.models import Allocation, Booking
 from portal.services import events, fairshare, inventory, permissions, placement
 from portal.services.audit import SYSTEM, Source, audit_booking, booking_state
+from portal.services.booking_bounds import request_bounds
 from portal.services.booking_rules import BookingRequest, check_request
 from portal.services.locking import is_allocation_clash, lock_nodes, lock_project
 from portal.services.quotas import quota_position
 from portal.services.sessions import session_prepare, session_request_check
+from portal.services.transitions import booking_cas
 from scheduler.reserve import Slot
 
 State = Booking.State
@@ -251,7 +253,6 @@ def booking_cancel(*, user, booking_id: int, now: datetime, source: Source = SYS
         booking_id=booking_id,
         now=now,
         new_state=State.CANCELLED,
-        from_states=Booking.LIVE_STATES,
         event="cancelled",
         action="booking.cancel",
         source=source,
@@ -278,25 +279,20 @@ def _release(*, user, booking_id: int, now: datetime, source: Source, action: st
         booking_id=booking_id,
         now=now,
         new_state=State.FINISHED,
-        from_states=(State.ACTIVE,),
         event="released",
         action=action,
         source=source,
     )
 
 
-def _end(
-    *, user, booking_id, now, new_state, from_states, event, action, source, detail: str = ""
-) -> Booking:
+def _end(*, user, booking_id, now, new_state, event, action, source, detail: str = "") -> Booking:
     booking = (
         booking_get_for_change(user=user, booking_id=booking_id, action=action)
         if user
         else Booking.objects.get(pk=booking_id)
     )
     with transaction.atomic(durable=True):
-        if not booking_transition(
-            booking.pk, from_states=from_states, to=new_state, now=now, detail=detail
-        ):
+        if not booking_transition(booking.pk, to=new_state, now=now, detail=detail):
             booking.refresh_from_db()
             raise InvalidState(f"Booking {booking.pk} is {booking.state}; it cannot be {event}.")
         before = booking_state(booking)
@@ -306,14 +302,14 @@ def _end(
     return booking
 
 
-def booking_transition(
-    booking_id: int, *, from_states, to: str, now: datetime, detail: str = ""
-) -> bool:
+def booking_transition(booking_id: int, *, to: str, now: datetime, detail: str = "") -> bool:
     """Compare-and-set a booking into a terminal state and free its devices. False: someone else did.
 
-    What the queue said about it (planned start, position, reason) goes: it no longer waits."""
-    changed = Booking.objects.filter(pk=booking_id, state__in=from_states).update(
-        state=to,
+    The states it may come from are the transition table's (transitions.TRANSITIONS). What the
+    queue said about it (planned start, position, reason) goes: it no longer waits."""
+    changed = booking_cas(
+        booking_id,
+        to=to,
         ended_at=now,
         state_detail=detail,
         planned_start=None,
@@ -337,9 +333,7 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
     booking was no longer active. Runs inside the caller's transaction.
     """
     booking = Booking.objects.filter(pk=booking_id).select_related("project").first()
-    if booking is None or not booking_transition(
-        booking_id, from_states=(State.ACTIVE,), to=to, now=now, detail=detail
-    ):
+    if booking is None or not booking_transition(booking_id, to=to, now=now, detail=detail):
         return None
     before = booking_state(booking)
     requeue = bool(booking.command) and booking.start is None
@@ -348,8 +342,10 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
     event = "requeued" if requeue else to
     if requeue:
         # A new run: nothing of the last one (its exit, log, devices: see requeued_at) shows.
-        Booking.objects.filter(pk=booking_id, state=to).update(
-            state=State.PENDING,
+        booking_cas(
+            booking_id,
+            to=State.PENDING,
+            where={"state": to},
             ended_at=None,
             started_at=None,
             planned_start=None,
@@ -408,7 +404,7 @@ def _check_extend_quota(booking: Booking, by_s: int, now: datetime) -> None:
     time (where it holds devices) its width against what else is held, and its GPU-hours still
     to run, longer now, against the budget left after what was used."""
     new_duration = booking.duration_s + by_s
-    site_max = settings.BOOKING_MAX_DURATION_S
+    site_max = request_bounds().duration_max_s
     if new_duration > site_max:
         raise ValidationFailed.field(
             "by_s",

@@ -9,7 +9,7 @@ queue for each keystroke would cost more than the pass itself.
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.conf import settings
 
@@ -18,6 +18,7 @@ from portal.errors import ApplicationError
 from portal.services import bookings as booking_services
 from portal.services import metrics
 from portal.services.booking_rules import BookingRequest, check_request
+from portal.services.clock import from_epoch
 from portal.services.sessions import session_request_check
 from portal.services.snapshot import Snapshot, scheduler_policy, snapshot_plus, snapshot_take
 
@@ -78,7 +79,7 @@ def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:
     state = snapshot_plus(estimate_snapshot(now=now), now=now, bookings=[hypothetical])
     plan = scheduler.plan(state, scheduler_policy())
     mine = next(p for p in plan.planned if p.booking_id == str(ESTIMATE_ID))
-    start = datetime.fromtimestamp(mine.start, tz=UTC) if mine.start is not None else None
+    start = from_epoch(mine.start) if mine.start is not None else None
     return Estimate(
         planned_start=start,
         pending_reason=mine.reason,

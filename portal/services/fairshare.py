@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce, Least
 
 import scheduler
 from portal.models import Allocation, SampleMinute
-from portal.services.quotas import EpochSeconds
+from portal.services.clock import EpochSeconds, to_epoch
 
 _LIVE_KEY = "fairshare:live-utilization"
 
@@ -66,7 +66,7 @@ def project_usage(*, now: datetime, policy: scheduler.Policy) -> dict[str, float
     rows = window.annotate(start_ts=EpochSeconds("start"), end_ts=EpochSeconds("end"))
     if policy.fairshare_charge == "allocated":
         records = rows.values_list("booking__project__slug", "start_ts", "end_ts", "fraction")
-        return scheduler.decay_usage(records, now.timestamp(), half_life)
+        return scheduler.decay_usage(records, to_epoch(now), half_life)
     live = _live_utilization(now)
     records = []
     for pk, project, start, end, fraction, stored in rows.values_list(
@@ -75,7 +75,7 @@ def project_usage(*, now: datetime, policy: scheduler.Policy) -> dict[str, float
         utilization = live.get(pk) if stored is None else stored
         charged = fraction * scheduler.charged_fraction(utilization, policy)
         records.append((project, start, end, charged))
-    return scheduler.decay_usage(records, now.timestamp(), half_life)
+    return scheduler.decay_usage(records, to_epoch(now), half_life)
 
 
 def _live_utilization(now: datetime) -> dict[int, float | None]:

@@ -13,6 +13,7 @@ from django.db.models import Max
 from django.utils.dateparse import parse_datetime
 
 from portal.models import Booking, Event, Notification
+from portal.services.clock import to_epoch
 from portal.services.delivery import deliveries_due
 from portal.services.notifications import deliveries_enqueue, notification_record
 from portal.services.quotas import QuotaAsk, quota_positions
@@ -46,7 +47,7 @@ def _starting_soon(now: datetime) -> int:
     lead = timedelta(minutes=settings.NOTIFY_STARTING_SOON_MIN)
     due = Booking.objects.filter(state=State.PLANNED, start__gt=now, start__lte=now + lead)
     return sum(
-        _record(b, Event.STARTING_SOON, f"starting_soon:{b.pk}:{int(b.start.timestamp())}", now)
+        _record(b, Event.STARTING_SOON, f"starting_soon:{b.pk}:{int(to_epoch(b.start))}", now)
         for b in due.select_related("owner", "project")
     )
 
@@ -63,7 +64,7 @@ def _ending_soon(now: datetime) -> int:
         _record(
             b,
             Event.ENDING_SOON,
-            f"ending_soon:{b.pk}:{int(b.until.timestamp())}",
+            f"ending_soon:{b.pk}:{int(to_epoch(b.until))}",
             now,
             end=b.until.isoformat(),
         )
@@ -91,7 +92,7 @@ def _queue_changes(now: datetime) -> int:
             continue
         previous = parse_datetime(told[b.pk].get("planned_start") or start)
         if abs(b.planned_start - previous) > threshold:
-            key = f"moved:{b.pk}:{int(b.planned_start.timestamp())}"
+            key = f"moved:{b.pk}:{int(to_epoch(b.planned_start))}"
             count += _record(
                 b, Event.MOVED, key, now, planned_start=start, previous=previous.isoformat()
             )
@@ -119,7 +120,7 @@ def _budget(now: datetime) -> int:
         limits = position.user_limits if side.scope == "user" else position.project_limits
         hours, budget = side.quota.gpu_hours_used, side.quota.gpu_hours_budget
         # Once per user, project and period.
-        period = int(now.timestamp() // (limits.budget_period_days * 86400))
+        period = int(to_epoch(now) // (limits.budget_period_days * 86400))
         key = f"budget:{project_id}:{owner_id}:{period}"
         count += _record(
             first[(project_id, owner_id)], Event.BUDGET, key, now, used=round(hours, 1),

@@ -20,6 +20,7 @@ from portal.models import Allocation, Booking, Gpu, MigInstance, Node, Project
 from portal.services import events, inventory
 from portal.services.locking import is_allocation_clash, is_contention, lock_nodes, lock_project
 from portal.services.snapshot import DeviceRow, PendingRow, Snapshot
+from portal.services.transitions import booking_cas, transition_sources
 
 log = logging.getLogger(__name__)
 State = Booking.State
@@ -65,8 +66,8 @@ _TABLES = {
 # Under the locks: the nodes are up, the devices are live (not retired: see
 # inventory.gpus_bookable) in the same MIG layout, nothing took them
 # over [now, end), and no other booking of the project got devices since the snapshot. Then the
-# booking becomes active (if still pending, and not extended since) and gets its allocations, in
-# one statement.
+# booking becomes active (if the transition table lets it, and not extended since) and gets its
+# allocations, in one statement.
 _START_SQL = """
 WITH valid AS (
   SELECT
@@ -86,9 +87,9 @@ WITH valid AS (
       WHERE a.id > %(last)s AND b.project_id = %(project)s
         AND NOT a.booking_id = ANY(%(done)s::bigint[])) AS ok
 ), started AS (
-  UPDATE {booking} SET state = 'active', started_at = %(now)s, planned_start = %(now)s,
+  UPDATE {booking} SET state = %(active)s, started_at = %(now)s, planned_start = %(now)s,
     queue_position = NULL, pending_reason = '', state_detail = ''
-  WHERE id = %(booking)s AND state = 'pending' AND duration_s = %(duration)s
+  WHERE id = %(booking)s AND state = ANY(%(sources)s::text[]) AND duration_s = %(duration)s
     AND (SELECT ok FROM valid)
   RETURNING id
 )
@@ -123,6 +124,8 @@ def _start_postgresql(pending, rows, snap, now, end, done) -> bool:
                 "project": pending.project_id,
                 "done": sorted(done),
                 "booking": pending.pk,
+                "active": State.ACTIVE,
+                "sources": list(transition_sources(State.ACTIVE)),
                 "duration": pending.duration_s,
                 "gpus": [row.gpu_id for row in rows],
                 "mig_or_null": [row.mig_id for row in rows],
@@ -138,10 +141,10 @@ def _start_portable(pending, rows, snap, now, end, done) -> bool:
     lock_nodes({row.node_id for row in rows})
     if not _still_valid(pending, rows, snap, now, end, done):
         return False
-    if not Booking.objects.filter(
-        pk=pending.pk, state=State.PENDING, duration_s=pending.duration_s
-    ).update(
-        state=State.ACTIVE,
+    if not booking_cas(
+        pending.pk,
+        to=State.ACTIVE,
+        where={"duration_s": pending.duration_s},
         started_at=now,
         planned_start=now,
         queue_position=None,

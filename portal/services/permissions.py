@@ -7,6 +7,7 @@ permission named in PERMS) and the superuser. A cell says how far the right reac
 - "no": not at all;
 - "own": the user's own bookings or tokens (for booking.submit: in projects they belong to);
 - "project": also everything of the projects they manage;
+- "joined": everything of the projects they belong to (as member or manager);
 - "perm": everything, with the Django permission in PERMS (staff in /admin/);
 - "all": everything.
 """
@@ -16,7 +17,7 @@ from django.db.models import Q
 from portal.models import Membership
 
 ROLES = ("member", "manager", "staff", "superuser")
-SCOPES = ("no", "own", "project", "perm", "all")
+SCOPES = ("no", "own", "project", "joined", "perm", "all")
 
 # action: (what it is, {role: scope})
 CAN: dict[str, tuple[str, dict[str, str]]] = {
@@ -62,6 +63,18 @@ CAN: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "staff.panel": (
         "Open the staff panel (/staff/: nodes and open alerts)",
+        {"member": "no", "manager": "no", "staff": "all", "superuser": "all"},
+    ),
+    "project.view": (
+        "See a project's page (limits, use, members)",
+        {"member": "joined", "manager": "joined", "staff": "all", "superuser": "all"},
+    ),
+    "accounting.view": (
+        "Read GPU accounting (page and API)",
+        {"member": "joined", "manager": "joined", "staff": "all", "superuser": "all"},
+    ),
+    "notify.site_events": (
+        "Choose notifications of site events (node down, foreign process)",
         {"member": "no", "manager": "no", "staff": "all", "superuser": "all"},
     ),
 }
@@ -121,6 +134,8 @@ def can(
         return user.has_perm(PERMS[action])
     if reach == "no":
         return False
+    if reach == "joined":
+        return Membership.objects.filter(user=user, project_id=project_id).exists()
     if owner_id is None or owner_id == user.pk:
         return True
     return reach == "project" and project_id in managed
@@ -143,6 +158,10 @@ def visible_filter(user, action: str, *, owner_field: str | None, project_field:
     broad = CAN[action][1][role_of(user)]
     if broad == "all" or (broad == "perm" and user.has_perm(PERMS[action])):
         return None
+    if broad == "joined":
+        return Q(
+            **{f"{project_field}__in": Membership.objects.filter(user=user).values("project_id")}
+        )
     parts = []
     if owner_field and broad != "no":
         parts.append(Q(**{owner_field: user}))

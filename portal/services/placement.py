@@ -9,6 +9,7 @@ from datetime import datetime
 
 from portal.models import Allocation, Node, mig_fraction
 from portal.services import inventory
+from portal.services.clock import to_epoch
 from scheduler.reserve import Hold, Slot, Wanted, clashes, reserve
 
 
@@ -25,8 +26,8 @@ def devices_for_window(
     slots = _slots(mig_profile=mig_profile, gpu_model=gpu_model, allowed_models=allowed_models)
     wanted = Wanted(
         gpus=gpus,
-        start=start.timestamp(),
-        end=end.timestamp(),
+        start=to_epoch(start),
+        end=to_epoch(end),
         mig_profile=mig_profile or None,
         gpu_model=gpu_model or None,
     )
@@ -46,7 +47,7 @@ def first_clash(allocations: list[Allocation], *, start: datetime, end: datetime
         end=end,
         exclude_booking=allocations[0].booking_id,
     )
-    found = clashes(mine, holds, start.timestamp(), end.timestamp())
+    found = clashes(mine, holds, to_epoch(start), to_epoch(end))
     if not found:
         return None
     return Allocation.objects.select_related("gpu", "mig_instance").get(pk=found[0].id)
@@ -63,7 +64,7 @@ def holds_on(
         "gpu_id", "mig_instance_id", "start", "end", "fraction", "id", "slot_start", "slot_end"
     )
     return tuple(
-        Hold(g, m, s.timestamp(), e.timestamp(), f, i, _compute(first, end))
+        Hold(g, m, to_epoch(s), to_epoch(e), f, i, _compute(first, end))
         for g, m, s, e, f, i, first, end in rows
     )
 

@@ -6,7 +6,10 @@ from django.db import transaction
 
 from portal.errors import ValidationFailed
 from portal.models import Channel, Event, NotificationContact, NotificationPreference
+from portal.services import permissions
 
+# Events about the site, not a booking: offered to those the roles table lets choose them.
+SITE_EVENTS = ("node_down", "foreign_process")
 CONTACT_FIELDS = ("slack_user_id", "slack_webhook_url", "webhook_url", "webhook_secret")
 
 
@@ -18,7 +21,7 @@ def preferences_get(*, user) -> dict:
     }
     events = []
     for event, label in Event.choices:
-        if event in ("node_down", "foreign_process") and not user.is_staff:
+        if event in SITE_EVENTS and not permissions.can(user, "notify.site_events"):
             continue
         site = event in settings.NOTIFY_DEFAULT_EVENTS
         events.append(

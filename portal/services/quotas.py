@@ -9,11 +9,12 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import ExpressionWrapper, F, FloatField, Func, Sum, Value
+from django.db.models import ExpressionWrapper, F, FloatField, Sum, Value
 from django.db.models.functions import Greatest, Least
 
 import scheduler
 from portal.models import Allocation, Project, Quota
+from portal.services.clock import EpochSeconds, to_epoch
 from scheduler.quota import Ledger
 
 DEFAULT_BUDGET_PERIOD_DAYS = 30
@@ -150,12 +151,12 @@ def _held_many(asks: Mapping[Hashable, QuotaAsk]) -> dict[Hashable, tuple[float,
     rows = list(rows)
     out = {}
     for key, ask in asks.items():
-        lo, hi = ask.window[0].timestamp(), ask.window[1].timestamp()
+        lo, hi = to_epoch(ask.window[0]), to_epoch(ask.window[1])
         mine, theirs = Ledger("user", scheduler.Quota()), Ledger("project", scheduler.Quota())
         for project_id, owner_id, booking_id, a_start, a_end, fraction in rows:
             if project_id != ask.project_id or booking_id == ask.exclude_booking:
                 continue
-            span = (a_start.timestamp(), a_end.timestamp(), fraction, str(booking_id))
+            span = (to_epoch(a_start), to_epoch(a_end), fraction, str(booking_id))
             theirs.add(*span)
             if owner_id == ask.user_id:
                 mine.add(*span)
@@ -212,27 +213,6 @@ def usage_gpu_hours_many(
             key = (days, project_id, None)
             out[key] = round(out.get(key, 0.0) + hours, 4)
     return out
-
-
-class EpochSeconds(Func):
-    """Seconds since the epoch of a timestamp (PostgreSQL and SQLite)."""
-
-    output_field = FloatField()
-
-    def as_postgresql(self, compiler, connection, **extra):
-        # EXTRACT gives numeric, which the driver would build a Decimal from for every row.
-        return self.as_sql(
-            compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::float8"
-        )
-
-    def as_sqlite(self, compiler, connection, **extra):
-        # julianday() counts days from 4714 BC; the Unix epoch is Julian day 2440587.5. NULL in,
-        # NULL out, as on PostgreSQL.
-        return self.as_sql(
-            compiler,
-            connection,
-            template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)",
-        )
 
 
 def _merge(rows: list[Quota | None]) -> EffectiveQuota:

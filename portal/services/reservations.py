@@ -17,6 +17,7 @@ from portal.models import Allocation, Booking, Node
 from portal.services import events, inventory, placement
 from portal.services.bookings import allocations_write, booking_transition
 from portal.services.locking import lock_nodes
+from portal.services.transitions import booking_cas
 
 State = Booking.State
 
@@ -54,9 +55,7 @@ def _start_due(booking: Booking, now: datetime) -> int:
     if (down or retired) and not _move(booking, now, moved):
         _fail(booking, now, f"{why} and no other devices are free for the window")
         return 0
-    if Booking.objects.filter(pk=booking.pk, state=State.PLANNED).update(
-        state=State.ACTIVE, started_at=now
-    ):
+    if booking_cas(booking.pk, to=State.ACTIVE, started_at=now):
         events.booking_changed(booking, "started")
         return 1
     return 0
@@ -80,9 +79,7 @@ def reservation_move_off_retired(*, booking_id: int, now: datetime, reason: str)
 
 
 def _fail(booking: Booking, now: datetime, detail: str) -> None:
-    if booking_transition(
-        booking.pk, from_states=(State.PLANNED,), to=State.FAILED, now=now, detail=detail
-    ):
+    if booking_transition(booking.pk, to=State.FAILED, now=now, detail=detail):
         events.booking_changed(booking, "failed")
 
 

@@ -8,6 +8,8 @@ from datetime import datetime
 
 from django.conf import settings
 
+from portal.services.clock import to_epoch
+
 MAX_AGE_S = 300
 
 
@@ -21,7 +23,7 @@ def slack_request_valid(*, body: bytes, timestamp: str, signature: str, now: dat
     secret = settings.SLACK_SIGNING_SECRET
     if not secret or not timestamp.isdigit():
         return False
-    if abs(now.timestamp() - int(timestamp)) > MAX_AGE_S:
+    if abs(to_epoch(now) - int(timestamp)) > MAX_AGE_S:
         return False
     expected = slack_signature(secret=secret, timestamp=timestamp, body=body)
     return hmac.compare_digest(expected, signature)

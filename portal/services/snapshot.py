@@ -18,7 +18,8 @@ from django.db.models.functions import Cast
 import scheduler
 from portal.models import Allocation, Booking, mig_fraction
 from portal.services import fairshare, inventory
-from portal.services.quotas import EpochSeconds, QuotaAsk, quota_positions
+from portal.services.clock import EpochSeconds, to_epoch
+from portal.services.quotas import QuotaAsk, quota_positions
 from portal.services.telemetry_cache import latest_by_uuid
 
 State = Booking.State
@@ -30,7 +31,7 @@ def scheduler_policy():
 
 
 def _ts(value: datetime) -> float:
-    return value.timestamp()
+    return to_epoch(value)
 
 
 def _user_key(booking: Booking) -> str:

@@ -6,6 +6,8 @@ applies the light or dark colours, so figures carry no colours of their own exce
 
 from datetime import date, datetime, timedelta
 
+from portal.services.clock import to_epoch
+
 # (sample key, chart title, y-axis title, fixed y range or None)
 METRICS = [
     ("utilization_gpu", "Utilization", "%", [0, 100]),
@@ -69,7 +71,7 @@ def with_gaps(samples: list[dict], *, min_gap_s: float = MIN_GAP_S) -> list[dict
 def _seconds(value) -> float:
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
-    return value.timestamp()
+    return to_epoch(value)
 
 
 def _midpoint(a, b):

@@ -3,10 +3,11 @@
 from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
+from django.core import validators
 
 from portal.errors import ApplicationError
 from portal.models import Booking, Qos
-from portal.services import inventory, login_throttle
+from portal.services import booking_bounds, inventory, login_throttle
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 # Service field names that the form shows under another name.
@@ -123,6 +124,7 @@ class BookForm(AccessibleForm):
 
     def __init__(self, *args, projects: list[str], **kwargs):
         super().__init__(*args, **kwargs)
+        self._bound(booking_bounds.request_bounds())
         self.fields["project"].choices = [(p, p) for p in projects]
         if len(projects) == 1:
             self.fields["project"].initial = projects[0]
@@ -130,6 +132,21 @@ class BookForm(AccessibleForm):
         self.fields["mig_profile"].choices = [("", "Choose a profile")] + [(p, p) for p in profiles]
         models = sorted(set(inventory.gpu_models()) | set(_mig_models()))
         self.fields["gpu_model"].choices = [("", "Any model")] + [(m, m) for m in models]
+
+    def _bound(self, bounds: booking_bounds.RequestBounds) -> None:
+        # The request bounds the API has too; built per form, so the settings as they are now.
+        gpus = self.fields["gpus"]
+        gpus.max_value = bounds.gpus_max
+        gpus.validators.append(validators.MaxValueValidator(bounds.gpus_max))
+        gpus.widget.attrs["max"] = bounds.gpus_max
+        hours = self.fields["duration_hours"]
+        hours.max_value = bounds.duration_max_s / 3600
+        hours.validators.append(validators.MaxValueValidator(hours.max_value))
+        hours.widget.attrs["max"] = hours.max_value
+        command = self.fields["command"]
+        command.max_length = bounds.command_max
+        command.validators.append(validators.MaxLengthValidator(bounds.command_max))
+        command.widget.attrs["maxlength"] = bounds.command_max
 
     def clean(self):
         data = super().clean()

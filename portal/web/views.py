@@ -261,7 +261,7 @@ def staff_panel(request):
 @login_required
 def project_detail(request, slug: str):
     project = get_object_or_404(Project, slug=slug)
-    if not (request.user.is_staff or project.memberships.filter(user=request.user).exists()):
+    if not permissions.can(request.user, "project.view", project_id=project.pk):
         raise Http404("No such project among yours.")
     now = timezone.now()
     # The limits every quota path judges by: the project's, and the viewer's in the project.

@@ -1,0 +1,42 @@
+"""The one conversion between datetimes and seconds since the Unix epoch, in Python and in SQL.
+
+The allocator works in epoch seconds (floats); the database and the rest of the portal in aware
+datetimes. Everything that crosses between the two goes through here, so both directions and
+both databases agree to the microsecond.
+"""
+
+from datetime import UTC, datetime
+
+from django.db.models import FloatField, Func
+
+
+def to_epoch(value: datetime) -> float:
+    """Seconds since the epoch of a datetime (a naive one is read in TIME_ZONE, as Django sets
+    the process's zone to it)."""
+    return value.timestamp()
+
+
+def from_epoch(seconds: float) -> datetime:
+    """The aware UTC datetime `seconds` after the epoch."""
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+class EpochSeconds(Func):
+    """Seconds since the epoch of a timestamp column or expression (PostgreSQL and SQLite)."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler, connection, **extra):
+        # EXTRACT gives numeric, which the driver would build a Decimal from for every row.
+        return self.as_sql(
+            compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::float8"
+        )
+
+    def as_sqlite(self, compiler, connection, **extra):
+        # julianday() counts days from 4714 BC; the Unix epoch is Julian day 2440587.5. NULL in,
+        # NULL out, as on PostgreSQL.
+        return self.as_sql(
+            compiler,
+            connection,
+            template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)",
+        )
