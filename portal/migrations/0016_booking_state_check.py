@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0014_device_retired'),
+        ('portal', '0015_outbox'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

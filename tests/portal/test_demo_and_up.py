@@ -69,10 +69,9 @@ def _wait(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-@pytest.fixture
-def embedded_portal(tmp_path):
-    """`manage.py up` on SQLite in a fresh var dir, as the README's first command runs it."""
-    port = _free_port()
+def embedded_env(tmp_path) -> dict:
+    """The environment of the README's first command: no database or Redis URL (embedded mode),
+    a fresh var dir under `tmp_path`."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -81,6 +80,14 @@ def embedded_portal(tmp_path):
     env.update(
         PORTAL_VAR_DIR=str(tmp_path / "var"), SCHEDULER_PASS_INTERVAL_S="1", PYTHONUNBUFFERED="1"
     )
+    return env
+
+
+@pytest.fixture
+def embedded_portal(tmp_path):
+    """`manage.py up` on SQLite in a fresh var dir, as the README's first command runs it."""
+    port = _free_port()
+    env = embedded_env(tmp_path)
     log = open(tmp_path / "up.log", "w+")
     process = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--port", str(port)],

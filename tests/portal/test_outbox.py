@@ -2,12 +2,9 @@
 subscribers (notify, live, agents, pass request) run after commit, the sweep sends what a dead
 process left, and nothing is sent for a change that rolled back."""
 
-import asyncio
 from datetime import timedelta
 
 import pytest
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -15,10 +12,10 @@ from django.utils import timezone
 from portal.models import Delivery, DomainEvent, IdleReclaim, Notification
 from portal.services import events, outbox
 from portal.services.bookings import booking_cancel, booking_release, booking_submit
-from portal.services.live import user_group
 from portal.services.notifications import booking_fact_notify
 from portal.services.outbox import outbox_sweep
 from portal.services.reclaim import booking_reclaim
+from tests.channel_listen import listen_as_owner
 from tests.factories import make_active_booking, make_node
 
 pytestmark = pytest.mark.django_db
@@ -100,28 +97,11 @@ def test_it_sends_nothing_for_a_change_that_rolled_back(
     assert not Notification.objects.exists() and not Delivery.objects.exists()
 
 
-def _listen(owner_id):
-    layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(user_group(owner_id), channel)
-
-    def receive(timeout=5.0):
-        async def get():
-            try:
-                return await asyncio.wait_for(layer.receive(channel), timeout=timeout)
-            except TimeoutError:
-                return None
-
-        return async_to_sync(get)()
-
-    return receive
-
-
 def test_it_broadcasts_after_commit_and_never_for_a_rollback(
     user, project, cluster, django_capture_on_commit_callbacks
 ):
     booking = make_active_booking([cluster[0].gpus.first()], owner=user, project=project)
-    receive = _listen(user.pk)
+    receive = listen_as_owner(user.pk)
     with django_capture_on_commit_callbacks(execute=True):
         with pytest.raises(RuntimeError), transaction.atomic():
             booking_cancel(user=user, booking_id=booking.pk, now=timezone.now())

@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from portal.services.demo import DEMO_PASSWORD
-from tests.portal.test_demo_and_up import _free_port, _json, _terminate
+from tests.portal.test_demo_and_up import _free_port, _json, _terminate, embedded_env
 
 ROOT = settings.BASE_DIR
 
@@ -113,15 +113,7 @@ def _use_stop_and_start_again(env: dict, tmp_path, *args: str) -> None:
 
 
 def test_it_starts_the_embedded_demo_again_with_its_bookings_and_device_ids(tmp_path):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "DEBUG")
-    }
-    env.update(
-        PORTAL_VAR_DIR=str(tmp_path / "var"), SCHEDULER_PASS_INTERVAL_S="1", PYTHONUNBUFFERED="1"
-    )
-    _use_stop_and_start_again(env, tmp_path)
+    _use_stop_and_start_again(embedded_env(tmp_path), tmp_path)
 
 
 @pytest.fixture

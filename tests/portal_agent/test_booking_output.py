@@ -1,16 +1,12 @@
 """A running batch job's output: the agent's output events stored on the booking and sent live."""
 
-import asyncio
-
 import pytest
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.models import Booking, Gpu, Node
-from portal.services.live import user_group
 from tests.agent_cycles import cycle_until
+from tests.channel_listen import listen_as_owner
 from tests.factories import UserFactory, make_active_booking
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,27 +21,10 @@ def _output(booking, tail):
     }
 
 
-def _listen(owner_id):
-    layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(user_group(owner_id), channel)
-
-    def receive(timeout=5.0):
-        async def get():
-            try:
-                return await asyncio.wait_for(layer.receive(channel), timeout=timeout)
-            except TimeoutError:
-                return None
-
-        return async_to_sync(get)()
-
-    return receive
-
-
 def test_it_stores_a_running_jobs_output_and_sends_it_to_the_owner(node_a, agent_a, settings):
     settings.BOOKING_OUTPUT_MIN_INTERVAL_S = 0
     booking = make_active_booking([node_a[0].gpus.first()], command="python train.py")
-    receive = _listen(booking.owner_id)
+    receive = listen_as_owner(booking.owner_id)
     assert agent_a.events(_output(booking, "epoch 1\n")).status_code == 202
     assert Booking.objects.get(pk=booking.pk).log_tail == "epoch 1\n"
     assert receive() == {
@@ -64,7 +43,7 @@ def test_it_stores_a_running_jobs_output_and_sends_it_to_the_owner(node_a, agent
 def test_it_writes_a_bookings_output_at_most_once_per_interval(node_a, agent_a, settings):
     settings.BOOKING_OUTPUT_MIN_INTERVAL_S = 60
     booking = make_active_booking([node_a[0].gpus.first()], command="python train.py")
-    receive = _listen(booking.owner_id)
+    receive = listen_as_owner(booking.owner_id)
     agent_a.events(_output(booking, "one\n"))
     agent_a.events(_output(booking, "one\ntwo\n"))
     assert Booking.objects.get(pk=booking.pk).log_tail == "one\n"

@@ -1,0 +1,26 @@
+"""Listening on the channel layer as an owner's open page does, for tests of live messages."""
+
+import asyncio
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from portal.services.live import user_group
+
+
+def listen_as_owner(owner_id: int):
+    """Join the owner's group on a new channel; returns receive(timeout) -> message or None."""
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(user_group(owner_id), channel)
+
+    def receive(timeout=5.0):
+        async def get():
+            try:
+                return await asyncio.wait_for(layer.receive(channel), timeout=timeout)
+            except TimeoutError:
+                return None
+
+        return async_to_sync(get)()
+
+    return receive
