@@ -1,4 +1,5 @@
-"""FilterSets shared by the API and the web pages (NetBox style)."""
+"""FilterSets shared by the API and the web pages: one definition of each filter, so a list
+filtered in the browser and through the API answers the same."""
 
 import django_filters
 from django.utils import timezone

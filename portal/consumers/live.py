@@ -1,7 +1,7 @@
 """The browsers' live feed: telemetry readings, booking and queue changes, forwarded as JSON.
 
-The consumer only authenticates, joins groups and forwards (STYLE.md): services and the telemetry
-ingest decide what to send, after commit. Pages re-fetch what a change affects.
+The consumer only authenticates, joins groups and forwards; what to send is decided by the
+services and the telemetry ingest, after commit, so a consumer holds no business rule. Pages re-fetch what a change affects.
 """
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer

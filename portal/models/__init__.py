@@ -1,4 +1,5 @@
-"""Data model of the portal, split by domain (NetBox dcim/models style)."""
+"""Data model of the portal, one module per domain (inventory, projects, bookings, ...),
+re-exported here so callers import from portal.models."""
 
 from portal.models.audit import AuditEvent
 from portal.models.bookings import Allocation, Booking, Qos
