@@ -15,10 +15,13 @@ class PortalConfig(AppConfig):
 
 
 def _subscribe() -> None:
-    """The one list of what runs after a fact commits (portal.services.outbox)."""
+    """The one list of what runs after a fact commits (portal.services.core.outbox)."""
     from portal import tasks
-    from portal.services import agents, events, live, notifications
-    from portal.services.outbox import dispatcher_set, subscribe
+    from portal.services.booking import events
+    from portal.services.core.outbox import dispatcher_set, subscribe
+    from portal.services.fleet import agents
+    from portal.services.notify import notifications
+    from portal.services.realtime import live
 
     dispatcher_set(lambda fact_ids: tasks.outbox_dispatch.delay(fact_ids))
 
