@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
+from portal.services.core.jobs import job_enqueue
 from portal.services.core.outbox import fact_record
 
 BOOKING_CHANGED = "booking_changed"
@@ -79,11 +80,9 @@ def request_allocation_pass() -> None:
 
 
 def _queue_pass() -> None:
-    from portal import tasks
-
     window = settings.SCHEDULER_PASS_COALESCE_S
     if window <= 0:
-        tasks.allocation_pass.delay()
+        job_enqueue("allocation_pass")
         return
     if cache.add(PASS_REQUEST_KEY, 1, timeout=math.ceil(window)):
-        tasks.allocation_pass.apply_async(countdown=window)
+        job_enqueue("allocation_pass", countdown=window)

@@ -14,6 +14,7 @@ from django.db import transaction
 from agents.protocol import SESSION_PATH, Event
 from portal.errors import ValidationFailed
 from portal.models import Booking
+from portal.services.realtime import live
 
 Interactive = Booking.Interactive
 SessionState = Booking.SessionState
@@ -88,8 +89,6 @@ def _last_line(text: str) -> str:
 
 
 def _broadcast(booking_id: int) -> None:
-    from portal.services.realtime import live
-
     def send() -> None:
         booking = Booking.objects.filter(pk=booking_id).only("owner_id", "state").first()
         if booking is not None:

@@ -29,6 +29,7 @@ from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert
 from portal.services.booking import events as booking_events
 from portal.services.booking.bookings import booking_transition
 from portal.services.booking.sessions import session_event_apply
+from portal.services.core.jobs import job_enqueue
 from portal.services.fleet.nodes import node_check_hostname, node_inventory_update
 from portal.services.fleet.telemetry import node_device_uuids, node_devices_forget
 from portal.services.realtime import live
@@ -316,6 +317,4 @@ def _alert(node: Node, event: Event) -> None:
         booking=booking,
         owner_id=booking.owner_id if booking else None,
     )
-    from portal import tasks
-
-    transaction.on_commit(lambda: tasks.node_alert_notify.delay(alert.pk), robust=True)
+    transaction.on_commit(lambda: job_enqueue("node_alert_notify", alert.pk), robust=True)

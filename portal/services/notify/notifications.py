@@ -31,6 +31,7 @@ from portal.models import (
     NotificationPreference,
     ProjectNotificationSettings,
 )
+from portal.services.core.jobs import job_enqueue
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +163,9 @@ def notification_record(
 
 def deliveries_enqueue(delivery_ids) -> None:
     """Queue one send task per delivery (after commit; the scan resends any left pending)."""
-    from portal import tasks
-
     for delivery_id in delivery_ids:
         try:
-            tasks.delivery_send.delay(delivery_id)
+            job_enqueue("delivery_send", delivery_id)
         except Exception:  # the broker down: the scan sends it later; the others still go
             log.exception("could not queue delivery %s", delivery_id)
 
