@@ -60,7 +60,7 @@ def booking_submit(
 ) -> Booking:
     """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
 
-    With an idempotency key (see services.idempotency) the booking row claims it: a second
+    With an idempotency key (see booking/idempotency.py) the booking row claims it: a second
     booking with the key fails on the owner+key unique constraint (IntegrityError).
     `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active.
     """
