@@ -45,7 +45,7 @@ USER_MAX = 64  # a Unix user name
 USERNAME_MAX = 150  # a portal (Django) user name
 # A request's command is shorter (portal booking_bounds.COMMAND_MAX); the wire takes any it holds.
 COMMAND_MAX = 1_000_000
-# Also the request bounds of portal/services/booking_bounds.py (tests/portal/test_request_bounds.py).
+# Also the request bounds of portal/services/booking/booking_bounds.py (tests/portal/test_request_bounds.py).
 MODEL_MAX = 64
 PROFILE_MAX = 32
 VERSION_MAX = 64

@@ -73,7 +73,7 @@ def _setup() -> dict[str, dict]:
     from agents import protocol
     from agents.simulate import SimulatedBackend
     from portal.models import Sample
-    from portal.services.nodes import node_inventory_from_spec, node_token_issue
+    from portal.services.fleet.nodes import node_inventory_from_spec, node_token_issue
 
     Sample.objects.filter(node__hostname__in=SPECS).delete()
     agents = {}
@@ -98,7 +98,7 @@ def _setup() -> dict[str, dict]:
 def _service_run(agents: dict, seconds: float) -> dict:
     from agents import protocol
     from portal.models import Node
-    from portal.services.telemetry import samples_ingest
+    from portal.services.fleet.telemetry import samples_ingest
 
     parsed = [
         (Node.objects.get(pk=a["node_id"]), protocol.from_json(protocol.ReadingsRequest, body))

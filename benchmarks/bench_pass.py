@@ -130,7 +130,7 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
                 )
             )
     gpus = Gpu.objects.bulk_create(gpu_rows)
-    # Packed in listing order on each GPU, as registration places them (services/nodes.py).
+    # Packed in listing order on each GPU, as registration places them (services/fleet/nodes.py).
     packed: dict[tuple, int] = {}
     mig_rows = []
     for d in site.devices:
@@ -362,7 +362,7 @@ def _rss_mb() -> float:
 def _pass():
     from django.utils import timezone
 
-    from portal.services.allocation import allocation_pass
+    from portal.services.allocation.allocation import allocation_pass
 
     began, cpu = time.perf_counter(), time.process_time()
     result = allocation_pass(now=timezone.now())

@@ -25,11 +25,11 @@ from portal.models import (
     Project,
     Quota,
 )
-from portal.services import nodes as node_services
-from portal.services import tokens as token_services
-from portal.services.audit import Via, source_of
-from portal.services.audit_log import CSV_COLUMNS, audit_row
-from portal.services.quotas import DEFAULT_BUDGET_PERIOD_DAYS, usage_current
+from portal.services.access import tokens as token_services
+from portal.services.access.audit import Via, source_of
+from portal.services.access.audit_log import CSV_COLUMNS, audit_row
+from portal.services.booking.quotas import DEFAULT_BUDGET_PERIOD_DAYS, usage_current
+from portal.services.fleet import nodes as node_services
 
 
 class MembershipInline(admin.TabularInline):

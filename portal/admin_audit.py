@@ -8,7 +8,7 @@ each form save in one transaction, so the row and its audit entry commit togethe
 from django.contrib import admin
 
 from portal.models import Gpu, Membership, Node, Quota
-from portal.services.audit import Via, audit_record, changes, snapshot, source_of
+from portal.services.access.audit import Via, audit_record, changes, snapshot, source_of
 
 # model -> the name its actions carry in the log ("quota.change", ...)
 AUDITED = {Quota: "quota", Membership: "membership", Node: "node", Gpu: "node"}

@@ -15,15 +15,37 @@ class PortalConfig(AppConfig):
 
 
 def _subscribe() -> None:
-    """The one list of what runs after a fact commits (portal.services.outbox)."""
+    """The one list of what runs after a fact commits (portal.services.core.outbox)."""
     from portal import tasks
-    from portal.services import agents, events, live, notifications
-    from portal.services.outbox import dispatcher_set, subscribe
+    from portal.services.booking import events
+    from portal.services.core.jobs import job_set
+    from portal.services.core.outbox import dispatcher_set, subscribe
+    from portal.services.fleet import agents
+    from portal.services.notify import notifications
+    from portal.services.realtime import live
 
     dispatcher_set(lambda fact_ids: tasks.outbox_dispatch.delay(fact_ids))
+    # The jobs services queue by name (portal.services.core.jobs), each its Celery task.
+    for name in ("allocation_pass", "delivery_send", "node_alert_notify"):
+        job_set(name, _celery_enqueue(name))
 
     subscribe(events.BOOKING_CHANGED, notifications.booking_fact_notify)
     subscribe(events.BOOKING_CHANGED, live.booking_fact_broadcast)
     subscribe(events.BOOKING_CHANGED, agents.booking_fact_push)
     subscribe(events.BOOKING_CHANGED, events.booking_fact_pass_request)
     subscribe(events.NODE_DOWN, notifications.node_down_fact_notify)
+
+
+def _celery_enqueue(task_name: str):
+    """Queue portal.tasks.<task_name>, looked up at call time (tests replace its delay)."""
+
+    def enqueue(*args, countdown: float | None = None) -> None:
+        from portal import tasks
+
+        task = getattr(tasks, task_name)
+        if countdown is None:
+            task.delay(*args)
+        else:
+            task.apply_async(args, countdown=countdown)
+
+    return enqueue

@@ -4,7 +4,7 @@ token exchange, and any authentication backend (single sign-on included) that se
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.dispatch import receiver
 
-from portal.services.audit import SYSTEM, audit_record, source_of
+from portal.services.access.audit import SYSTEM, audit_record, source_of
 
 
 @receiver(user_logged_in)

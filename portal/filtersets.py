@@ -5,7 +5,7 @@ import django_filters
 from django.utils import timezone
 
 from portal.models import Booking, Gpu, MigInstance, Node
-from portal.services import inventory
+from portal.services.inventory import selectors as inventory
 
 
 def _free_filter(free_now):

@@ -4,7 +4,8 @@ from celery import shared_task
 from django.utils import timezone
 
 from portal.models import Delivery
-from portal.services import notifications, outbox
+from portal.services.core import outbox
+from portal.services.notify import notifications
 
 # Idempotent jobs are acknowledged only when done, and put back if the process running them dies
 # (SIGKILL, OOM): another worker runs them again. A notification delivery is one of them: its
@@ -15,7 +16,7 @@ IDEMPOTENT = {"ignore_result": True, "acks_late": True, "reject_on_worker_lost":
 @shared_task(**IDEMPOTENT)
 def allocation_pass() -> None:
     """One allocator pass (skipped if another is running)."""
-    from portal.services.allocation import allocation_pass as run_pass
+    from portal.services.allocation.allocation import allocation_pass as run_pass
 
     run_pass(now=timezone.now())
 
@@ -39,7 +40,7 @@ def outbox_sweep() -> None:
 @shared_task(**IDEMPOTENT)
 def telemetry_rollup() -> None:
     """Roll raw telemetry up per minute, then prune raw samples and rollups past retention."""
-    from portal.services.telemetry import telemetry_maintain
+    from portal.services.fleet.telemetry import telemetry_maintain
 
     telemetry_maintain(now=timezone.now())
 
@@ -47,7 +48,7 @@ def telemetry_rollup() -> None:
 @shared_task(**IDEMPOTENT)
 def node_heartbeat_check() -> None:
     """Mark silent nodes down; fail or requeue their bookings."""
-    from portal.services.nodes import nodes_heartbeat_check
+    from portal.services.fleet.nodes import nodes_heartbeat_check
 
     nodes_heartbeat_check(now=timezone.now())
 
@@ -58,13 +59,13 @@ def node_alert_notify(alert_id: int) -> None:
     notifications.alert_notify(alert_id=alert_id)
 
 
-# A delivery claims its row before sending (portal.services.delivery), so running the task again
+# A delivery claims its row before sending (portal.services.notify.delivery), so running the task again
 # after a worker died is safe: it sends only a delivery nobody has claimed.
 @shared_task(bind=True, max_retries=None, **IDEMPOTENT)
 def delivery_send(self, delivery_id: int) -> None:
     """Send one recorded notification delivery; retried with backoff while it fails."""
-    from portal.services.delivery import SendFailed, retry_backoff
-    from portal.services.delivery import delivery_send as send
+    from portal.services.notify.delivery import SendFailed, retry_backoff
+    from portal.services.notify.delivery import delivery_send as send
 
     try:
         send(delivery_id=delivery_id, now=timezone.now())
@@ -78,7 +79,7 @@ def delivery_send(self, delivery_id: int) -> None:
 @shared_task(**IDEMPOTENT)
 def notifications_scan() -> None:
     """Starting soon, ending soon, planned start moved, budget; resend stuck deliveries."""
-    from portal.services.notify_scan import notifications_scan as scan
+    from portal.services.notify.notify_scan import notifications_scan as scan
 
     scan(now=timezone.now())
 
@@ -86,6 +87,6 @@ def notifications_scan() -> None:
 @shared_task(**IDEMPOTENT)
 def idle_reclaim() -> None:
     """Warn idle bookings, release the ones nobody kept (when the site turned it on)."""
-    from portal.services.reclaim import idle_reclaim_scan
+    from portal.services.notify.reclaim import idle_reclaim_scan
 
     idle_reclaim_scan(now=timezone.now())

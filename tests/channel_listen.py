@@ -5,7 +5,7 @@ import asyncio
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from portal.services.live import user_group
+from portal.services.realtime.live import user_group
 
 
 def listen_as_owner(owner_id: int):

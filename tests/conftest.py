@@ -4,7 +4,7 @@ both_databases run once more on SQLite (TEST_DATABASE=sqlite, tests/portal/test_
 import pytest
 from rest_framework.test import APIClient
 
-from portal.services.estimate import estimate_snapshot_forget
+from portal.services.allocation.estimate import estimate_snapshot_forget
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
 
 

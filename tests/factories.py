@@ -160,7 +160,7 @@ class SampleFactory(factory.django.DjangoModelFactory):
 
 def make_agent_node(hostname: str, *, gpus: int = 2, mig_gpus: int = 0) -> tuple[Node, str]:
     """A node with whole GPUs, then `mig_gpus` GPUs in MIG mode, and a fresh agent token."""
-    from portal.services.nodes import node_token_issue
+    from portal.services.fleet.nodes import node_token_issue
 
     node = make_node(hostname, gpus=gpus)
     for index in range(gpus, gpus + mig_gpus):

@@ -14,9 +14,9 @@ from rest_framework.views import APIView
 from agents import protocol
 from portal.api.auth import authorization_key
 from portal.models import Node
-from portal.services import agents as agent_services
-from portal.services.nodes import node_for_token, node_mark_seen
-from portal.services.telemetry import samples_ingest
+from portal.services.fleet import agents as agent_services
+from portal.services.fleet.nodes import node_for_token, node_mark_seen
+from portal.services.fleet.telemetry import samples_ingest
 
 
 class AgentTokenAuthentication(authentication.BaseAuthentication):

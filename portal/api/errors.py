@@ -13,8 +13,8 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
 from portal.errors import ApplicationError, Busy
-from portal.services import metrics
-from portal.services.locking import is_contention
+from portal.services.core import counters
+from portal.services.core.locking import is_contention
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def exception_handler(exc, context):
     if is_contention(exc):
         # Every write is one transaction, so nothing was written: say "busy, retry" (not 500).
         exc = Busy("The booking system is busy; try again in a few seconds.")
-        metrics.counter_add("lock_timeouts")
+        counters.counter_add("lock_timeouts")
         response = Response(error_body(exc.code, exc.message), status=exc.status)
         response["Retry-After"] = str(exc.retry_after_s)
         return response

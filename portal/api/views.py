@@ -21,20 +21,15 @@ from portal.api.pagination import OrderedPagination
 from portal.errors import NotAllowed, NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
-from portal.services import (
-    audit,
-    audit_log,
-    login_throttle,
-    permissions,
-    telemetry,
-    telemetry_cache,
-)
-from portal.services import bookings as booking_services
-from portal.services import tokens as token_services
-from portal.services.accounting import accounting_report
-from portal.services.estimate import booking_estimate
-from portal.services.idempotency import booking_submit_once
-from portal.services.quotas import quota_overview
+from portal.services.access import audit, audit_log, login_throttle, permissions
+from portal.services.access import tokens as token_services
+from portal.services.allocation.estimate import booking_estimate
+from portal.services.booking import bookings as booking_services
+from portal.services.booking.idempotency import booking_submit_once
+from portal.services.booking.quotas import quota_overview
+from portal.services.fleet import telemetry
+from portal.services.inventory import telemetry_cache
+from portal.services.reporting.accounting import accounting_report
 
 
 class TokenThrottle(AnonRateThrottle):

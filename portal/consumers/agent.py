@@ -12,8 +12,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import DatabaseError
 
-from portal.services.live import agent_group
-from portal.services.nodes import node_for_token, node_mark_seen
+from portal.services.fleet.nodes import node_for_token, node_mark_seen
+from portal.services.realtime.live import agent_group
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ services and the telemetry ingest, after commit, so a consumer holds no business
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from portal.services.live import QUEUE_GROUP, user_group
+from portal.services.realtime.live import QUEUE_GROUP, user_group
 
 TELEMETRY_GROUP = "telemetry"
 # Close code the page reads as "signed out: do not reconnect" (docs/live.md). The socket is

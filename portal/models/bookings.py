@@ -134,7 +134,7 @@ class Booking(models.Model):
             models.CheckConstraint(
                 condition=Q(duration_s__gt=0), name="%(app_label)s_%(class)s_duration_positive"
             ),
-            # The moves between these states are services.transitions.TRANSITIONS.
+            # The moves between these states are services.booking.transitions.TRANSITIONS.
             models.CheckConstraint(
                 condition=Q(state__in=BookingState.values),
                 name="%(app_label)s_%(class)s_state_known",

@@ -25,7 +25,7 @@ class Project(models.Model):
 
 class Membership(models.Model):
     """A user's place in a project: members book; managers also see all its bookings and may
-    cancel or release them (portal.services.permissions.CAN, docs/roles.md)."""
+    cancel or release them (portal.services.access.permissions.CAN, docs/roles.md)."""
 
     class Role(models.TextChoices):
         MEMBER = "member", "Member"

@@ -7,7 +7,7 @@ from django.contrib.auth.backends import ModelBackend
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from portal.models import GroupMappingRule
-from portal.services.sso import Identity, sso_user_provision
+from portal.services.access.sso import Identity, sso_user_provision
 
 log = logging.getLogger(__name__)
 

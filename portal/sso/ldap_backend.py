@@ -3,7 +3,7 @@
 from django_auth_ldap.backend import LDAPBackend
 
 from portal.models import GroupMappingRule
-from portal.services.sso import memberships_sync
+from portal.services.access.sso import memberships_sync
 
 
 class PortalLDAPBackend(LDAPBackend):

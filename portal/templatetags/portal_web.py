@@ -6,7 +6,7 @@ from datetime import timedelta
 from django import template
 from django.utils import dateformat, timezone
 
-from portal.services import permissions
+from portal.services.access import permissions
 
 register = template.Library()
 
@@ -117,7 +117,7 @@ def get_item(mapping, key):
 @register.simple_tag
 def fairshare_charge() -> str:
     """What the fair-share factor charges, for priority breakdowns."""
-    from portal.services.fairshare import charge_description
-    from portal.services.snapshot import scheduler_policy
+    from portal.services.allocation.snapshot import scheduler_policy
+    from portal.services.booking.fairshare import charge_description
 
     return charge_description(scheduler_policy())

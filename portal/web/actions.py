@@ -15,8 +15,8 @@ from django.views.decorators.http import require_POST
 
 from portal.errors import ApplicationError, NotFound
 from portal.models import Project
-from portal.services import bookings as booking_services
-from portal.services.audit import Via, source_of
+from portal.services.access.audit import Via, source_of
+from portal.services.booking import bookings as booking_services
 from portal.web.forms import BookForm, ExtendForm, add_service_errors
 
 PREFILL = ("start", "end", "gpu_model", "mig_profile", "kind", "when", "gpus", "project")

@@ -6,7 +6,7 @@ applies the light or dark colours, so figures carry no colours of their own exce
 
 from datetime import date, datetime, timedelta
 
-from portal.services.clock import to_epoch
+from portal.services.core.clock import to_epoch
 
 # (sample key, chart title, y-axis title, fixed y range or None)
 METRICS = [

@@ -7,7 +7,9 @@ from django.core import validators
 
 from portal.errors import ApplicationError
 from portal.models import Booking, Qos
-from portal.services import booking_bounds, inventory, login_throttle
+from portal.services.access import login_throttle
+from portal.services.booking import booking_bounds
+from portal.services.inventory import selectors as inventory
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 # Service field names that the form shows under another name.
@@ -185,7 +187,7 @@ class BookForm(AccessibleForm):
 
 
 def _mig_models() -> list[str]:
-    from portal.services.inventory import mig_gpu_models
+    from portal.services.inventory.selectors import mig_gpu_models
 
     return mig_gpu_models()
 

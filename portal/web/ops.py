@@ -22,8 +22,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from portal.models import Node
-from portal.services import metrics
-from portal.services.login_throttle import client_address
+from portal.services.access.login_throttle import client_address
+from portal.services.core import counters
+from portal.services.reporting import metrics
 
 
 def _metrics_allowed(request) -> bool:
@@ -115,7 +116,7 @@ def _redis() -> tuple[bool, str]:
 
 
 def _allocation_pass() -> tuple[bool, str]:
-    last = metrics.last_pass_at()
+    last = counters.last_pass_at()
     if last is None:
         return False, "no allocation pass has run yet"
     age = time.time() - last

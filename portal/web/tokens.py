@@ -13,9 +13,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.errors import ApplicationError, NotFound
-from portal.services import audit_log, permissions
-from portal.services import tokens as token_services
-from portal.services.audit import ACTIONS, Via, source_of
+from portal.services.access import audit_log, permissions
+from portal.services.access import tokens as token_services
+from portal.services.access.audit import ACTIONS, Via, source_of
 from portal.web.forms import TokenForm, add_service_errors
 
 NEW_KEY = "portal-new-token"  # session key holding a new token's key until it is shown once

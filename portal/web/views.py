@@ -17,10 +17,10 @@ from django.utils import timezone
 
 from agents.protocol import LOG_TAIL_BYTES
 from portal.models import Allocation, Booking, Gpu, Node, Project
-from portal.services import accounting as accounting_services
-from portal.services import permissions
-from portal.services.quotas import quota_position, usage_current
-from portal.services.sessions import session_view
+from portal.services.access import permissions
+from portal.services.booking.quotas import quota_position, usage_current
+from portal.services.booking.sessions import session_view
+from portal.services.reporting import accounting as accounting_services
 from portal.web import calendar, charts, history, panels, selectors
 
 FILTERS = ("model", "node", "state")

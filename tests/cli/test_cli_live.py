@@ -10,8 +10,8 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Booking, Gpu, MigInstance
-from portal.services.bookings import booking_cancel
-from portal.services.telemetry_cache import latest_store
+from portal.services.booking.bookings import booking_cancel
+from portal.services.inventory.telemetry_cache import latest_store
 from tests.cli.conftest import token_for
 from tests.factories import make_active_booking
 

@@ -11,8 +11,8 @@ from django.test import Client
 from django.utils import timezone
 
 from portal.models import ActionUse, Allocation, Booking
-from portal.services.booking_links import action_token
-from portal.services.slack_requests import slack_signature
+from portal.services.notify.booking_links import action_token
+from portal.services.notify.slack_requests import slack_signature
 from tests.factories import make_active_booking, make_node
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,8 @@ from django.core import mail
 from django.utils import timezone
 
 from portal.models import Node, NodeAlert
-from portal.services.nodes import nodes_heartbeat_check
-from portal.services.notifications import alert_notify
+from portal.services.fleet.nodes import nodes_heartbeat_check
+from portal.services.notify.notifications import alert_notify
 from tests.factories import UserFactory, make_node
 
 pytestmark = pytest.mark.django_db

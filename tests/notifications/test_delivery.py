@@ -16,8 +16,8 @@ from portal.models import (
     NotificationPreference,
     ProjectNotificationSettings,
 )
-from portal.services.delivery import delivery_send
-from portal.services.notifications import booking_event_record
+from portal.services.notify.delivery import delivery_send
+from portal.services.notify.notifications import booking_event_record
 from tests.factories import make_active_booking, make_node
 
 pytestmark = pytest.mark.django_db
@@ -125,7 +125,7 @@ def test_it_keeps_mailing_when_slack_is_down(
 
 
 def _scan(capture, *, minutes: float):
-    from portal.services.notify_scan import notifications_scan
+    from portal.services.notify.notify_scan import notifications_scan
 
     with capture(execute=True):
         notifications_scan(now=timezone.now() + timedelta(minutes=minutes))
@@ -176,7 +176,7 @@ def test_it_follows_the_users_choice_over_the_projects_and_the_sites(smtp, start
 
 def test_it_words_an_ended_booking_with_its_usage(smtp, started, settings):
     from portal.models import Notification
-    from portal.services.messages import message_build
+    from portal.services.notify.messages import message_build
     from tests.factories import SampleFactory
 
     for a in started.allocations.all():

@@ -10,9 +10,9 @@ from agents.protocol import ReadingsRequest
 from agents.simulate import SimulatedBackend
 from portal.management.commands.up import notify_defaults
 from portal.models import Booking, Delivery, IdleReclaim
-from portal.services.nodes import node_inventory_from_spec
-from portal.services.reclaim import idle_reclaim_scan
-from portal.services.telemetry import samples_ingest
+from portal.services.fleet.nodes import node_inventory_from_spec
+from portal.services.fleet.telemetry import samples_ingest
+from portal.services.notify.reclaim import idle_reclaim_scan
 from tests.factories import make_active_booking
 
 pytestmark = pytest.mark.django_db

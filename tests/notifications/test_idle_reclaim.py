@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import AuditEvent, Booking, Delivery, IdleReclaim, Notification, ProcessUsage
-from portal.services.reclaim import idle_reclaim_scan
+from portal.services.notify.reclaim import idle_reclaim_scan
 from tests.factories import (
     BookingFactory,
     SampleFactory,
@@ -70,7 +70,7 @@ def test_it_warns_then_releases_an_idle_booking_and_the_queue_moves_up(
 
 
 def test_it_leaves_a_kept_booking_alone(idle_booking):
-    from portal.services.reclaim import idle_keep
+    from portal.services.notify.reclaim import idle_keep
 
     booking, gpus = idle_booking
     now = timezone.now()

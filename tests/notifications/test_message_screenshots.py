@@ -8,8 +8,8 @@ import pytest
 from django.db import transaction
 
 from portal.models import Notification
-from portal.services.messages import email_parts, message_build, slack_payload
-from portal.services.notifications import booking_event_record
+from portal.services.notify.messages import email_parts, message_build, slack_payload
+from portal.services.notify.notifications import booking_event_record
 from tests.factories import make_active_booking, make_node
 from tests.notifications.slack_preview import slack_preview_html
 from tests.web.conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS

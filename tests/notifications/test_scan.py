@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal.models import Allocation, Booking, Delivery, Notification
-from portal.services.notify_scan import notifications_scan
+from portal.services.notify.notify_scan import notifications_scan
 from tests.factories import AllocationFactory, BookingFactory, make_active_booking, make_node
 
 pytestmark = pytest.mark.django_db
@@ -36,7 +36,7 @@ def test_it_tells_a_queued_request_its_place_then_a_big_move(owner, project, set
     notifications_scan(now=now)
     notifications_scan(now=now)
     assert _events(b) == ["queued", "moved"]
-    from portal.services.messages import message_build
+    from portal.services.notify.messages import message_build
 
     message = message_build(Notification.objects.get(event="moved"))
     assert "position 3" in message.intro
@@ -92,8 +92,8 @@ def test_it_marks_a_send_whose_sender_died_uncertain_and_never_resends_it(owner,
 def test_it_words_an_extension_of_a_queued_request_by_its_length(owner, project):
     from django.db import transaction
 
-    from portal.services.messages import message_build
-    from portal.services.notifications import booking_event_record
+    from portal.services.notify.messages import message_build
+    from portal.services.notify.notifications import booking_event_record
 
     b = BookingFactory(owner=owner, project=project, duration_s=7200)
     with transaction.atomic():

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.models import Delivery, NotificationContact
-from portal.services.notifications import booking_event_record
+from portal.services.notify.notifications import booking_event_record
 from tests.factories import make_active_booking, make_node
 from tests.workers import celery_worker
 from tests.workers import wait_until as _wait

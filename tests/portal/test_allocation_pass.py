@@ -12,7 +12,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from portal.models import Booking, Membership, Node
-from portal.services.allocation import PASS_LOCK_KEY, allocation_pass
+from portal.services.allocation.allocation import PASS_LOCK_KEY, allocation_pass
 from tests.conftest import error_of
 from tests.factories import UserFactory, make_mig_gpu, make_node, member
 
@@ -260,7 +260,7 @@ def test_it_runs_the_pass_in_a_real_celery_worker_against_postgresql(settings):
 
 
 def test_it_runs_the_workers_with_the_policy_the_replay_measures(settings):
-    from portal.services.snapshot import scheduler_policy
+    from portal.services.allocation.snapshot import scheduler_policy
     from scheduler.replay import PORTAL_POLICY
 
     settings.SCHEDULER_POLICY = {}

@@ -12,9 +12,9 @@ from rest_framework.test import APIClient
 
 from portal.models import AuditEvent, Booking, Membership, Node
 from portal.models.audit import AppendOnlyError
-from portal.services.allocation import allocation_pass
-from portal.services.audit import ACTIONS, audit_record
-from portal.services.bookings import booking_stop
+from portal.services.access.audit import ACTIONS, audit_record
+from portal.services.allocation.allocation import allocation_pass
+from portal.services.booking.bookings import booking_stop
 from tests.conftest import error_of
 from tests.factories import ProjectFactory, UserFactory, make_active_booking, member
 

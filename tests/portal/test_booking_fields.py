@@ -7,8 +7,8 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Allocation, Booking
-from portal.services.allocation import allocation_pass
-from portal.services.bookings import booking_stop
+from portal.services.allocation.allocation import allocation_pass
+from portal.services.booking.bookings import booking_stop
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db

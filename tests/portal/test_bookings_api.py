@@ -349,7 +349,7 @@ def test_it_extends_a_mig_slice_while_its_sibling_slice_is_booked(api, project, 
 
 
 def test_it_refuses_an_extension_over_the_concurrent_gpu_quota(api, project, cluster):
-    from portal.services.bookings import booking_submit
+    from portal.services.booking.bookings import booking_submit
     from tests.factories import ProjectFactory, QuotaFactory
 
     other, elsewhere = UserFactory(), ProjectFactory(slug="other")

@@ -8,7 +8,7 @@ from django.db.models import DateTimeField, Value
 from django.db.models.functions import Cast
 
 from portal.models import Booking
-from portal.services.clock import EpochSeconds, from_epoch, to_epoch
+from portal.services.core.clock import EpochSeconds, from_epoch, to_epoch
 from tests.factories import BookingFactory
 
 pytestmark = pytest.mark.both_databases

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from portal.models import Gpu, MigInstance, Node, Project, Quota
-from portal.services.demo import DEMO_PASSWORD
+from portal.services.reporting.demo import DEMO_PASSWORD
 from tests.process_tree import command, descendants, exit_status, living
 
 ROOT = Path(settings.BASE_DIR)

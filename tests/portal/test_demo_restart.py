@@ -10,8 +10,8 @@ from rest_framework.test import APIClient
 from agents import protocol
 from agents.simulate import SimulatedBackend
 from portal.models import Allocation, Booking, Gpu, MigInstance
-from portal.services.demo import DEMO_NODES, demo_site_id
-from portal.services.nodes import node_token_issue
+from portal.services.fleet.nodes import node_token_issue
+from portal.services.reporting.demo import DEMO_NODES, demo_site_id
 from tests.factories import make_active_booking
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ import time
 import pytest
 from django.utils import timezone
 
-from portal.services.metrics import counter_value
+from portal.services.core.counters import counter_value
 from tests.conftest import error_of
 from tests.factories import UserFactory, member
 

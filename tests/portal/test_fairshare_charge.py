@@ -12,10 +12,10 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Allocation, Booking, SampleMinute
-from portal.services import fairshare
-from portal.services.allocation import allocation_pass
-from portal.services.bookings import booking_release
-from portal.services.snapshot import scheduler_policy
+from portal.services.allocation.allocation import allocation_pass
+from portal.services.allocation.snapshot import scheduler_policy
+from portal.services.booking import fairshare
+from portal.services.booking.bookings import booking_release
 from tests.factories import (
     BookingFactory,
     ProjectFactory,

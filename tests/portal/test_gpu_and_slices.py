@@ -13,8 +13,8 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from portal.models import Allocation, MigInstance
-from portal.services.locking import is_allocation_clash
-from portal.services.nodes import node_inventory_update
+from portal.services.core.locking import is_allocation_clash
+from portal.services.fleet.nodes import node_inventory_update
 from tests.factories import AllocationFactory, BookingFactory, MigInstanceFactory, make_node
 
 
@@ -158,7 +158,7 @@ def test_it_places_existing_slices_and_fills_existing_allocations_when_migrating
 @pytest.mark.django_db
 def test_it_offers_no_device_that_shares_compute_slices_with_a_held_one():
     from portal.models import Gpu
-    from portal.services.placement import devices_for_window
+    from portal.services.inventory.placement import devices_for_window
 
     node = make_node("n1", gpus=0)
     node.state = "up"

@@ -10,9 +10,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.models import Booking
-from portal.services.booking_rules import check_request
-from portal.services.bookings import booking_from_request
-from portal.services.idempotency import booking_submit_once, request_digest
+from portal.services.booking.booking_rules import check_request
+from portal.services.booking.bookings import booking_from_request
+from portal.services.booking.idempotency import booking_submit_once, request_digest
 from tests.conftest import error_of
 from tests.factories import UserFactory, member
 

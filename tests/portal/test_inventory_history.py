@@ -11,9 +11,10 @@ from django.utils import timezone
 
 from agents import protocol
 from portal.models import Allocation, Booking, Gpu, MigInstance
-from portal.services import inventory, placement
-from portal.services.allocation import allocation_pass
-from portal.services.snapshot import snapshot_take
+from portal.services.allocation.allocation import allocation_pass
+from portal.services.allocation.snapshot import snapshot_take
+from portal.services.inventory import placement
+from portal.services.inventory import selectors as inventory
 from tests.factories import (
     AllocationFactory,
     BookingFactory,
@@ -58,7 +59,7 @@ def _register(agent: AgentClient, *gpus: dict, hostname: str = "node-a"):
 
 @pytest.fixture
 def agent():
-    from portal.services.nodes import node_token_issue
+    from portal.services.fleet.nodes import node_token_issue
     from tests.factories import NodeFactory
 
     NodeFactory(hostname="node-a")
@@ -233,7 +234,7 @@ def test_it_fails_a_live_booking_on_an_instance_of_an_old_mig_layout(agent):
 
 
 def test_it_keeps_the_reason_within_state_detail_for_a_long_hostname():
-    from portal.services.nodes import node_token_issue
+    from portal.services.fleet.nodes import node_token_issue
     from tests.factories import NodeFactory
 
     hostname = "n" * 250
@@ -339,7 +340,7 @@ def test_it_refuses_two_gpus_at_one_index_with_the_field(agent):
 
 
 def test_it_moves_a_card_retired_on_another_node_but_refuses_a_live_one(agent):
-    from portal.services.nodes import node_token_issue
+    from portal.services.fleet.nodes import node_token_issue
     from tests.factories import NodeFactory
 
     NodeFactory(hostname="node-b")
@@ -355,7 +356,7 @@ def test_it_moves_a_card_retired_on_another_node_but_refuses_a_live_one(agent):
 
 
 def test_it_never_starts_a_booking_on_a_retired_device(agent, project, user):
-    from portal.services.pass_start import start_planned
+    from portal.services.allocation.pass_start import start_planned
 
     _register(agent, _gpu(0, "GPU-m", [("MIG-1", "3g.40gb")]))
     booking = BookingFactory(owner=user, project=project, mig_profile="3g.40gb", gpus=0)
@@ -378,8 +379,8 @@ def test_it_never_starts_a_booking_on_a_card_a_register_is_retiring(settings):
 
     from django.db import connection, transaction
 
-    from portal.services.nodes import node_inventory_update
-    from portal.services.pass_start import start_planned
+    from portal.services.allocation.pass_start import start_planned
+    from portal.services.fleet.nodes import node_inventory_update
     from tests.factories import ProjectFactory, QuotaFactory, make_node
 
     if connection.vendor != "postgresql":

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.protocol import DeviceReading, ReadingsRequest
 from portal.errors import Busy
-from portal.services.allocation import allocation_pass
-from portal.services.locking import lock_nodes
-from portal.services.telemetry import samples_ingest
+from portal.services.allocation.allocation import allocation_pass
+from portal.services.core.locking import lock_nodes
+from portal.services.fleet.telemetry import samples_ingest
 from tests.factories import BookingFactory, make_active_booking, make_mig_gpu, make_node
 
 pytestmark = pytest.mark.django_db
@@ -117,7 +117,7 @@ def test_it_shows_allocation_passes_as_a_histogram(project, cluster):
 
 def test_it_counts_failed_notifications_by_channel(settings, django_capture_on_commit_callbacks):
     from portal.models import NodeAlert
-    from portal.services.notifications import alert_notify
+    from portal.services.notify.notifications import alert_notify
 
     settings.SLACK_WEBHOOK_URL = "http://127.0.0.1:9/hooks/refused"  # nothing listens on 9
     settings.NOTIFY_MAX_ATTEMPTS = 1

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.models import Allocation, Booking
-from portal.services.locking import is_allocation_clash
+from portal.services.core.locking import is_allocation_clash
 from tests.factories import AllocationFactory, BookingFactory, MigInstanceFactory, make_node
 
 
@@ -124,7 +124,7 @@ def test_it_backstops_a_writer_that_skips_the_lock():
 
 def _cancel_in_a_thread(user, booking_id: int, *, wait_s: float) -> threading.Thread:
     """Cancel the booking from another connection; wait up to wait_s for it (it may block)."""
-    from portal.services.bookings import booking_cancel
+    from portal.services.booking.bookings import booking_cancel
 
     def cancel():
         try:
@@ -140,7 +140,7 @@ def _cancel_in_a_thread(user, booking_id: int, *, wait_s: float) -> threading.Th
 
 @pytest.mark.django_db(transaction=True)
 def test_it_makes_a_cancel_racing_an_extension_wait_for_it(monkeypatch):
-    from portal.services import bookings as services
+    from portal.services.booking import bookings as services
     from tests.factories import ProjectFactory, UserFactory, make_active_booking, member
 
     user, project = UserFactory(), ProjectFactory()
@@ -168,7 +168,7 @@ def test_it_makes_a_cancel_racing_an_extension_wait_for_it(monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkeypatch):
     from portal.errors import QuotaExceeded
-    from portal.services import bookings as services
+    from portal.services.booking import bookings as services
     from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
 
     # Different models lock different nodes; only the project's quota (2 GPUs) is shared.
@@ -210,9 +210,9 @@ def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkey
 @pytest.mark.django_db(transaction=True)
 def test_it_leaves_a_reservation_cancelled_while_the_pass_moves_it_holding_nothing(monkeypatch):
     from portal.models import Node
-    from portal.services import bookings as services
-    from portal.services import placement
-    from portal.services.allocation import allocation_pass
+    from portal.services.allocation.allocation import allocation_pass
+    from portal.services.booking import bookings as services
+    from portal.services.inventory import placement
     from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
 
     make_node("a", gpus=1)

@@ -10,11 +10,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from portal.models import Delivery, DomainEvent, IdleReclaim, Notification
-from portal.services import events, outbox
-from portal.services.bookings import booking_cancel, booking_release, booking_submit
-from portal.services.notifications import booking_fact_notify
-from portal.services.outbox import outbox_sweep
-from portal.services.reclaim import booking_reclaim
+from portal.services.booking import events
+from portal.services.booking.bookings import booking_cancel, booking_release, booking_submit
+from portal.services.core import outbox
+from portal.services.core.outbox import outbox_sweep
+from portal.services.notify.notifications import booking_fact_notify
+from portal.services.notify.reclaim import booking_reclaim
 from tests.channel_listen import listen_as_owner
 from tests.factories import make_active_booking, make_node
 
@@ -155,7 +156,7 @@ def test_it_retries_a_failed_subscriber_without_sending_the_others_twice(
     fact = DomainEvent.objects.get()
     assert fact.dispatched_at is None and fact.attempts == 1
     assert "redis unreachable" in fact.last_error
-    assert "portal.services.notifications.booking_fact_notify" in fact.done
+    assert "portal.services.notify.notifications.booking_fact_notify" in fact.done
     assert Notification.objects.filter(booking=booking).count() == 1
     deliveries = Delivery.objects.count()
     assert outbox_sweep(now=_later()) == 1
@@ -195,7 +196,7 @@ def test_it_records_a_node_down_as_a_fact_and_tells_admins_after_commit(
     from django.contrib.auth import get_user_model
 
     from portal.models import Node
-    from portal.services.nodes import nodes_heartbeat_check
+    from portal.services.fleet.nodes import nodes_heartbeat_check
 
     get_user_model().objects.create(username="root", email="root@example.org", is_staff=True)
     node = make_node("gpu-down", gpus=1)

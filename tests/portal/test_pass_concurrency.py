@@ -12,10 +12,10 @@ from django.utils import timezone
 
 import scheduler
 from portal.models import Allocation, Booking, Node
-from portal.services import allocation
-from portal.services.bookings import booking_submit
-from portal.services.nodes import nodes_heartbeat_check
-from portal.services.snapshot import scheduler_policy, snapshot_take
+from portal.services.allocation import allocation
+from portal.services.allocation.snapshot import scheduler_policy, snapshot_take
+from portal.services.booking.bookings import booking_submit
+from portal.services.fleet.nodes import nodes_heartbeat_check
 from tests.factories import AllocationFactory, BookingFactory, UserFactory, make_node, member
 
 pytestmark = pytest.mark.django_db

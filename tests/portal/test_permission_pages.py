@@ -9,8 +9,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.models import Allocation, Membership
-from portal.services import permissions
-from portal.services.preferences import preferences_get
+from portal.services.access import permissions
+from portal.services.notify.preferences import preferences_get
 from tests.factories import BookingFactory, ProjectFactory, UserFactory, make_node, member
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,8 @@ import pytest
 
 from portal.errors import NotAllowed
 from portal.models import Booking, Membership
-from portal.services import permissions
-from portal.services.nodes import node_drain
+from portal.services.access import permissions
+from portal.services.fleet.nodes import node_drain
 from tests.conftest import error_of
 from tests.factories import ProjectFactory, UserFactory, make_active_booking, member
 

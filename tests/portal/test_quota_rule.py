@@ -8,11 +8,11 @@ from django.utils import timezone
 
 from portal.errors import QuotaExceeded
 from portal.models import Booking, Notification, Quota
-from portal.services.allocation import allocation_pass
-from portal.services.booking_rules import check_request
-from portal.services.bookings import booking_extend, booking_submit
-from portal.services.estimate import _request_fields, booking_estimate
-from portal.services.notify_scan import notifications_scan
+from portal.services.allocation.allocation import allocation_pass
+from portal.services.allocation.estimate import _request_fields, booking_estimate
+from portal.services.booking.booking_rules import check_request
+from portal.services.booking.bookings import booking_extend, booking_submit
+from portal.services.notify.notify_scan import notifications_scan
 from scheduler.quota import GPU_SECOND
 from tests.factories import (
     AllocationFactory,

@@ -8,8 +8,8 @@ from django.utils import timezone
 from agents import protocol
 from portal.errors import ValidationFailed
 from portal.models import Booking, Gpu, MigInstance
-from portal.services.booking_bounds import request_bounds
-from portal.services.bookings import booking_submit
+from portal.services.booking.booking_bounds import request_bounds
+from portal.services.booking.bookings import booking_submit
 from portal.web.forms import BookForm
 from tests.conftest import error_of
 

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Booking
-from portal.services.bookings import booking_release
+from portal.services.booking.bookings import booking_release
 
 pytestmark = pytest.mark.django_db
 

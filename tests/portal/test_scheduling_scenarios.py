@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Booking
-from portal.services.allocation import allocation_pass
+from portal.services.allocation.allocation import allocation_pass
 from tests.factories import (
     AllocationFactory,
     BookingFactory,

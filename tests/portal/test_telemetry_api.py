@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import SampleMinute
-from portal.services import telemetry_cache
+from portal.services.inventory import telemetry_cache
 from tests.conftest import error_of
 from tests.factories import SampleFactory, make_active_booking, make_mig_gpu, make_node
 

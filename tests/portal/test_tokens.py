@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.models import ApiToken, AuditEvent
-from portal.services.tokens import token_create
+from portal.services.access.tokens import token_create
 from tests.conftest import error_of
 from tests.factories import UserFactory
 

@@ -10,8 +10,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from portal.models import Booking
-from portal.services.bookings import booking_stop
-from portal.services.transitions import TRANSITIONS, booking_cas, transition_sources
+from portal.services.booking.bookings import booking_stop
+from portal.services.booking.transitions import TRANSITIONS, booking_cas, transition_sources
 from tests.factories import BookingFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from django.conf import settings
 
-from portal.services.demo import DEMO_PASSWORD
+from portal.services.reporting.demo import DEMO_PASSWORD
 from tests.portal.test_demo_and_up import _free_port, _json, _terminate, embedded_env
 
 ROOT = settings.BASE_DIR

@@ -8,7 +8,7 @@ from django.test import Client
 
 from agents.protocol import DeviceReading, ProcessReading, ReadingsRequest
 from portal.models import NodeAlert, ProcessUsage
-from portal.services.telemetry import samples_ingest
+from portal.services.fleet.telemetry import samples_ingest
 from tests.factories import make_active_booking, make_node
 
 pytestmark = pytest.mark.django_db
@@ -93,7 +93,7 @@ def test_it_marks_a_process_the_agent_reported_as_foreign(scene, user):
 
 
 def test_it_shows_a_device_with_unbooked_processes_as_in_use_not_free(scene, user):
-    from portal.services import telemetry_cache
+    from portal.services.inventory import telemetry_cache
 
     node, gpu0, gpu1, booking, t0 = scene
     assert telemetry_cache.latest_by_uuid([gpu1.uuid])[gpu1.uuid]["processes"]

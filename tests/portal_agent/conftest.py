@@ -81,7 +81,7 @@ def real_agents(live_server, tmp_path):
     HTTP: `make(hostname, spec)`. Their jobs run as whoever runs the suite; all are killed after."""
     from agents.agent import Agent
     from agents.simulate import SimulatedBackend
-    from portal.services.nodes import node_token_issue
+    from portal.services.fleet.nodes import node_token_issue
 
     made: list = []
     tokens: dict[str, str] = {}

@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from agents import protocol
 from portal.models import Booking, Gpu, MigInstance, Node, NodeAlert, Sample
-from portal.services.telemetry_cache import latest_by_uuid
+from portal.services.inventory.telemetry_cache import latest_by_uuid
 from tests.conftest import error_of
 from tests.factories import UserFactory, make_active_booking
 from tests.portal_agent.conftest import AgentClient, reading
@@ -73,7 +73,7 @@ def test_it_refuses_requests_without_a_token(node_a):
 
 
 def test_it_refuses_a_revoked_token(node_a):
-    from portal.services.nodes import node_token_revoke
+    from portal.services.fleet.nodes import node_token_revoke
 
     node_token_revoke(hostname="node-a")
     response = AgentClient(node_a[1]).get(protocol.DESIRED_PATH)
@@ -480,7 +480,7 @@ def test_it_ignores_the_exit_of_a_leftover_job_when_the_booking_runs_elsewhere_n
 
 
 def test_it_ignores_the_old_runs_exit_while_a_requeued_booking_waits(node_a, agent_a):
-    from portal.services.bookings import booking_stop
+    from portal.services.booking.bookings import booking_stop
 
     booking = make_active_booking([node_a[0].gpus.first()], command="x")
     event = booking_stop(
@@ -493,7 +493,7 @@ def test_it_ignores_the_old_runs_exit_while_a_requeued_booking_waits(node_a, age
 
 
 def test_it_names_models_as_users_type_them():
-    from portal.services.nodes import gpu_model_name
+    from portal.services.fleet.nodes import gpu_model_name
 
     assert gpu_model_name("NVIDIA H100 80GB HBM3") == "H100 80GB HBM3"
     assert gpu_model_name("NVIDIA H200") == "H200"
@@ -512,7 +512,7 @@ def test_it_bounds_agent_strings_by_the_columns_that_store_them():
 
 @pytest.mark.django_db
 def test_it_words_alerts_in_the_notifications_module(node_a, django_capture_on_commit_callbacks):
-    from portal.services.notifications import alert_notify
+    from portal.services.notify.notifications import alert_notify
     from tests.factories import UserFactory
 
     owner = UserFactory(username="dora", email="dora@example.org")

@@ -6,8 +6,8 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Booking, Gpu, Node, Sample
-from portal.services.bookings import booking_cancel
-from portal.services.telemetry_cache import latest_by_uuid
+from portal.services.booking.bookings import booking_cancel
+from portal.services.inventory.telemetry_cache import latest_by_uuid
 from tests.agent_cycles import cycle_until
 from tests.factories import UserFactory, make_active_booking
 

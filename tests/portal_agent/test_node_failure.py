@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from portal import tasks
 from portal.models import AuditEvent, Booking, Node
-from portal.services.nodes import node_for_token, node_mark_seen, nodes_heartbeat_check
+from portal.services.fleet.nodes import node_for_token, node_mark_seen, nodes_heartbeat_check
 from tests.factories import UserFactory, make_active_booking, make_agent_node, make_node
 from tests.workers import wait_until
 
@@ -173,7 +173,7 @@ def test_it_brings_the_node_up_when_a_heartbeat_lands_while_it_is_being_marked_d
 
 
 def test_it_keeps_the_node_up_when_the_heartbeat_lands_first(settings, allocation_passes):
-    from portal.services.nodes import _node_down
+    from portal.services.fleet.nodes import _node_down
 
     settings.NODE_HEARTBEAT_TIMEOUT_S = 60
     node, token = make_agent_node("node-first", gpus=1)

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Sample, SampleMinute
-from portal.services.telemetry import (
+from portal.services.fleet.telemetry import (
     samples_history,
     samples_prune,
     samples_rollup,

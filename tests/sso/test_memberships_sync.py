@@ -3,7 +3,7 @@
 import pytest
 
 from portal.models import AuditEvent, GroupMappingRule, Membership
-from portal.services.sso import Identity, memberships_sync, sso_user_provision
+from portal.services.access.sso import Identity, memberships_sync, sso_user_provision
 from tests.factories import ProjectFactory, UserFactory, member
 
 OIDC = GroupMappingRule.Source.OIDC

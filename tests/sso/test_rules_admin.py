@@ -1,7 +1,7 @@
 """Admins edit the group mapping rules in the admin panel."""
 
 from portal.models import GroupMappingRule
-from portal.services.sso import memberships_sync
+from portal.services.access.sso import memberships_sync
 from tests.factories import ProjectFactory, UserFactory
 
 

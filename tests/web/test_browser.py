@@ -9,7 +9,7 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from portal.models import Booking
-from portal.services.bookings import booking_extend
+from portal.services.booking.bookings import booking_extend
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
 from tests.web.conftest import ARTIFACTS, in_thread, sign_in, wait_for
 
@@ -207,7 +207,7 @@ def test_it_says_signed_out_and_stops_reconnecting(alice, asgi_server, browser_p
 
 def _output(node, booking, tail: str) -> None:
     from agents.protocol import Event, EventsRequest
-    from portal.services.agents import agent_events_record
+    from portal.services.fleet.agents import agent_events_record
 
     event = Event("output", timezone.now(), booking_id=booking.pk, log_tail=tail)
     agent_events_record(node=node, request=EventsRequest([event]))
@@ -247,7 +247,7 @@ def test_it_shows_a_batch_bookings_output_live(alice, asgi_server, browser_page,
 
 def _unbooked_process(node, uuid: str) -> None:
     from agents.protocol import DeviceReading, ProcessReading, ReadingsRequest
-    from portal.services.telemetry import samples_ingest
+    from portal.services.fleet.telemetry import samples_ingest
 
     reading = DeviceReading(
         uuid, 3.0, 1.0, 900, 81920, 40.0, 90.0, [ProcessReading(666, "eve", 512, "miner")]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agents.protocol import DeviceReading, ReadingsRequest
-from portal.services.telemetry import samples_ingest
+from portal.services.fleet.telemetry import samples_ingest
 from portal.web import selectors
 from portal.web.device_usage import busy_after
 from tests.factories import make_active_booking, make_node

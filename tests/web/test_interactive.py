@@ -20,7 +20,7 @@ from agents.agent import Agent
 from agents.session import session_listening
 from agents.simulate import SimulatedBackend
 from portal.models import Booking, MigInstance
-from portal.services.nodes import node_token_issue
+from portal.services.fleet.nodes import node_token_issue
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
 from tests.web.conftest import ARTIFACTS, sign_in
 
@@ -200,7 +200,7 @@ def test_it_opens_jupyterlab_on_the_booked_mig_slice_for_its_owner_only(
 def test_it_opens_a_terminal_session_in_the_browser(
     site, node_agent, asgi_server, browser_page, tmp_path
 ):
-    from portal.services.bookings import booking_submit
+    from portal.services.booking.bookings import booking_submit
     from tests.web.conftest import in_thread
 
     _wait(lambda: MigInstance.objects.filter(gpu__node__hostname=HOSTNAME).count() == 3, 30, "node")

@@ -7,7 +7,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
 from portal.consumers.live import LiveConsumer
-from portal.services.live import booking_broadcast
+from portal.services.realtime.live import booking_broadcast
 
 
 async def _connect(user):

@@ -4,7 +4,7 @@ saves a choice."""
 import pytest
 
 from portal.models import Booking, NotificationPreference
-from portal.services.booking_links import action_token
+from portal.services.notify.booking_links import action_token
 from tests.factories import UserFactory, make_active_booking, make_node
 from tests.web.conftest import ARTIFACTS, sign_in
 

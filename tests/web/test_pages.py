@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Booking
-from portal.services.telemetry_cache import latest_store
+from portal.services.inventory.telemetry_cache import latest_store
 from tests.factories import (
     AllocationFactory,
     BookingFactory,

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Membership, Node, NodeAlert
-from portal.services.telemetry_cache import latest_store
+from portal.services.inventory.telemetry_cache import latest_store
 from tests.factories import BookingFactory, ProjectFactory, UserFactory, make_node, member
 from tests.web.test_pages import reading
 

@@ -9,10 +9,10 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Allocation, Booking, Gpu, ProcessUsage, Sample
-from portal.services.audit import Source, audit_record
-from portal.services.booking_links import action_token
-from portal.services.telemetry_cache import latest_store
-from portal.services.tokens import token_create
+from portal.services.access.audit import Source, audit_record
+from portal.services.access.tokens import token_create
+from portal.services.inventory.telemetry_cache import latest_store
+from portal.services.notify.booking_links import action_token
 from tests.factories import (
     AllocationFactory,
     BookingFactory,

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from portal.models import ApiToken, AuditEvent, Membership
-from portal.services.audit import audit_record
+from portal.services.access.audit import audit_record
 from tests.factories import ProjectFactory, UserFactory, member
 
 pytestmark = pytest.mark.django_db

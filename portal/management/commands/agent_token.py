@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.services.nodes import node_token_issue, node_token_revoke
+from portal.services.fleet.nodes import node_token_issue, node_token_revoke
 
 
 class Command(BaseCommand):

@@ -10,7 +10,7 @@ import os
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.services.accounts import admin_ensure
+from portal.services.access.accounts import admin_ensure
 
 
 class Command(BaseCommand):

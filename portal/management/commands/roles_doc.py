@@ -6,13 +6,13 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from portal.services.permissions import table_markdown
+from portal.services.access.permissions import table_markdown
 
 START, END = "<!-- roles-table:start -->\n", "<!-- roles-table:end -->"
 
 
 class Command(BaseCommand):
-    help = "Render docs/roles.md's table from portal.services.permissions.CAN."
+    help = "Render docs/roles.md's table from portal.services.access.permissions.CAN."
 
     def handle(self, *args, **options):
         path = Path(settings.BASE_DIR) / "docs" / "roles.md"

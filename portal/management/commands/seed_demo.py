@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from portal.services.demo import DEMO_PASSWORD, demo_nodes_seed, demo_seed
+from portal.services.reporting.demo import DEMO_PASSWORD, demo_nodes_seed, demo_seed
 
 
 class Command(BaseCommand):

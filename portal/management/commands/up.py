@@ -28,8 +28,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, OperationalError, close_old_connections, connection
 
 from portal.management.commands.serve import serve, web_workers
-from portal.services.demo import DEMO_NODES, DEMO_PASSWORD, DEMO_USERS, demo_site_id
-from portal.services.nodes import node_token_issue
+from portal.services.fleet.nodes import node_token_issue
+from portal.services.reporting.demo import DEMO_NODES, DEMO_PASSWORD, DEMO_USERS, demo_site_id
 
 log = logging.getLogger(__name__)
 

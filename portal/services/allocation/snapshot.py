@@ -1,0 +1,343 @@
+"""The ORM as the pure scheduler sees it: one snapshot of devices, allocations, queue and quotas.
+
+Used by the allocation pass and by the start estimate, so both judge a booking the same way.
+Every table is read once, whatever the number of users, projects or pending bookings: quotas
+and GPU-hour use come from one query each, not one per user.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import NamedTuple
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max, TextField
+from django.db.models.functions import Cast
+
+import scheduler
+from portal.models import Allocation, Booking, mig_fraction
+from portal.services.booking import fairshare
+from portal.services.booking.quotas import QuotaAsk, quota_positions
+from portal.services.core.clock import EpochSeconds, to_epoch
+from portal.services.inventory import selectors as inventory
+from portal.services.inventory.telemetry_cache import latest_by_uuid
+
+State = Booking.State
+
+
+def scheduler_policy():
+    """The allocator's policy from settings (weights, half-life, QOS levels, grace)."""
+    return scheduler.Policy(**settings.SCHEDULER_POLICY)
+
+
+def _ts(value: datetime) -> float:
+    return to_epoch(value)
+
+
+def _user_key(booking: Booking) -> str:
+    # Quotas are per user within a project, so the allocator's "user" is the pair.
+    return f"{booking.owner.username}@{booking.project.slug}"
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """Where a scheduler device lives in the database, to write its allocation."""
+
+    node_id: int
+    gpu_id: int
+    mig_id: int | None
+    fraction: float
+
+
+class PendingRow(NamedTuple):
+    """A pending booking as read, with its stored plan (to write only what changes).
+
+    ``plan_values`` is (planned start in epoch seconds, position, reason, detail, priority as
+    the database's JSON text).
+    """
+
+    pk: int
+    project_id: int
+    duration_s: int
+    plan_values: tuple
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one allocation pass plans from, read in one consistent read."""
+
+    state: object  # scheduler.State
+    devices: dict[str, DeviceRow]
+    pending: dict[int, PendingRow]
+    last_allocation_id: int
+    recent_runs: dict[str, list[float]] = field(default_factory=dict)  # for run prediction
+
+
+_PENDING_FIELDS = (
+    "pk",
+    "owner_id",
+    "owner__username",
+    "project_id",
+    "project__slug",
+    "submitted_ts",
+    "duration_s",
+    "gpus",
+    "mig_profile",
+    "gpu_model",
+    "qos",
+    "preemptible",
+    "planned_ts",
+    "queue_position",
+    "pending_reason",
+    "state_detail",
+    "priority_text",
+)
+
+
+def snapshot_take(*, now: datetime) -> Snapshot:
+    """Read the queue, devices, allocations and quotas for a pass, in one consistent read."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if connection.vendor == "postgresql" and outermost:
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        last = Allocation.objects.aggregate(last=Max("pk"))["last"] or 0
+        rows = list(
+            Booking.objects.filter(state=State.PENDING)
+            .annotate(
+                submitted_ts=EpochSeconds("submitted_at"),
+                planned_ts=EpochSeconds("planned_start"),
+                # The stored priority only to compare with the new one: text, not decoded.
+                priority_text=Cast("priority", TextField()),
+            )
+            .order_by("submitted_at", "id")
+            .values_list(*_PENDING_FIELDS)
+        )
+        requests = [_request_row(row) for row in rows]
+        keys = {(row[3], row[1]): (row[4], row[2]) for row in rows}
+        state, devices, recent = _state(now, requests, keys)
+    pending = {
+        row[0]: PendingRow(
+            row[0], row[3], row[6], (_whole(row[12]), row[13], row[14], row[15], row[16])
+        )
+        for row in rows
+    }
+    return Snapshot(state, devices, pending, last, recent)
+
+
+def _whole(ts: float | None) -> int | None:
+    return None if ts is None else round(ts)
+
+
+def _request_row(row: tuple):
+    return scheduler.Request(
+        booking_id=str(row[0]),
+        user=f"{row[2]}@{row[4]}",
+        project=row[4],
+        submit_time=row[5],
+        duration_s=float(row[6]),
+        gpus=row[7] or 1,
+        mig_profile=row[8] or None,
+        gpu_model=row[9] or None,
+        qos=row[10],
+        preemptible=row[11],
+    )
+
+
+def snapshot_plus(snap: Snapshot, *, now: datetime, bookings: list[Booking]):
+    """The snapshot's scheduler State at `now` with these unsaved bookings queued too.
+
+    Their owners' quotas and use are read afresh: a snapshot taken a moment ago may not have
+    them (no pending booking of theirs), and their own latest use matters most to them.
+    """
+    keys = {(b.project.pk, b.owner.pk): (b.project.slug, b.owner.username) for b in bookings}
+    user_quotas, project_quotas, shares = _quotas(now, keys)
+    requests = tuple(_predicted(_request(b), snap.recent_runs) for b in bookings)
+    state = snap.state
+    return replace(
+        state,
+        now=_ts(now),
+        pending=state.pending + requests,
+        user_quotas={**state.user_quotas, **user_quotas},
+        project_quotas={**state.project_quotas, **project_quotas},
+        project_shares={**state.project_shares, **shares},
+    )
+
+
+def _quotas(now: datetime, keys: dict[tuple[int, int], tuple[str, str]]):
+    """The scheduler's user and project quotas (with use) and project shares for these
+    (project id, user id): (slug, username) pairs, read by the one quota position reader."""
+    positions = quota_positions(now=now, asks={pair: QuotaAsk(*pair) for pair in keys})
+    quotas_user: dict[str, scheduler.Quota] = {}
+    quotas_project: dict[str, scheduler.Quota] = {}
+    shares: dict[str, float] = {}
+    for pair, (slug, username) in keys.items():
+        position = positions[pair]
+        quotas_user[f"{username}@{slug}"] = position.user.quota
+        quotas_project[slug] = position.project.quota
+        shares[slug] = position.project_limits.shares
+    return quotas_user, quotas_project, shares
+
+
+def _predicted(request, recent: dict[str, list[float]]):
+    if not recent:
+        return request
+    return replace(
+        request, duration_s=scheduler.predict_run(recent.get(request.user, ()), request.duration_s)
+    )
+
+
+def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str, str]]):
+    devices = _devices()
+    quotas_user, quotas_project, shares = _quotas(now, keys)
+    allocations = _allocations(now)
+    recent = _recent_runs(scheduler_policy().predict_last, now)
+    # Run-time prediction (docs/scheduling.md): plan with the predicted run, the booking's
+    # own end stays the hard end; a running booking past its prediction is planned to its end.
+    requests = tuple(_predicted(r, recent) for r in requests)
+    if recent:
+        allocations = tuple(
+            _predicted_end(a, recent.get(a.user, ()), _ts(now)) for a in allocations
+        )
+    state = scheduler.State(
+        now=_ts(now),
+        devices=tuple(d for d, _ in devices.values()),
+        allocations=allocations,
+        pending=requests,
+        project_shares=shares,
+        project_usage=fairshare.project_usage(now=now, policy=scheduler_policy()),
+        user_quotas=quotas_user,
+        project_quotas=quotas_project,
+    )
+    return state, {key: row for key, (_, row) in devices.items()}, recent
+
+
+def _devices() -> dict[str, tuple]:
+    """Scheduler devices keyed by id, with the rows to write their allocations."""
+    # Rows, not model instances: one query per table and nothing built per device but the
+    # scheduler's own objects.
+    gpus = list(
+        inventory.gpus_bookable().values_list(
+            "pk", "uuid", "model", "node_id", "node__hostname", "node__state"
+        )
+    )
+    migs = inventory.mig_instances_bookable().values_list(
+        "pk",
+        "profile",
+        "slices",
+        "gpu_id",
+        "gpu__model",
+        "gpu__node_id",
+        "gpu__node__hostname",
+        "gpu__node__state",
+    )
+    readings = latest_by_uuid([row[1] for row in gpus])
+    devices: dict[str, tuple] = {}
+    for pk, uuid, model, node_id, hostname, node_state in gpus:
+        reading = readings.get(uuid, {})
+        devices[f"gpu:{pk}"] = (
+            scheduler.Device(
+                id=f"gpu:{pk}",
+                node=hostname,
+                model=model,
+                fraction=1.0,
+                node_state=node_state,
+                temperature_c=reading.get("temperature_c"),
+                utilization=reading.get("utilization_gpu"),
+            ),
+            DeviceRow(node_id, pk, None, 1.0),
+        )
+    for pk, profile, slices, gpu_id, model, node_id, hostname, node_state in migs:
+        fraction = mig_fraction(slices)
+        devices[f"mig:{pk}"] = (
+            scheduler.Device(
+                id=f"mig:{pk}",
+                node=hostname,
+                model=model,
+                profile=profile,
+                fraction=fraction,
+                node_state=node_state,
+                parent=f"gpu:{gpu_id}",
+            ),
+            DeviceRow(node_id, gpu_id, pk, fraction),
+        )
+    return devices
+
+
+def _allocations(now: datetime) -> tuple:
+    grouped: dict[int, list[tuple]] = defaultdict(list)
+    live_rows = (
+        Allocation.objects.filter(live=True, end__gt=now)
+        .annotate(start_ts=EpochSeconds("start"), end_ts=EpochSeconds("end"))
+        .values_list(
+            "booking_id",
+            "gpu_id",
+            "mig_instance_id",
+            "start_ts",
+            "end_ts",
+            "booking__owner__username",
+            "booking__project__slug",
+            "booking__qos",
+            "booking__preemptible",
+            "booking__state",
+        )
+    )
+    for row in live_rows:
+        grouped[row[0]].append(row)
+    out = []
+    for booking_id, rows in grouped.items():
+        first = rows[0]
+        out.append(
+            scheduler.Allocation(
+                booking_id=str(booking_id),
+                device_ids=tuple(sorted(f"mig:{r[2]}" if r[2] else f"gpu:{r[1]}" for r in rows)),
+                start=min(r[3] for r in rows),
+                end=max(r[4] for r in rows),
+                user=f"{first[5]}@{first[6]}",
+                project=first[6],
+                qos=first[7],
+                preemptible=first[8],
+                running=first[9] == State.ACTIVE,
+            )
+        )
+    return tuple(sorted(out, key=lambda a: a.booking_id))
+
+
+def _recent_runs(last: int, now: datetime) -> dict[str, list[float]]:
+    """Run seconds of each user's (user@project) ``last`` latest finished bookings."""
+    if not last:
+        return {}
+    runs: dict[str, list[float]] = defaultdict(list)
+    finished = (
+        Booking.objects.filter(state=State.FINISHED, started_at__isnull=False, ended_at__lte=now)
+        .order_by("-ended_at")
+        .values_list("owner__username", "project__slug", "started_at", "ended_at")[:10_000]
+    )
+    for username, project, started, ended in finished:
+        key = f"{username}@{project}"
+        if len(runs[key]) < last:
+            runs[key].append((ended - started).total_seconds())
+    return runs
+
+
+def _predicted_end(alloc, recent: list[float], now: float):
+    if not alloc.running or not recent:
+        return alloc
+    end = alloc.start + scheduler.predict_run(recent, alloc.end - alloc.start)
+    return replace(alloc, end=end) if end > now else alloc
+
+
+def _request(booking: Booking):
+    return scheduler.Request(
+        booking_id=str(booking.pk),
+        user=_user_key(booking),
+        project=booking.project.slug,
+        submit_time=_ts(booking.submitted_at),
+        duration_s=float(booking.duration_s),
+        gpus=booking.gpus or 1,
+        mig_profile=booking.mig_profile or None,
+        gpu_model=booking.gpu_model or None,
+        qos=booking.qos,
+        preemptible=booking.preemptible,
+    )

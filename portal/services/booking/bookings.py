@@ -1,0 +1,467 @@
+"""Booking commands: submit, cancel, release, extend. The path that must never be wrong.
+
+Each command is one durable transaction: validate, lock the contended node rows once (sorted),
+re-read availability under the lock, write, and leave side effects (allocation pass, agent
+dispatch, notifications, live updates) to on_commit. PostgreSQL's exclusion constraint on
+allocations is the backstop: if two writers still collide, the loser's IntegrityError becomes 409.
+"""
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, OperationalError, transaction
+from django.db.models import F, Max, Min
+from django.db.models.functions import Least
+
+import scheduler
+from portal.errors import (
+    InvalidState,
+    NoCapacity,
+    NotAllowed,
+    NotFound,
+    QuotaExceeded,
+    ValidationFailed,
+)
+from portal.models import Allocation, Booking
+from portal.services.access import permissions
+from portal.services.access.audit import SYSTEM, Source, audit_booking, booking_state
+from portal.services.booking import events, fairshare
+from portal.services.booking.booking_bounds import request_bounds
+from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.quotas import quota_position
+from portal.services.booking.sessions import session_prepare, session_request_check
+from portal.services.booking.transitions import booking_cas
+from portal.services.core.locking import is_allocation_clash, lock_nodes, lock_project
+from portal.services.inventory import placement
+from portal.services.inventory import selectors as inventory
+from scheduler.reserve import Slot
+
+State = Booking.State
+
+
+def booking_submit(
+    *,
+    user,
+    now: datetime,
+    project: str | None = None,
+    gpus: int | None = None,
+    mig_profile: str | None = None,
+    gpu_model: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    duration_s: int | None = None,
+    qos: str = "normal",
+    preemptible: bool = False,
+    command: str = "",
+    source: Source = SYSTEM,
+    idempotency_key: str = "",
+    request_digest: str = "",
+    interactive: str | None = None,
+) -> Booking:
+    """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
+
+    With an idempotency key (see booking/idempotency.py) the booking row claims it: a second
+    booking with the key fails on the owner+key unique constraint (IntegrityError).
+    `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active.
+    """
+    interactive = session_request_check(interactive=interactive, command=command)
+    request = check_request(
+        user=user,
+        now=now,
+        project=project,
+        gpus=gpus,
+        mig_profile=mig_profile,
+        gpu_model=gpu_model,
+        start=start,
+        end=end,
+        duration_s=duration_s,
+        qos=qos,
+        preemptible=preemptible,
+        command=command,
+    )
+    state = State.PENDING if request.start is None else State.PLANNED
+    booking = booking_from_request(user, request, now, state)
+    session_prepare(booking, interactive=interactive)
+    booking.planned_start = request.start
+    booking.idempotency_key, booking.request_digest = idempotency_key, request_digest
+    # Validated before the transaction: the model's checks read nothing the booking locks protect,
+    # and each is a round trip that would otherwise be made while the candidate nodes are locked.
+    # The key's uniqueness is the database's to check, in the transaction that claims it.
+    booking.full_clean(exclude=["idempotency_key"])
+    with transaction.atomic(durable=True):
+        if request.start is None:
+            booking.save()
+        else:
+            _reserve(booking, request, now)
+        audit_booking(action="booking.submit", booking=booking, actor=user, source=source)
+        events.booking_changed(booking, "submitted", cause="owner")
+    return booking
+
+
+def booking_from_request(
+    user, request: BookingRequest, now: datetime, state: str = State.PENDING
+) -> Booking:
+    """An unsaved Booking for a validated request (saved by submit, planned as-is by estimate)."""
+    return Booking(
+        owner=user,
+        project=request.project,
+        gpus=request.gpus,
+        mig_profile=request.mig_profile,
+        gpu_model=request.gpu_model,
+        start=request.start,
+        end=request.end,
+        duration_s=request.duration_s,
+        qos=request.qos,
+        preemptible=request.preemptible,
+        command=request.command,
+        state=state,
+        submitted_at=now,
+    )
+
+
+def _reserve(booking: Booking, request: BookingRequest, now: datetime) -> None:
+    """Place a validated, unsaved reservation on devices and save both (inside the transaction)."""
+    lock_project(request.project.pk)
+    lock_nodes(
+        inventory.candidate_node_ids(gpu_model=request.gpu_model, mig_profile=request.mig_profile)
+    )
+    devices = check_reservation(booking.owner, request, now)
+    booking.save()
+    if not allocations_write(
+        booking=booking, devices=devices, start=request.start, end=request.end
+    ):
+        raise NoCapacity("Another booking took these devices a moment ago; try again.")
+
+
+def allocations_write(
+    *, booking: Booking, devices: list[Slot], start: datetime, end: datetime
+) -> bool:
+    """Give `booking` these devices over [start, end) in a savepoint; False if the database
+    refused because another booking holds one of them (the constraint or a deadlock)."""
+    try:
+        with transaction.atomic():
+            Allocation.objects.bulk_create(
+                Allocation(
+                    booking=booking,
+                    gpu_id=d.gpu,
+                    mig_instance_id=d.mig,
+                    start=start,
+                    end=end,
+                    fraction=d.fraction,
+                )
+                for d in devices
+            )
+    except (IntegrityError, OperationalError) as exc:
+        if not is_allocation_clash(exc):
+            raise
+        return False
+    return True
+
+
+def check_reservation(user, request: BookingRequest, now: datetime) -> list[Slot]:
+    """The devices a reservation would get now, or the refusal (quota, no capacity). Reads only."""
+    _check_window_quota(user, request, now)
+    return _place(request)
+
+
+def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
+    """The one quota rule over the reservation's window, for the user in the project and for
+    the project: most held at once there, GPU-hours used in the period plus the booking's."""
+    position = quota_position(
+        project=request.project, user=user, now=now, window=(request.start, request.end)
+    )
+    hours = request.gpu_equivalents * request.duration_s / 3600
+    refusal = scheduler.position_refusal(
+        position.sides, gpus=request.gpu_equivalents, gpu_hours=hours
+    )
+    if refusal is not None:
+        field = "gpus" if request.gpus else "mig_profile"
+        raise _quota_exceeded(refusal, concurrent=field, budget="end", where="in that window")
+
+
+def _quota_exceeded(
+    refusal: scheduler.QuotaRefusal, *, concurrent: str, budget: str, where: str
+) -> QuotaExceeded:
+    """409 `quota` for a refusal that counts use: the limit, its value, the use, the ask, and
+    the field at fault (`concurrent` for max_gpus, `budget` for gpu_hours_budget)."""
+    who = "your project holds" if refusal.scope == "project" else "you hold"
+    extra = {
+        "limit": refusal.limit,
+        "limit_value": refusal.limit_value,
+        "usage": round(refusal.usage, 4),
+        "asks": round(refusal.asks, 4),
+    }
+    if refusal.limit == "max_gpus":
+        reason = (
+            f"{who} up to {round(refusal.usage, 2):g} of {refusal.limit_value:g} GPUs {where}; "
+            f"this asks {round(refusal.asks, 2):g} more."
+        )
+        return QuotaExceeded(f"Quota max_gpus: {reason}", fields={concurrent: reason}, extra=extra)
+    whose = "your project's" if refusal.scope == "project" else "your"
+    reason = (
+        f"{refusal.usage:.1f} of {whose} {refusal.limit_value:g} GPU-hours used; "
+        f"this needs {refusal.asks:.1f} more."
+    )
+    return QuotaExceeded(f"Quota gpu_hours_budget: {reason}", fields={budget: reason}, extra=extra)
+
+
+def _place(request: BookingRequest) -> list[Slot]:
+    devices, free = placement.devices_for_window(
+        start=request.start,
+        end=request.end,
+        gpus=request.gpus,
+        mig_profile=request.mig_profile,
+        gpu_model=request.gpu_model,
+        allowed_models=request.quota.allowed_models,
+    )
+    if not devices:
+        what = f"{request.gpus} GPU(s)" if request.gpus else f"a {request.mig_profile} MIG slice"
+        model = f" of model {request.gpu_model}" if request.gpu_model else ""
+        raise NoCapacity(
+            f"No {what}{model} free for the whole window {request.start:%Y-%m-%d %H:%M} to "
+            f"{request.end:%Y-%m-%d %H:%M} UTC ({free} matching device(s) free); "
+            "pick another window or submit without a window to queue."
+        )
+    return devices
+
+
+def visible_bookings(user):
+    """Bookings a user may see (permissions.CAN["booking.view"]): own, managed projects', all."""
+    match = permissions.visible_filter(
+        user, "booking.view", owner_field="owner", project_field="project_id"
+    )
+    qs = Booking.objects.all()
+    return qs if match is None else qs.filter(match)
+
+
+def booking_get_for_change(*, user, booking_id: int, action: str = "booking.view") -> Booking:
+    """The booking if the user may do `action` to it (permissions.CAN); 404 if they may not
+    even see it, 403 if they see it but the table does not let them do that."""
+    booking = visible_bookings(user).filter(pk=booking_id).first()
+    if booking is None:
+        raise NotFound(f"No booking {booking_id} among yours.")
+    if not permissions.can(user, action, owner_id=booking.owner_id, project_id=booking.project_id):
+        verb = action.split(".")[1]
+        raise NotAllowed(
+            f"Booking {booking_id} is not yours; your role does not let you {verb} it "
+            "(see docs/roles.md)."
+        )
+    return booking
+
+
+def booking_cancel(*, user, booking_id: int, now: datetime, source: Source = SYSTEM) -> Booking:
+    """Cancel a pending, planned or active booking; its devices are freed at once."""
+    return _end(
+        user=user,
+        booking_id=booking_id,
+        now=now,
+        new_state=State.CANCELLED,
+        event="cancelled",
+        action="booking.cancel",
+        source=source,
+    )
+
+
+def booking_release(*, user, booking_id: int, now: datetime, source: Source = SYSTEM) -> Booking:
+    """Hand back an active booking's devices early; it counts as finished."""
+    return _release(
+        user=user, booking_id=booking_id, now=now, source=source, action="booking.release"
+    )
+
+
+def booking_reclaim_release(*, booking_id: int, now: datetime) -> Booking:
+    """Release an active booking for idleness (the site's idle reclaim, not its owner)."""
+    return _release(
+        user=None, booking_id=booking_id, now=now, source=SYSTEM, action="booking.reclaim"
+    )
+
+
+def _release(*, user, booking_id: int, now: datetime, source: Source, action: str) -> Booking:
+    return _end(
+        user=user,
+        booking_id=booking_id,
+        now=now,
+        new_state=State.FINISHED,
+        event="released",
+        action=action,
+        source=source,
+    )
+
+
+def _end(*, user, booking_id, now, new_state, event, action, source, detail: str = "") -> Booking:
+    booking = (
+        booking_get_for_change(user=user, booking_id=booking_id, action=action)
+        if user
+        else Booking.objects.get(pk=booking_id)
+    )
+    with transaction.atomic(durable=True):
+        if not booking_transition(booking.pk, to=new_state, now=now, detail=detail):
+            booking.refresh_from_db()
+            raise InvalidState(f"Booking {booking.pk} is {booking.state}; it cannot be {event}.")
+        before = booking_state(booking)
+        booking.refresh_from_db()
+        audit_booking(action=action, booking=booking, actor=user, source=source, before=before)
+        events.booking_changed(booking, event, cause="owner" if user else "site")
+    return booking
+
+
+def booking_transition(booking_id: int, *, to: str, now: datetime, detail: str = "") -> bool:
+    """Compare-and-set a booking into a terminal state and free its devices. False: someone else did.
+
+    The states it may come from are the transition table's (transitions.TRANSITIONS). What the
+    queue said about it (planned start, position, reason) goes: it no longer waits."""
+    changed = booking_cas(
+        booking_id,
+        to=to,
+        ended_at=now,
+        state_detail=detail,
+        planned_start=None,
+        queue_position=None,
+        pending_reason="",
+    )
+    if changed:
+        allocations = Allocation.objects.filter(booking_id=booking_id, live=True)
+        allocations.filter(start__lt=now).update(end=Least(F("end"), now), live=False)
+        allocations.update(live=False)
+        fairshare.allocations_measure(booking_id=booking_id, now=now)
+    return bool(changed)
+
+
+def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str | None:
+    """Stop an active booking that the site ended (preempted for another, or its node failed).
+
+    The one requeue rule: a batch job (a command, no fixed window) goes back to the queue,
+    keeping its submit time and so its age; with REQUEUE_ON_NODE_FAILURE off, a node failure
+    ends it for good. Returns the event ("requeued", or the terminal state), None when the
+    booking was no longer active. Runs inside the caller's transaction.
+    """
+    booking = Booking.objects.filter(pk=booking_id).select_related("project").first()
+    if booking is None or not booking_transition(booking_id, to=to, now=now, detail=detail):
+        return None
+    before = booking_state(booking)
+    requeue = bool(booking.command) and booking.start is None
+    if to == State.FAILED and not settings.REQUEUE_ON_NODE_FAILURE:
+        requeue = False
+    event = "requeued" if requeue else to
+    if requeue:
+        # A new run: nothing of the last one (its exit, log, devices: see requeued_at) shows.
+        booking_cas(
+            booking_id,
+            to=State.PENDING,
+            where={"state": to},
+            ended_at=None,
+            started_at=None,
+            planned_start=None,
+            requeued_at=now,
+            exit_code=None,
+            log_tail="",
+            state_detail=f"{detail}; requeued",
+        )
+    booking.refresh_from_db()
+    # Named by the cause; the after state says whether it went back to the queue.
+    if to == State.PREEMPTED:
+        action = "booking.preempt"
+    else:
+        action = "booking.requeue" if requeue else "booking.fail"
+    audit_booking(action=action, booking=booking, before=before)
+    events.booking_changed(booking, event)
+    return event
+
+
+def booking_extend(
+    *, user, booking_id: int, now: datetime, by_s: int, source: Source = SYSTEM
+) -> Booking:
+    """Make a booking longer by `by_s` seconds, if its devices are free that long (else 409)."""
+    booking = booking_get_for_change(user=user, booking_id=booking_id, action="booking.extend")
+    if by_s <= 0:
+        raise ValidationFailed.field("by_s", "must be a positive number of seconds.")
+    with transaction.atomic(durable=True):
+        lock_nodes(
+            Allocation.objects.filter(booking=booking, live=True).values_list(
+                "gpu__node_id", flat=True
+            )
+        )
+        # Held to commit: a cancel or release racing in waits, instead of freeing the devices
+        # between this state check and the writes below.
+        booking = Booking.objects.select_for_update().get(pk=booking.pk)
+        if booking.state not in Booking.LIVE_STATES:
+            raise InvalidState(
+                f"Booking {booking.pk} is {booking.state}; only live bookings can be extended."
+            )
+        _check_extend_quota(booking, by_s, now)
+        before = booking_state(booking)
+        if booking.state == State.PENDING:
+            Booking.objects.filter(pk=booking.pk).update(duration_s=F("duration_s") + by_s)
+        else:
+            _extend_allocations(booking, timedelta(seconds=by_s))
+        booking.refresh_from_db()
+        audit_booking(
+            action="booking.extend", booking=booking, actor=user, source=source, before=before
+        )
+        events.booking_changed(booking, "extended", cause="owner")
+    return booking
+
+
+def _check_extend_quota(booking: Booking, by_s: int, now: datetime) -> None:
+    """The site maximum, the quota's maximum duration, then the one quota rule: over the added
+    time (where it holds devices) its width against what else is held, and its GPU-hours still
+    to run, longer now, against the budget left after what was used."""
+    new_duration = booking.duration_s + by_s
+    site_max = request_bounds().duration_max_s
+    if new_duration > site_max:
+        raise ValidationFailed.field(
+            "by_s",
+            f"would make the booking {new_duration} s long; bookings last at most {site_max} s "
+            "on this site.",
+        )
+    window, rest_s = None, float(new_duration)
+    spans = Allocation.objects.filter(booking=booking, live=True).aggregate(
+        start=Min("start"), end=Max("end")
+    )
+    if booking.state != State.PENDING and spans["end"] is not None:
+        window = (spans["end"], spans["end"] + timedelta(seconds=by_s))
+        rest_s = (window[1] - max(now, spans["start"])).total_seconds()
+    position = quota_position(
+        project=booking.project,
+        user=booking.owner,
+        now=now,
+        window=window,
+        exclude_booking=booking.pk,
+    )
+    most = position.user_limits.max_duration_s
+    if most and new_duration > most:
+        reason = f"would make the booking {new_duration} s long; your quota allows {most} s."
+        raise QuotaExceeded(
+            f"Quota max_duration_s: {reason}",
+            fields={"by_s": reason},
+            extra={"limit": "max_duration_s", "limit_value": most},
+        )
+    width = booking.gpu_equivalents
+    refusal = scheduler.position_refusal(
+        position.sides, gpus=width, gpu_hours=width * rest_s / 3600
+    )
+    if refusal is not None:
+        raise _quota_exceeded(refusal, concurrent="by_s", budget="by_s", where="in the added time")
+
+
+def _extend_allocations(booking: Booking, by: timedelta) -> None:
+    allocations = list(Allocation.objects.filter(booking=booking, live=True))
+    old_end = max(a.end for a in allocations)
+    other = placement.first_clash(allocations, start=old_end, end=old_end + by)
+    if other:
+        raise NoCapacity(
+            f"{other.device_label} is booked from {other.start:%Y-%m-%d %H:%M} UTC by another "
+            "booking; extend by less.",
+            fields={"by_s": "devices not free that long"},
+        )
+    try:
+        with transaction.atomic():
+            Allocation.objects.filter(booking=booking, live=True).update(end=F("end") + by)
+    except (IntegrityError, OperationalError) as exc:
+        if not is_allocation_clash(exc):
+            raise
+        raise NoCapacity("Another booking took these devices a moment ago.") from exc
+    fields = {"duration_s": F("duration_s") + int(by.total_seconds())}
+    if booking.end:
+        fields["end"] = F("end") + by
+    Booking.objects.filter(pk=booking.pk).update(**fields)

@@ -1,0 +1,320 @@
+"""What node agents ask of the portal: parse their messages, register, desired state, events.
+
+Messages are parsed with agents/protocol.py, the one schema of the wire protocol (types, bounds
+matching what the database stores, no NaN, no NUL), read strictly (no unknown fields). A bad
+message is refused whole (400 naming the field) before any write.
+"""
+
+import hashlib
+import json
+import logging
+from datetime import datetime
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.utils import timezone
+
+from agents import protocol
+from agents.protocol import (
+    DesiredBooking,
+    DesiredState,
+    Event,
+    EventsRequest,
+    RegisterRequest,
+    RegisterResponse,
+)
+from portal.errors import NotAllowed, ValidationFailed
+from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert
+from portal.services.booking import events as booking_events
+from portal.services.booking.bookings import booking_transition
+from portal.services.booking.sessions import session_event_apply
+from portal.services.core.jobs import job_enqueue
+from portal.services.fleet.nodes import node_check_hostname, node_inventory_update
+from portal.services.fleet.telemetry import node_device_uuids, node_devices_forget
+from portal.services.realtime import live
+
+log = logging.getLogger(__name__)
+
+ALERT_KINDS = {"foreign_process", "unbooked_process"}
+SESSION_KINDS = {"started", "session_ready", "exited", "stopped"}
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+
+def agent_message_parse(cls: type, body: bytes):
+    """Parse and validate an agent's JSON body into protocol message `cls`, or raise 400.
+
+    The one schema is agents/protocol.py (types, bounds, no NUL); the portal reads strictly:
+    unknown fields are refused too.
+    """
+    try:
+        data = json.loads(body or b"null", parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ValidationFailed.field("body", f"not valid JSON: {exc}") from None
+    try:
+        return protocol.from_json(cls, data, strict=True)
+    except protocol.ProtocolError as exc:
+        raise ValidationFailed.field(exc.field, exc.reason) from None
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+# -- register ------------------------------------------------------------------------------
+
+
+def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
+    """Take the node's discovered inventory (GPUs, MIG instances) and answer its settings."""
+    node_check_hostname(node=node, hostname=request.hostname)
+    if request.protocol != protocol.PROTOCOL_VERSION:
+        raise ValidationFailed.field(
+            "protocol", f"this portal speaks protocol {protocol.PROTOCOL_VERSION}"
+        )
+    _check_devices_unique(request)
+    _check_devices_not_elsewhere(node, request)
+    with transaction.atomic():
+        node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
+        Node.objects.filter(pk=node.pk).update(agent_version=request.agent_version)
+        booking_events.request_allocation_pass()  # the inventory may have grown
+    node_devices_forget(node_id=node.pk)
+    return RegisterResponse(
+        node=node.hostname,
+        report_interval_s=settings.AGENT_REPORT_INTERVAL_S,
+        sync_interval_s=settings.AGENT_SYNC_INTERVAL_S,
+        enforcement=settings.AGENT_ENFORCEMENT,
+    )
+
+
+def _device_uuid_fields(request: RegisterRequest) -> list[tuple[str, str]]:
+    """(uuid, field path) of every GPU and MIG instance in a register, in message order."""
+    found = []
+    for i, gpu in enumerate(request.gpus):
+        found.append((gpu.uuid, f"gpus[{i}].uuid"))
+        for j, mig in enumerate(gpu.mig_instances):
+            found.append((mig.uuid, f"gpus[{i}].mig_instances[{j}].uuid"))
+    return found
+
+
+def _check_devices_unique(request: RegisterRequest) -> None:
+    seen: dict[str, str] = {}
+    for uuid, where in _device_uuid_fields(request):
+        if uuid in seen:
+            raise ValidationFailed.field(where, f"the same UUID as {seen[uuid]}")
+        seen[uuid] = where
+
+
+def _check_devices_not_elsewhere(node: Node, request: RegisterRequest) -> None:
+    # A token must not let one node take over another node's live devices by naming their
+    # UUIDs. A device retired on another node may move here (a card moved between servers).
+    where = dict(_device_uuid_fields(request))
+    gpus = Gpu.objects.filter(uuid__in=where, retired_at__isnull=True).exclude(node=node)
+    migs = MigInstance.objects.filter(uuid__in=where, retired_at__isnull=True)
+    gpus, migs = gpus.order_by(), migs.exclude(gpu__node=node).order_by()
+    taken = gpus.values_list("uuid", flat=True).union(migs.values_list("uuid", flat=True))
+    uuid = min(taken, default=None)
+    if uuid is not None:
+        raise NotAllowed(
+            f"Device {uuid} belongs to another node.",
+            fields={where[uuid]: "a device of another node"},
+        )
+
+
+# -- desired state -------------------------------------------------------------------------
+
+
+def agent_desired(*, node_id: int) -> DesiredState:
+    """The active bookings holding the node's devices, with a generation that changes with them.
+
+    The generation is a hash of the content, so it changes exactly when what the agent must do
+    changes, needs no stored counter, and the push (desired_push) can quote the same number.
+    """
+    bookings = _desired_bookings(node_id)
+    encoded = json.dumps([protocol.to_json(b) for b in bookings], sort_keys=True)
+    generation = int(hashlib.sha256(encoded.encode()).hexdigest()[:13], 16)  # < 2**53: JSON-safe
+    return DesiredState(generation=generation, bookings=bookings)
+
+
+def _desired_bookings(node_id: int) -> list[DesiredBooking]:
+    allocations = (
+        Allocation.objects.filter(
+            live=True, gpu__node_id=node_id, booking__state=Booking.State.ACTIVE
+        )
+        .select_related("booking__owner", "gpu", "mig_instance")
+        .order_by("booking_id", "id")
+    )
+    grouped: dict[int, list[Allocation]] = {}
+    for allocation in allocations:
+        grouped.setdefault(allocation.booking_id, []).append(allocation)
+    return [
+        DesiredBooking(
+            booking_id=booking_id,
+            owner=held[0].booking.owner.username,
+            device_uuids=[a.device_uuid for a in held],
+            start=min(a.start for a in held),
+            end=max(a.end for a in held),
+            command=held[0].booking.command or None,
+            **_session_fields(held[0].booking),
+        )
+        for booking_id, held in grouped.items()
+    ]
+
+
+def _session_fields(booking: Booking) -> dict:
+    if booking.interactive == Booking.Interactive.NONE:
+        return {}
+    return {"interactive": booking.interactive, "session_token": booking.session_token}
+
+
+def booking_fact_push(fact) -> None:
+    """Subscriber: nudge the agents of the nodes a changed booking holds (or held) devices on."""
+    desired_push(
+        node_ids=Allocation.objects.filter(booking_id=fact.booking_id).values_list(
+            "gpu__node_id", flat=True
+        )
+    )
+
+
+def desired_push(*, node_ids) -> None:
+    """Tell these nodes' agents (websocket group) their desired state changed. After commit only."""
+    for node_id in sorted(set(node_ids)):
+        generation = agent_desired(node_id=node_id).generation
+        live.group_send(
+            live.agent_group(node_id), {"type": "desired.changed", "generation": generation}
+        )
+
+
+# -- events --------------------------------------------------------------------------------
+
+
+def agent_events_record(*, node: Node, request: EventsRequest) -> int:
+    """Apply a batch of agent events in one transaction, after checking them all.
+
+    exited ends a batch booking (exit 0: finished, else failed) with its exit code and log tail;
+    output stores a running job's log tail and sends it to the owner's pages after commit;
+    started and stopped are logged; foreign_process / unbooked_process become NodeAlert rows
+    and notify the booking owner and the site after commit.
+    """
+    _check_events(node, request.events)
+    now = timezone.now()
+    with transaction.atomic():
+        for event in request.events:
+            _apply(node, event, now)
+    return len(request.events)
+
+
+def _check_events(node: Node, batch: list[Event]) -> None:
+    ids = {e.booking_id for e in batch if e.booking_id is not None}
+    mine = set(
+        Allocation.objects.filter(booking_id__in=ids, gpu__node=node).values_list(
+            "booking_id", flat=True
+        )
+    )
+    devices = node_device_uuids(node_id=node.pk)
+    for i, event in enumerate(batch):
+        if event.kind not in ALERT_KINDS and event.booking_id is None:
+            raise ValidationFailed.field(f"events[{i}].booking_id", f"is required for {event.kind}")
+        if event.booking_id is not None and event.booking_id not in mine:
+            raise NotAllowed(
+                f"Booking {event.booking_id} holds no device of {node.hostname}.",
+                fields={f"events[{i}].booking_id": "not a booking on this node"},
+            )
+        if event.device_uuid is not None and event.device_uuid not in devices:
+            raise ValidationFailed.field(
+                f"events[{i}].device_uuid", f"{event.device_uuid} is not a device of this node"
+            )
+
+
+def _apply(node: Node, event: Event, now: datetime) -> None:
+    log.info("agent %s: %s booking=%s: %s", node, event.kind, event.booking_id, event.detail)
+    if event.kind in SESSION_KINDS:
+        session_event_apply(event=event, node_hostname=node.hostname)
+    if event.kind == "session_ready":
+        return
+    if event.kind == "started":
+        # Only for a running booking: a requeued one waits, its old run's news is stale.
+        Booking.objects.filter(
+            pk=event.booking_id, state=Booking.State.ACTIVE, started_at__isnull=True
+        ).update(started_at=event.time)
+    elif event.kind in ("exited", "stopped"):
+        _record_exit(node, event, min(event.time, now))
+    elif event.kind == "output":
+        _record_output(node, event)
+    else:
+        _alert(node, event)
+
+
+def _record_output(node: Node, event: Event) -> None:
+    # Only the node running the booking now may write its output, and at most once per
+    # BOOKING_OUTPUT_MIN_INTERVAL_S (a cache key as the clock): the final tail comes with the exit.
+    if event.log_tail is None:
+        return
+    running_here = Allocation.objects.filter(
+        booking_id=event.booking_id,
+        live=True,
+        gpu__node=node,
+        booking__state=Booking.State.ACTIVE,
+    ).exists()
+    throttle = f"booking-output:{event.booking_id}"
+    if not running_here or not cache.add(throttle, 1, settings.BOOKING_OUTPUT_MIN_INTERVAL_S):
+        return
+    Booking.objects.filter(pk=event.booking_id).update(log_tail=event.log_tail)
+    owner_id = Booking.objects.values_list("owner_id", flat=True).get(pk=event.booking_id)
+    transaction.on_commit(
+        lambda: live.booking_output_broadcast(
+            booking_id=event.booking_id, owner_id=owner_id, log_tail=event.log_tail
+        ),
+        robust=True,
+    )
+
+
+def _record_exit(node: Node, event: Event, when: datetime) -> None:
+    # A job left over on a node that came back must not end the booking's new run elsewhere
+    # (it was requeued and started again): only the node holding it now has a say.
+    held_here = Allocation.objects.filter(
+        booking_id=event.booking_id, live=True, gpu__node=node
+    ).exists()
+    booking = Booking.objects.get(pk=event.booking_id)
+    if booking.state in (Booking.State.ACTIVE, Booking.State.PENDING) and not held_here:
+        # Requeued: pending again, or already running elsewhere; the old run's exit is no news.
+        log.info("ignoring %s of booking %s: it was requeued", event.kind, booking.pk)
+        return
+    fields = {"log_tail": event.log_tail, "exit_code": event.exit_code}
+    fields = {name: value for name, value in fields.items() if value is not None}
+    if fields:
+        Booking.objects.filter(pk=event.booking_id).update(**fields)
+    if event.kind != "exited" or not booking.command:
+        return
+    to, what, detail = _outcome(event)
+    if booking_transition(booking.pk, to=to, now=when, detail=detail[:300]):
+        booking_events.booking_changed(booking, what)
+
+
+def _outcome(event: Event) -> tuple[str, str, str]:
+    if event.exit_code == 0:
+        return Booking.State.FINISHED, "finished", "command exited with code 0"
+    if event.exit_code is not None:
+        return Booking.State.FAILED, "failed", f"command exited with code {event.exit_code}"
+    if event.detail.startswith("not launched"):
+        return Booking.State.FAILED, "failed", event.detail
+    # A job re-adopted after an agent restart is no child of the agent: its status is unknown.
+    return Booking.State.FINISHED, "finished", f"command ended, exit code unknown ({event.detail})"
+
+
+def _alert(node: Node, event: Event) -> None:
+    booking = Booking.objects.filter(pk=event.booking_id).first() if event.booking_id else None
+    alert = NodeAlert.objects.create(
+        node=node,
+        kind=event.kind,
+        time=event.time,
+        device_uuid=event.device_uuid or "",
+        pid=event.pid,
+        user=event.user or "",
+        action=event.action or "",
+        detail=event.detail,
+        booking=booking,
+        owner_id=booking.owner_id if booking else None,
+    )
+    transaction.on_commit(lambda: job_enqueue("node_alert_notify", alert.pk), robust=True)

@@ -1,0 +1,113 @@
+"""Reservation placement, read from the database and decided by ``scheduler.reserve``.
+
+The callers hold the node locks; this reads the candidate devices (bookable ones, see
+``inventory.gpus_bookable``) on up nodes and the live
+allocations that overlap the window on their GPUs, asks the pure rule, and hands back its slots.
+"""
+
+from datetime import datetime
+
+from portal.models import Allocation, Node, mig_fraction
+from portal.services.core.clock import to_epoch
+from portal.services.inventory import selectors as inventory
+from scheduler.reserve import Hold, Slot, Wanted, clashes, reserve
+
+
+def devices_for_window(
+    *,
+    start: datetime,
+    end: datetime,
+    gpus: int,
+    mig_profile: str = "",
+    gpu_model: str = "",
+    allowed_models: tuple[str, ...] = (),
+) -> tuple[list[Slot] | None, int]:
+    """Devices for a fixed window by the placement rules, or None; and how many matched free."""
+    slots = _slots(mig_profile=mig_profile, gpu_model=gpu_model, allowed_models=allowed_models)
+    wanted = Wanted(
+        gpus=gpus,
+        start=to_epoch(start),
+        end=to_epoch(end),
+        mig_profile=mig_profile or None,
+        gpu_model=gpu_model or None,
+    )
+    placement = reserve(
+        wanted, slots, holds_on(gpu_ids={s.gpu for s in slots}, start=start, end=end)
+    )
+    return (list(placement.slots) or None), placement.free
+
+
+def first_clash(allocations: list[Allocation], *, start: datetime, end: datetime):
+    """The earliest live allocation of another booking on these allocations' devices within
+    [start, end) (what keeps an extension from fitting), or None."""
+    mine = tuple(Slot(0, a.gpu_id, a.mig_instance_id) for a in allocations)
+    holds = holds_on(
+        gpu_ids={a.gpu_id for a in allocations},
+        start=start,
+        end=end,
+        exclude_booking=allocations[0].booking_id,
+    )
+    found = clashes(mine, holds, to_epoch(start), to_epoch(end))
+    if not found:
+        return None
+    return Allocation.objects.select_related("gpu", "mig_instance").get(pk=found[0].id)
+
+
+def holds_on(
+    *, gpu_ids, start: datetime, end: datetime, exclude_booking: int | None = None
+) -> tuple[Hold, ...]:
+    """Live allocations on these GPUs (whole or MIG) that overlap [start, end)."""
+    qs = Allocation.objects.filter(live=True, start__lt=end, end__gt=start, gpu_id__in=gpu_ids)
+    if exclude_booking is not None:
+        qs = qs.exclude(booking_id=exclude_booking)
+    rows = qs.values_list(
+        "gpu_id", "mig_instance_id", "start", "end", "fraction", "id", "slot_start", "slot_end"
+    )
+    return tuple(
+        Hold(g, m, to_epoch(s), to_epoch(e), f, i, _compute(first, end))
+        for g, m, s, e, f, i, first, end in rows
+    )
+
+
+def _compute(first: int | None, end: int | None) -> tuple[int, int] | None:
+    # The database records the compute slices an allocation holds (PostgreSQL; None elsewhere).
+    return None if first is None or end is None else (first, end)
+
+
+def _slots(
+    *, mig_profile: str, gpu_model: str, allowed_models: tuple[str, ...]
+) -> tuple[Slot, ...]:
+    if mig_profile:
+        qs = inventory.mig_instances_bookable().filter(
+            profile=mig_profile, gpu__node__state=Node.State.UP
+        )
+        qs = _model_filter(qs, "gpu__model", gpu_model, allowed_models)
+        rows = qs.values_list(
+            "gpu__node_id", "gpu_id", "id", "gpu__model", "slices", "placement_start"
+        )
+        return tuple(
+            Slot(
+                node,
+                gpu,
+                mig,
+                model,
+                mig_profile,
+                mig_fraction(slices),
+                _compute(first, None if first is None else first + slices),
+            )
+            for node, gpu, mig, model, slices, first in rows
+        )
+    qs = inventory.gpus_bookable().filter(node__state=Node.State.UP)
+    qs = _model_filter(qs, "model", gpu_model, allowed_models)
+    return tuple(
+        Slot(node, gpu, None, model)
+        for node, gpu, model in qs.values_list("node_id", "id", "model")
+    )
+
+
+def _model_filter(qs, field: str, gpu_model: str, allowed_models: tuple[str, ...]):
+    if gpu_model:
+        return qs.filter(**{field: gpu_model})
+    if allowed_models:
+        return qs.filter(**{f"{field}__in": allowed_models})
+    return qs

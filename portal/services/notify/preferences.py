@@ -1,0 +1,95 @@
+"""A user's notification choices (event x channel) and addresses: read and change them."""
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from portal.errors import ValidationFailed
+from portal.models import Channel, Event, NotificationContact, NotificationPreference
+from portal.services.access import permissions
+
+# Events about the site, not a booking: offered to those the roles table lets choose them.
+SITE_EVENTS = ("node_down", "foreign_process")
+CONTACT_FIELDS = ("slack_user_id", "slack_webhook_url", "webhook_url", "webhook_secret")
+
+
+def preferences_get(*, user) -> dict:
+    """Each event with, per channel, whether the user gets it there (their choice or the site's
+    default; a project's default applies to its bookings where the user chose nothing)."""
+    chosen = {
+        (p.event, p.channel): p.enabled for p in NotificationPreference.objects.filter(user=user)
+    }
+    events = []
+    for event, label in Event.choices:
+        if event in SITE_EVENTS and not permissions.can(user, "notify.site_events"):
+            continue
+        site = event in settings.NOTIFY_DEFAULT_EVENTS
+        events.append(
+            {
+                "event": event,
+                "label": label,
+                "channels": {
+                    c: chosen.get((event, c), site and c in settings.NOTIFY_DEFAULT_CHANNELS)
+                    for c in Channel.values
+                },
+                "chosen": any((event, c) in chosen for c in Channel.values),
+            }
+        )
+    contact = NotificationContact.objects.filter(user=user).first() or NotificationContact()
+    return {
+        "email": user.email,
+        "events": events,
+        "contact": {
+            "slack_user_id": contact.slack_user_id,
+            "slack_webhook_url": contact.slack_webhook_url,
+            "webhook_url": contact.webhook_url,
+            "webhook_secret_set": bool(contact.webhook_secret),
+        },
+    }
+
+
+def preferences_set(*, user, choices: dict, contact: dict | None = None) -> dict:
+    """Store the user's choices ({event: {channel: bool}}) and addresses; all or nothing."""
+    rows = _rows(user, choices)
+    record = None
+    if contact is not None:
+        record = NotificationContact.objects.filter(user=user).first() or NotificationContact(
+            user=user
+        )
+        for name, value in contact.items():
+            if name not in CONTACT_FIELDS:
+                raise ValidationFailed.field(f"contact.{name}", "is not a contact field.")
+            setattr(record, name, (value or "").strip())
+        try:
+            record.full_clean()
+        except ValidationError as exc:
+            fields = {f"contact.{k}": " ".join(v) for k, v in exc.message_dict.items()}
+            raise ValidationFailed("Check the addresses.", fields=fields) from exc
+    with transaction.atomic():
+        for event, channel, enabled in rows:
+            NotificationPreference.objects.update_or_create(
+                user=user, event=event, channel=channel, defaults={"enabled": enabled}
+            )
+        if record is not None:
+            record.save()
+    return preferences_get(user=user)
+
+
+def _rows(user, choices) -> list[tuple[str, str, bool]]:
+    if not isinstance(choices, dict):
+        raise ValidationFailed.field("preferences", "must map events to {channel: true/false}.")
+    rows = []
+    for event, channels in choices.items():
+        if event not in Event.values:
+            raise ValidationFailed.field(f"preferences.{event}", "is not an event.")
+        if not isinstance(channels, dict):
+            raise ValidationFailed.field(f"preferences.{event}", "must map channels to true/false.")
+        for channel, enabled in channels.items():
+            if channel not in Channel.values:
+                raise ValidationFailed.field(f"preferences.{event}.{channel}", "is not a channel.")
+            if not isinstance(enabled, bool):
+                raise ValidationFailed.field(
+                    f"preferences.{event}.{channel}", "must be true or false."
+                )
+            rows.append((event, channel, enabled))
+    return rows
