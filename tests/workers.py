@@ -35,7 +35,9 @@ def celery_worker(settings, **extra_env):
     finally:
         app.conf.task_always_eager = True
         process.terminate()
-        process.wait(timeout=30)
+        # Warm shutdown waits for the task in hand; on a loaded machine (CI beside other work)
+        # that took over 30 s. A worker that never stops still fails the test.
+        process.wait(timeout=90)
 
 
 def wait_until(predicate, timeout_s: float, what: str):

@@ -1,6 +1,6 @@
 """The one locking helper for the booking path.
 
-Rules (pretix): lock late and once per transaction, inside transaction.atomic(durable=True), node
+Rules: lock late and once per transaction, inside transaction.atomic(durable=True), node
 rows in ascending id order (after the project row, before booking rows) so two writers never
 wait on each other in a cycle, with a short lock_timeout so a stuck writer turns into a clear "busy" (503) instead of a hung request. Always
 re-read availability after taking the lock. The exclusion constraint on allocations is the
