@@ -49,11 +49,6 @@ def mig_profiles(*, gpu_model: str = "") -> list[str]:
     return sorted(set(qs.values_list("profile", flat=True)))
 
 
-def mig_profile_slices(profile: str) -> int | None:
-    qs = mig_instances_bookable().filter(profile=profile)
-    return qs.values_list("slices", flat=True).first()
-
-
 def admission_devices() -> tuple[scheduler.Device, ...]:
     """The inventory as the admission check needs it, from two grouped counts: per node, its
     whole GPUs by model and its MIG instances by model and profile. Down nodes count too: a
