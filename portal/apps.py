@@ -16,17 +16,16 @@ class PortalConfig(AppConfig):
 
 def _subscribe() -> None:
     """The one list of what runs after a fact commits (portal.services.core.outbox)."""
-    from portal import tasks
     from portal.services.booking import events
     from portal.services.core.jobs import job_set
-    from portal.services.core.outbox import dispatcher_set, subscribe
+    from portal.services.core.outbox import subscribe
     from portal.services.fleet import agents
     from portal.services.notify import notifications
     from portal.services.realtime import live
 
-    dispatcher_set(lambda fact_ids: tasks.outbox_dispatch.delay(fact_ids))
-    # The jobs services queue by name (portal.services.core.jobs), each its Celery task.
-    for name in ("allocation_pass", "delivery_send", "node_alert_notify"):
+    # The jobs services queue by name (portal.services.core.jobs), each its Celery task; the
+    # outbox hands facts just committed to "outbox_dispatch".
+    for name in ("outbox_dispatch", "allocation_pass", "delivery_send", "node_alert_notify"):
         job_set(name, _celery_enqueue(name))
 
     subscribe(events.BOOKING_CHANGED, notifications.booking_fact_notify)

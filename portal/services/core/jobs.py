@@ -1,8 +1,8 @@
 """Background jobs that services ask for, plugged in from above.
 
 A service names the job it wants queued (`job_enqueue("delivery_send", delivery_id)`);
-PortalConfig.ready maps each name to the Celery task that runs it, the way it hands the outbox
-its dispatcher. So the services never import portal.tasks, which imports them.
+PortalConfig.ready maps each name to the Celery task that runs it (the outbox hands new facts
+to "outbox_dispatch" this way too). So the services never import portal.tasks, which imports them.
 """
 
 from __future__ import annotations

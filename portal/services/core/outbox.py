@@ -26,6 +26,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from portal.models import DomainEvent
+from portal.services.core.jobs import job_enqueue
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ SWEEP_BATCH = 500
 KEEP_DAYS = 7
 
 _subscribers: dict[str, list[tuple[str, Handler]]] = {}
-_dispatcher: Callable[[list[int]], None] | None = None
 
 
 def subscribe(kind: str, handler: Handler) -> None:
@@ -78,16 +78,10 @@ def fact_record(
 
 
 def _dispatch_later(fact_id: int) -> None:
-    if _dispatcher is None:  # nothing wired (a script without the app): the sweep sends it
-        return
-    _dispatcher([fact_id])
-
-
-def dispatcher_set(dispatch: Callable[[list[int]], None]) -> None:
-    """How facts just committed are handed over (PortalConfig.ready: the Celery task's delay;
-    the services do not import the tasks that call them)."""
-    global _dispatcher
-    _dispatcher = dispatch
+    try:
+        job_enqueue("outbox_dispatch", [fact_id])
+    except LookupError:  # nothing wired (a script without the app): the sweep sends it
+        pass
 
 
 def facts_dispatch(*, fact_ids, now: datetime | None = None) -> int:
