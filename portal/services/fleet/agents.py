@@ -76,7 +76,7 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
     with transaction.atomic():
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
         Node.objects.filter(pk=node.pk).update(agent_version=request.agent_version)
-        booking_events.request_allocation_pass()  # the inventory may have grown
+        booking_events.node_changed(node_id=node.pk, change="registered")  # devices may differ
     node_devices_forget(node_id=node.pk)
     return RegisterResponse(
         node=node.hostname,
