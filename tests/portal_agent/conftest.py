@@ -85,6 +85,8 @@ def real_agents(live_server, tmp_path):
 
     made: list = []
     tokens: dict[str, str] = {}
+    workdir = tmp_path / "work"
+    workdir.mkdir()
 
     def make(hostname: str, spec: str):
         if hostname not in tokens:  # issuing another would revoke the first agent's
@@ -102,6 +104,7 @@ def real_agents(live_server, tmp_path):
             grace_s=1.0,
             push=False,
             min_uid=0,  # jobs run as whoever runs the suite, root included
+            default_workdir=str(workdir),  # their gpu-portal-<id>.out: not in the home
         )
         agent.start()
         made.append(agent)
