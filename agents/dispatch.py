@@ -183,6 +183,8 @@ class Dispatcher:
             and booking.start <= now < booking.end
             and booking.booking_id not in self.jobs
             and booking.booking_id not in self._done
+            # Several nodes meet on the port the portal hands out; none starts without it.
+            and not (len(booking.nodes) > 1 and booking.master_port is None)
         )
 
     def _stop_unwanted(self, bookings: list[DesiredBooking] | None, now: datetime) -> None:

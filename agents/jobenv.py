@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.protocol import DesiredBooking, NodePlace
+from agents.protocol import OUTPUT_FILE, DesiredBooking, NodePlace
 
 LAUNCH_SCRIPT = "launch.sh"
 HOSTFILE = "hostfile"
@@ -55,7 +55,7 @@ class JobFiles:
 
 def output_name(booking_id: int) -> str:
     """The job's output file in its working directory: stdout and stderr together."""
-    return f"gpu-portal-{booking_id}.out"
+    return OUTPUT_FILE.format(booking_id=booking_id)
 
 
 def job_files(

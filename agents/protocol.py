@@ -61,6 +61,8 @@ UINT = (0, 2**31 - 1)  # PositiveIntegerField
 FLOAT_LIMIT = 1e9
 # How much of a batch job's output (its last bytes) events carry; the booking page says so.
 LOG_TAIL_BYTES = 4096
+# A batch job's stdout and stderr, in its working directory on each node.
+OUTPUT_FILE = "gpu-portal-{booking_id}.out"
 # A batch job's environment (portal booking_bounds holds the same numbers; a portal test checks).
 WORKDIR_MAX = 1024
 ENV_NAME_MAX = 128
