@@ -5,7 +5,7 @@ agent's alone: it holds the booking's variables), its hostfile (`host slots=N` l
 and Open MPI read them) and its end file (the booking's end, ISO-8601, rewritten when the booking
 is extended), both readable by the job. The launch script reaches the shell on its standard input,
 so it never shows in `ps` and needs no path the job's user can open. It runs as the job's user:
-it changes to the working directory, sends stdout and stderr to `gpu-portal-<id>.out` there, sets
+it changes to the working directory, sends stdout and stderr to `gpu-portal-<id>.out` there (`gpu-portal-<id>.<rank>.out` on the other ranks), sets
 the booking's own variables and execs the command. The agent never opens the working directory's
 files as root for writing; it reads the output file only when it is a regular file (no symlink)
 owned by the job's user.
@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.protocol import OUTPUT_FILE, DesiredBooking, NodePlace
+from agents.protocol import DesiredBooking, NodePlace, output_file_name
 
 LAUNCH_SCRIPT = "launch.sh"
 HOSTFILE = "hostfile"
@@ -53,9 +53,6 @@ class JobFiles:
         return self.directory / END_FILE
 
 
-def output_name(booking_id: int) -> str:
-    """The job's output file in its working directory: stdout and stderr together."""
-    return OUTPUT_FILE.format(booking_id=booking_id)
 
 
 def job_files(
@@ -72,7 +69,7 @@ def job_files(
     return JobFiles(
         directory=state_dir / "jobs" / f"booking-{booking.booking_id}",
         workdir=workdir,
-        output=os.path.join(workdir, output_name(booking.booking_id)),
+        output=os.path.join(workdir, output_file_name(booking.booking_id, booking.node_rank)),
     )
 
 
@@ -127,7 +124,7 @@ def write_end(files: JobFiles, end: str) -> None:
 
 def _script(booking: DesiredBooking, files: JobFiles) -> str:
     q = shlex.quote
-    out = output_name(booking.booking_id)
+    out = output_file_name(booking.booking_id, booking.node_rank)
     lines = [
         f"cd -- {q(files.workdir)} || exit {EXIT_NO_WORKDIR}",
         # A directory the job may not write keeps the output in the agent's log (`command`: a

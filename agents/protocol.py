@@ -61,8 +61,6 @@ UINT = (0, 2**31 - 1)  # PositiveIntegerField
 FLOAT_LIMIT = 1e9
 # How much of a batch job's output (its last bytes) events carry; the booking page says so.
 LOG_TAIL_BYTES = 4096
-# A batch job's stdout and stderr, in its working directory on each node.
-OUTPUT_FILE = "gpu-portal-{booking_id}.out"
 # A batch job's environment (portal booking_bounds holds the same numbers; a portal test checks).
 WORKDIR_MAX = 1024
 ENV_NAME_MAX = 128
@@ -278,6 +276,13 @@ class PushMessage:
 
     type: Literal["desired_changed"]
     generation: int = bounded(low=0, ints=INT64)
+
+
+def output_file_name(booking_id: int, rank: int = 0) -> str:
+    """A batch job's stdout and stderr file in its working directory: gpu-portal-<id>.out, and
+    gpu-portal-<id>.<rank>.out for the other ranks of a multi-node job (a shared filesystem
+    must not mix the nodes' output)."""
+    return f"gpu-portal-{booking_id}.out" if rank == 0 else f"gpu-portal-{booking_id}.{rank}.out"
 
 
 def utcnow() -> datetime:

@@ -11,7 +11,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
-from agents.protocol import OUTPUT_FILE
+from agents.protocol import output_file_name
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, NodeRun, Qos
 from portal.services.booking import booking_bounds, fairshare
 from portal.services.booking.selectors import session_view
@@ -252,7 +252,7 @@ def booking_signal(signal_name: str, signal_before_s: int | None) -> str:
 
 
 def booking_output_file(booking_id: int, command: str) -> str:
-    return OUTPUT_FILE.format(booking_id=booking_id) if command else ""
+    return output_file_name(booking_id) if command else ""
 
 
 class BookingOutput(serializers.ModelSerializer):

@@ -46,7 +46,7 @@ def test_it_gives_each_node_of_a_booking_its_launch_variables_and_a_hostfile(
     cycle_until(agent, lambda: _event(portal, "exited", 1))
     exited = _event(portal, "exited", 1)
     assert exited.exit_code == 0
-    env = _env_of(Path(portal.workdir, "gpu-portal-1.out").read_text())
+    env = _env_of(Path(portal.workdir, "gpu-portal-1.1.out").read_text())  # rank 1
     assert {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK")} == {
         "MASTER_ADDR": "10.0.0.1",
         "MASTER_PORT": "29517",
