@@ -53,8 +53,6 @@ class JobFiles:
         return self.directory / END_FILE
 
 
-
-
 def job_files(
     state_dir: Path,
     booking: DesiredBooking,
