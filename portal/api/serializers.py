@@ -140,6 +140,13 @@ class BookingCreateInput(StrictSerializer):
         help_text=f"Environment variables for the command, NAME: value (at most "
         f"{booking_bounds.ENV_VARS_MAX}; the launch variables the portal sets cannot be set).",
     )
+    node_count = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=1024,
+        help_text="Run on this many whole nodes, one process each (docs/distributed.md); gpus "
+        "is then the nodes' GPUs, worked out when all nodes are one size.",
+    )
     signal = serializers.CharField(
         required=False,
         allow_blank=True,

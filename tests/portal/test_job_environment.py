@@ -84,3 +84,31 @@ def test_it_starts_a_sixteen_gpu_booking_as_one_process_per_node(api, project, c
     assert first.master_port == second.master_port == 29500
     assert (first.warn_signal, first.warn_before_s, first.kill_wait_s) == ("USR2", 300, 45)
     assert len(first.device_uuids) == len(second.device_uuids) == 8
+
+
+@pytest.mark.both_databases
+def test_it_books_whole_nodes_by_count(api, project, cluster, submit):
+    booking_id = submit(node_count=2, duration_s=3600, command="torchrun train.py")
+    booking = Booking.objects.get(pk=booking_id)
+    assert booking.gpus == 16
+    assert booking.allocations.values("gpu__node").distinct().count() == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "reason"),
+    [
+        ({"node_count": 2, "gpus": 8}, "node_count", "takes whole nodes; 4 GPUs a node"),
+        ({"node_count": 2, "gpus": 15}, "gpus", "multiple of node_count (2)"),
+        ({"node_count": 0}, "node_count", "greater than or equal to 1"),
+        ({"node_count": 1, "mig_profile": "3g.40gb"}, "node_count", "not a MIG slice"),
+    ],
+)
+def test_it_refuses_a_node_count_that_cannot_be_whole_nodes(
+    api, project, cluster, extra, field, reason
+):
+    body = {"duration_s": 3600, "command": "x", **extra}
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == 400, response.json()
+    error = error_of(response)
+    assert reason in error["fields"][field], error
+    assert not Booking.objects.exists()

@@ -1,4 +1,5 @@
-"""A batch job's environment at submit: working directory, variables, signal (docs/distributed.md).
+"""A batch job's environment at submit: working directory, variables, signal, and how many
+nodes (docs/distributed.md).
 
 Checked before anything is written, each refusal a 400 naming the field; the bounds are
 booking_bounds' (the agent protocol mirrors them). The launch variables the agent sets itself
@@ -8,10 +9,13 @@ booking_bounds' (the agent protocol mirrors them). The launch variables the agen
 import re
 from dataclasses import dataclass, field
 
+from django.db.models import Count, Q
+
 from portal.errors import ValidationFailed
 from portal.job_env import signal_parse
-from portal.models import Booking
+from portal.models import Booking, Node
 from portal.services.booking import booking_bounds as bounds
+from portal.services.inventory import selectors as inventory
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Set by the agent for every job (agents/jobenv.py): a booking's own value would break its launch.
@@ -113,3 +117,48 @@ def _signal(signal: str | None) -> tuple[str, int | None]:
         return signal_parse(signal)
     except ValueError as exc:
         raise ValidationFailed.field("signal", f"{exc} (e.g. USR1@120).") from None
+
+
+def node_count_gpus(
+    *, node_count: int | None, gpus: int | None, gpu_model: str | None, mig_profile: str | None
+) -> int | None:
+    """The whole GPUs of a request for `node_count` nodes (`submit --nodes`), else `gpus`.
+
+    A request wider than one node takes whole nodes (scheduler.placement), so N nodes means N
+    times a node's GPUs: `gpus` must be that if given, or is worked out when the nodes of the
+    model are all one size.
+    """
+    if node_count is None:
+        return gpus
+    if mig_profile:
+        raise ValidationFailed.field("node_count", "takes whole GPUs, not a MIG slice.")
+    if node_count < 1:
+        raise ValidationFailed.field("node_count", "must be at least 1.")
+    sizes = _whole_node_sizes(gpu_model)
+    if gpus is None:
+        if len(sizes) != 1:
+            raise ValidationFailed.field(
+                "node_count", "the nodes are of different sizes: give gpus as well."
+            )
+        return node_count * sizes.pop()
+    if gpus % node_count:
+        raise ValidationFailed.field("gpus", f"must be a multiple of node_count ({node_count}).")
+    per_node = gpus // node_count
+    if node_count > 1 and per_node not in sizes:
+        listed = ", ".join(map(str, sorted(sizes))) or "none"
+        raise ValidationFailed.field(
+            "node_count",
+            f"a job on several nodes takes whole nodes; {per_node} GPUs a node is no node's "
+            f"size (whole-GPU nodes{' of ' + gpu_model if gpu_model else ''} have {listed}).",
+        )
+    return gpus
+
+
+def _whole_node_sizes(gpu_model: str | None) -> set[int]:
+    # Up nodes whose GPUs are all whole (and of the model): the nodes a wide request takes.
+    gpus = inventory.gpus_live().filter(node__state=Node.State.UP)
+    rows = gpus.values("node_id").annotate(
+        total=Count("id"),
+        whole=Count("id", filter=Q(mig_mode=False, **({"model": gpu_model} if gpu_model else {}))),
+    )
+    return {row["total"] for row in rows if row["total"] == row["whole"]}
