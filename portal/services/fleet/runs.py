@@ -31,12 +31,8 @@ def agent_desired_dispatch(*, node_id: int) -> DesiredState:
     no rank ever sees a multi-node booking without the port its rank 0 listens on.
     """
     waiting = list(
-        Booking.objects.filter(
-            state=State.ACTIVE,
-            master_port__isnull=True,
-            allocations__live=True,
-            allocations__gpu__node_id=node_id,
-        )
+        _running_on(node_id)
+        .filter(master_port__isnull=True)
         .exclude(command="")
         .distinct()
         .order_by("pk")
@@ -56,18 +52,21 @@ def _master_port_assign(booking_id: int, rank0_node_id: int) -> None:
     with transaction.atomic():
         lock_nodes([rank0_node_id])
         taken = set(
-            Booking.objects.filter(
-                state=State.ACTIVE,
-                master_port__isnull=False,
-                allocations__live=True,
-                allocations__gpu__node_id=rank0_node_id,
-            ).values_list("master_port", flat=True)
+            _running_on(rank0_node_id)
+            .filter(master_port__isnull=False)
+            .values_list("master_port", flat=True)
         )
         port = next((p for p in range(low, high + 1) if p not in taken), None)
         if port is None:
             log.warning("booking %s: every port of JOB_MASTER_PORTS is in use", booking_id)
             return
         Booking.objects.filter(pk=booking_id, master_port__isnull=True).update(master_port=port)
+
+
+def _running_on(node_id: int):
+    return Booking.objects.filter(
+        state=State.ACTIVE, allocations__live=True, allocations__gpu__node_id=node_id
+    )
 
 
 def node_run_started(*, booking_id: int, node_id: int, when: datetime) -> None:
