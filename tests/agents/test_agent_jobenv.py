@@ -61,6 +61,23 @@ def test_it_gives_each_node_of_a_booking_its_launch_variables_and_a_hostfile(
     assert exited.log_tail.endswith(f"hostfile:\ngpu-a01 slots=8\n{agent.hostname} slots=2\n")
 
 
+def test_it_launches_no_rank_of_a_multi_node_booking_before_its_port_is_known(
+    portal, make_agent, cycle_until, me
+):
+    agent = make_agent()
+    nodes = [
+        {"hostname": agent.hostname, "address": "127.0.0.1", "slots": 2},
+        {"hostname": "gpu-b01", "address": "10.0.0.2", "slots": 2},
+    ]
+    portal.book(8, me, _gpu_uuids(agent), command="true", nodes=nodes, node_rank=0)
+    for _ in range(5):
+        agent.handle_one_cycle()
+    assert _event(portal, "started", 8) is None
+    portal.desired["bookings"][0]["master_port"] = free_port("127.0.0.1")
+    portal.desired["generation"] += 1
+    cycle_until(agent, lambda: _event(portal, "exited", 8))
+
+
 def test_it_runs_in_the_working_directory_with_the_bookings_variables(
     portal, make_agent, cycle_until, me, tmp_path
 ):

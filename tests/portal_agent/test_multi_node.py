@@ -117,6 +117,8 @@ def test_it_hands_each_multi_node_booking_its_own_port_once(two_nodes):
     }
     assert [b.node_rank for b in other] == [1, 1]
     assert [p.hostname for p in desired[first.pk].nodes] == list(HOSTS)
+    # MASTER_ADDR is what each agent registered with (--address), not its hostname.
+    assert [p.address for p in desired[first.pk].nodes] == ["127.0.0.1", "127.0.0.1"]
 
 
 def test_it_relaunches_a_requeued_booking_as_a_restart(two_nodes, allocation_passes, tmp_path):
