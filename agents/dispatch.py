@@ -214,7 +214,10 @@ class Dispatcher:
         if job.end != end.isoformat():
             job.end = end.isoformat()
             if job.job_dir:
-                jobenv.write_end(_files(job), job.end)
+                try:
+                    jobenv.write_end(_files(job), job.end)
+                except OSError as exc:  # the job runs on; only its end file is stale
+                    log.warning("booking %s: cannot rewrite its end file: %s", job.booking_id, exc)
             job.warned = False  # a new end: warn again before it
             self._dirty = True
 
