@@ -151,8 +151,10 @@ def test_it_rewrites_the_end_file_when_the_booking_is_extended(
     cycle_until(agent, lambda: _event(portal, "stopped", 5))
 
 
+# Each stamp is written whole, then renamed: a reader never sees a file that is still empty.
 _TRAP = (
-    "trap 'date +%s.%N > {out}.warned' USR1; trap 'date +%s.%N > {out}.term; exit 0' TERM; "
+    "trap 'date +%s.%N > {out}.w && mv {out}.w {out}.warned' USR1; "
+    "trap 'date +%s.%N > {out}.t && mv {out}.t {out}.term; exit 0' TERM; "
     "while true; do sleep 0.05; done"
 )
 
