@@ -67,7 +67,7 @@ def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
     now, duration = run.now, request.duration_s
     if now - request.submit_time < run.policy.preempt_grace_s:
         return False
-    ledgers = run.quotas.of(request.user, request.project)
+    ledgers = run.quotas.of(request.user, request.project, request.array)
     if ledgers and run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
         return False
     if shape not in fits_now:
@@ -163,5 +163,5 @@ def _release(run, alloc: Allocation, by_node: dict[int, list[Allocation]]) -> No
         where = run.where.get(device_id)
         if where is not None and where[0].up:
             where[0].timeline.release(1 << where[1], run.now, alloc.end)
-    for ledger in run.quotas.of(alloc.user, alloc.project):
+    for ledger in run.quotas.of(alloc.user, alloc.project, alloc.array):
         ledger.remove(alloc.booking_id)
