@@ -398,7 +398,7 @@ def _identity(account: pwd.struct_passwd) -> dict:
 
 def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dict[str, str]:
     # A fresh environment: the agent's own (with the node token) must not leak into jobs.
-    return {
+    return _array_environment(booking) | {
         "CUDA_VISIBLE_DEVICES": ",".join(booking.device_uuids),
         "GPU_PORTAL_BOOKING_ID": str(booking.booking_id),
         "HOME": account.pw_dir,
@@ -406,6 +406,16 @@ def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dic
         "LOGNAME": account.pw_name,
         "SHELL": account.pw_shell or "/bin/sh",
         "PATH": "/usr/local/bin:/usr/bin:/bin",
+    }
+
+
+def _array_environment(booking: DesiredBooking) -> dict[str, str]:
+    """Slurm's SLURM_ARRAY_JOB_ID / SLURM_ARRAY_TASK_ID, under the portal's names."""
+    if booking.array_task_id is None:
+        return {}
+    return {
+        "GPU_PORTAL_ARRAY_JOB_ID": str(booking.array_job_id),
+        "GPU_PORTAL_ARRAY_TASK_ID": str(booking.array_task_id),
     }
 
 

@@ -178,6 +178,9 @@ class DesiredBooking:
     # An interactive session to launch instead of a command, and its per-session secret.
     interactive: Interactive | None = None
     session_token: str | None = bounded(max_length=SESSION_TOKEN_MAX, default=None)
+    # A task of a job array: the array's id (its first task's booking id) and this task's index.
+    array_job_id: int | None = bounded(low=0, ints=INT64, default=None)
+    array_task_id: int | None = bounded(low=0, ints=INT64, default=None)
 
 
 @dataclass(frozen=True)
