@@ -47,9 +47,11 @@ def _ended_how(outcome: str) -> str:
     return "ended successfully" if outcome == OUTCOME_OK else "did not end successfully"
 
 
-def _verdict(request: Request, outcomes: Mapping[str, str]) -> Verdict | None:
+def dependency_verdict(after: Iterable[Dependency], outcomes: Mapping[str, str]) -> Verdict | None:
+    """Why a booking with these dependencies may not start yet (None: all met): the one rule,
+    for the pass and for the check at submit."""
     waiting = []
-    for dep in request.after:
+    for dep in after:
         outcome = outcomes.get(dep.booking_id)
         if outcome is None:
             waiting.append(dep)
@@ -84,7 +86,7 @@ def dependency_verdicts(
             previous = verdicts.get(request.booking_id)
             if previous is not None and previous.never:
                 continue
-            verdict = _verdict(request, known)
+            verdict = dependency_verdict(request.after, known)
             if verdict is None:
                 verdicts.pop(request.booking_id, None)
                 continue

@@ -8,12 +8,17 @@ GpuOutput (a test holds the two renderings equal).
 
 from collections import defaultdict
 
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from portal.api.serializers import allocation_shown, booking_window, iso, reading_json
-from portal.models import Allocation, MigInstance
+from portal.models import Allocation, BookingDependency, MigInstance
 from portal.services.booking import fairshare
-from portal.services.booking.selectors import session_summary
+from portal.services.booking.selectors import (
+    array_view,
+    dependencies_by_booking,
+    session_summary,
+)
 from portal.services.inventory import telemetry_cache
 
 BOOKING_FIELDS = (
@@ -44,10 +49,29 @@ BOOKING_FIELDS = (
     # Read for the `session` summary, not rendered as they are (the secret is never read).
     "session_state",
     "session_detail",
+    # Read for the `array` view.
+    "array_parent_id",
+    "array_task_id",
+    "array_spec",
 )
-# Read with the fields: which allocations are the booking's current run.
-BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at")
-_NOT_RENDERED = {"session_state", "session_detail"}
+# Read with the fields: which allocations are the booking's current run, and whether it has
+# dependencies to read (most pages have none: no query for them then).
+BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at", "has_dependencies")
+
+
+def booking_values(queryset):
+    """The `.values()` rows booking_rows renders."""
+    dependencies = BookingDependency.objects.filter(booking_id=OuterRef("pk"))
+    return queryset.annotate(has_dependencies=Exists(dependencies)).values(*BOOKING_VALUES)
+
+
+_NOT_RENDERED = {
+    "session_state",
+    "session_detail",
+    "array_parent_id",
+    "array_task_id",
+    "array_spec",
+}
 _BOOKING_TIMES = ("submitted_at", "started_at", "ended_at", "planned_start")
 _ALLOCATION_FIELDS = (
     "booking_id",
@@ -77,6 +101,8 @@ def booking_rows(page: list[dict]) -> list[dict]:
     """BookingOutput's JSON for a page of `.values(*BOOKING_VALUES)` rows, in one more query."""
     tz = timezone.get_current_timezone()
     devices = _devices_by_booking([row["id"] for row in page], tz)
+    with_dependencies = [row["id"] for row in page if row["has_dependencies"]]
+    dependencies = dependencies_by_booking(with_dependencies) if with_dependencies else {}
     out = []
     for row in page:
         held = [
@@ -105,6 +131,10 @@ def booking_rows(page: list[dict]) -> list[dict]:
             session_state=row["session_state"],
             session_detail=row["session_detail"],
         )
+        booking["array"] = array_view(
+            parent_id=row["array_parent_id"], task_id=row["array_task_id"], spec=row["array_spec"]
+        )
+        booking["dependencies"] = dependencies.get(row["id"], [])
         out.append(booking)
     return out
 

@@ -11,9 +11,9 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
-from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
+from portal.models import ApiToken, Booking, BookingDependency, Gpu, MigInstance, Node, Qos
 from portal.services.booking import booking_bounds, fairshare
-from portal.services.booking.selectors import session_view
+from portal.services.booking.selectors import array_view, dependencies_by_booking, session_view
 from portal.services.fleet.telemetry import SAMPLE_VALUES
 
 MAX_SECONDS = 10 * 365 * 86400
@@ -126,6 +126,18 @@ class BookingCreateInput(StrictSerializer):
         required=False,
         help_text="Run JupyterLab or a terminal on the booked devices, opened through the portal.",
     )
+    array = serializers.CharField(
+        required=False,
+        max_length=200,
+        help_text="A job array: task ids and an optional running limit, e.g. 0-99%10. One "
+        "booking per task (each with GPU_PORTAL_ARRAY_TASK_ID); the response is the first task.",
+    )
+    after = serializers.CharField(
+        required=False,
+        max_length=2000,
+        help_text="Start only after other bookings end: afterok:41 (finished), afternotok:41 "
+        "(ended any other way), afterany:41; several as afterok:41:42,afterany:43.",
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -197,6 +209,21 @@ class SessionOutput(serializers.Serializer):
     url = serializers.CharField()
 
 
+class ArrayOutput(serializers.Serializer):
+    job_id = serializers.IntegerField(help_text="the array's first task, which names the array")
+    task_id = serializers.IntegerField()
+    spec = serializers.CharField()
+
+
+class DependencyOutput(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=BookingDependency.Kind.choices)
+    booking = serializers.IntegerField()
+
+
+def _array(obj) -> dict | None:
+    return array_view(parent_id=obj.array_parent_id, task_id=obj.array_task_id, spec=obj.array_spec)
+
+
 class BookingOutput(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     project = serializers.CharField(source="project.slug")
@@ -213,6 +240,12 @@ class BookingOutput(serializers.ModelSerializer):
         "what fair share charges (allocated, measured or blend; SCHEDULER_FAIRSHARE_CHARGE)."
     )
     session = serializers.SerializerMethodField()
+    array = serializers.SerializerMethodField(
+        help_text="An array task's array (job_id: its first task), task_id and spec; else null."
+    )
+    dependencies = serializers.SerializerMethodField(
+        help_text="Bookings this one starts after: [{kind, booking}]."
+    )
 
     class Meta:
         model = Booking
@@ -242,6 +275,8 @@ class BookingOutput(serializers.ModelSerializer):
             "log_tail",
             "interactive",
             "session",
+            "array",
+            "dependencies",
             "devices",
             "cuda_visible_devices",
         ]
@@ -276,6 +311,12 @@ class BookingOutput(serializers.ModelSerializer):
     def get_session(self, obj) -> SessionOutput(allow_null=True):
         return session_view(obj)
 
+    def get_array(self, obj) -> ArrayOutput(allow_null=True):
+        return _array(obj)
+
+    def get_dependencies(self, obj) -> DependencyOutput(many=True):
+        return dependencies_by_booking([obj.pk]).get(obj.pk, [])
+
     def to_representation(self, obj):
         live = self._live(obj)
         tz = timezone.get_current_timezone()
@@ -306,6 +347,8 @@ class BookingOutput(serializers.ModelSerializer):
             "log_tail": obj.log_tail,
             "interactive": obj.interactive,
             "session": session_view(obj),
+            "array": _array(obj),
+            "dependencies": dependencies_by_booking([obj.pk]).get(obj.pk, []),
             "devices": [allocation_row(a, tz) for a in live],
             "cuda_visible_devices": ",".join(a.device_uuid for a in live),
         }

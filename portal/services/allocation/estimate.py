@@ -23,6 +23,7 @@ from portal.services.allocation.snapshot import (
 )
 from portal.services.booking import bookings as booking_services
 from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.dependencies import after_check, array_check, queued_only_check
 from portal.services.booking.sessions import session_request_check
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch
@@ -43,8 +44,15 @@ class Estimate:
 def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     """Validate like a submission (same refusals), then plan it without writing anything."""
     interactive = fields.pop("interactive", None)
+    spec, after = array_check(fields.pop("array", None)), fields.pop("after", None)
     request = check_request(user=user, now=now, **_request_fields(fields))
     session_request_check(interactive=interactive, command=request.command)
+    deps = after_check(user=user, after=after)
+    queued_only_check(
+        request, command=request.command, interactive=interactive, array=spec, after=deps
+    )
+    if deps.waiting:
+        return Estimate(planned_start=None, pending_reason="dependency", state_detail=deps.waiting)
     if request.start is not None:
         return _estimate_reservation(user, request, now)
     return _estimate_queued(user, request, now)

@@ -18,6 +18,7 @@ from django.db.models.functions import Cast
 import scheduler
 from portal.models import Allocation, Booking, mig_fraction
 from portal.services.booking import fairshare
+from portal.services.booking.dependencies import array_limit, pending_dependencies
 from portal.services.booking.quotas import QuotaAsk, quota_positions
 from portal.services.core.clock import EpochSeconds, to_epoch
 from portal.services.inventory import selectors as inventory
@@ -92,6 +93,8 @@ _PENDING_FIELDS = (
     "pending_reason",
     "state_detail",
     "priority_text",
+    "array_parent_id",
+    "array_spec",
 )
 
 
@@ -114,9 +117,11 @@ def snapshot_take(*, now: datetime) -> Snapshot:
             .order_by("submitted_at", "id")
             .values_list(*_PENDING_FIELDS)
         )
-        requests = [_request_row(row) for row in rows]
+        after, outcomes = pending_dependencies()
+        requests = [_request_row(row, after.get(row[0], ())) for row in rows]
         keys = {(row[3], row[1]): (row[4], row[2]) for row in rows}
         state, devices, recent = _state(now, requests, keys)
+        state = replace(state, outcomes=outcomes)
     pending = {
         row[0]: PendingRow(
             row[0], row[3], row[6], (_whole(row[12]), row[13], row[14], row[15], row[16])
@@ -130,7 +135,7 @@ def _whole(ts: float | None) -> int | None:
     return None if ts is None else round(ts)
 
 
-def _request_row(row: tuple):
+def _request_row(row: tuple, after: tuple):
     return scheduler.Request(
         booking_id=str(row[0]),
         user=f"{row[2]}@{row[4]}",
@@ -142,6 +147,9 @@ def _request_row(row: tuple):
         gpu_model=row[9] or None,
         qos=row[10],
         preemptible=row[11],
+        after=after,
+        array=str(row[17] or ""),
+        array_limit=array_limit(row[18]),
     )
 
 
@@ -281,6 +289,7 @@ def _allocations(now: datetime) -> tuple:
             "booking__qos",
             "booking__preemptible",
             "booking__state",
+            "booking__array_parent_id",
         )
     )
     for row in live_rows:
@@ -299,6 +308,7 @@ def _allocations(now: datetime) -> tuple:
                 qos=first[7],
                 preemptible=first[8],
                 running=first[9] == State.ACTIVE,
+                array=str(first[10] or ""),
             )
         )
     return tuple(sorted(out, key=lambda a: a.booking_id))

@@ -20,11 +20,17 @@ from portal.errors import (
     QuotaExceeded,
     ValidationFailed,
 )
-from portal.models import Allocation, Booking
+from portal.models import Allocation, Booking, BookingDependency
 from portal.services.access.audit import SYSTEM, Source, audit_booking, booking_state
 from portal.services.booking import events, fairshare
 from portal.services.booking.booking_bounds import request_bounds
 from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.dependencies import (
+    after_check,
+    array_check,
+    array_save,
+    queued_only_check,
+)
 from portal.services.booking.quotas import quota_position
 from portal.services.booking.selectors import booking_get_for_change
 from portal.services.booking.sessions import session_prepare, session_request_check
@@ -55,14 +61,19 @@ def booking_submit(
     idempotency_key: str = "",
     request_digest: str = "",
     interactive: str | None = None,
+    array: str | None = None,
+    after: str | list[str] | None = None,
 ) -> Booking:
     """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
 
     With an idempotency key (see booking/idempotency.py) the booking row claims it: a second
     booking with the key fails on the owner+key unique constraint (IntegrityError).
     `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active.
+    `array` ("0-99%10") queues one booking per task and returns the first; `after`
+    ("afterok:41") holds each until its dependencies are met (booking/dependencies.py).
     """
     interactive = session_request_check(interactive=interactive, command=command)
+    spec, deps = array_check(array), after_check(user=user, after=after)
     request = check_request(
         user=user,
         now=now,
@@ -77,6 +88,7 @@ def booking_submit(
         preemptible=preemptible,
         command=command,
     )
+    queued_only_check(request, command=command, interactive=interactive, array=spec, after=deps)
     state = State.PENDING if request.start is None else State.PLANNED
     booking = booking_from_request(user, request, now, state)
     session_prepare(booking, interactive=interactive)
@@ -87,10 +99,13 @@ def booking_submit(
     # The key's uniqueness is the database's to check, in the transaction that claims it.
     booking.full_clean(exclude=["idempotency_key"])
     with transaction.atomic(durable=True):
-        if request.start is None:
-            booking.save()
-        else:
+        if request.start is not None:
             _reserve(booking, request, now)
+        elif spec is None:
+            booking.save()
+            BookingDependency.objects.bulk_create(deps.rows(booking))
+        else:
+            array_save(booking, array.strip(), spec.task_ids, deps)
         audit_booking(action="booking.submit", booking=booking, actor=user, source=source)
         events.booking_changed(booking, "submitted", cause="owner")
     return booking

@@ -56,6 +56,8 @@ def _desired_bookings(node_id: int) -> list[DesiredBooking]:
             end=max(a.end for a in held),
             command=held[0].booking.command or None,
             **_session_fields(held[0].booking),
+            array_job_id=held[0].booking.array_parent_id,
+            array_task_id=held[0].booking.array_task_id,
         )
         for booking_id, held in grouped.items()
     ]
