@@ -123,6 +123,20 @@ class BookForm(AccessibleForm):
         label="Interactive session",
         help_text="JupyterLab or a terminal on the booked devices, opened from the booking page.",
     )
+    array = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Job array",
+        help_text="Optional, with a command: task ids and a running limit, e.g. 0-99%10 "
+        "(each task gets GPU_PORTAL_ARRAY_TASK_ID).",
+    )
+    after = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Start after",
+        help_text="Optional: bookings that must end first, e.g. afterok:41 (finished), "
+        "afternotok:41, afterany:41:42.",
+    )
 
     def __init__(self, *args, projects: list[str], **kwargs):
         super().__init__(*args, **kwargs)
@@ -174,6 +188,8 @@ class BookForm(AccessibleForm):
             "preemptible": data["preemptible"],
             "command": data.get("command") or "",
             "interactive": data.get("interactive") or None,
+            "array": data.get("array") or None,
+            "after": data.get("after") or None,
         }
         if data["kind"] == "mig":
             kwargs["mig_profile"] = data["mig_profile"]

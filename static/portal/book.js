@@ -46,6 +46,8 @@
       var hours = parseFloat(value("duration_hours"));
       if (!hours) return null;
       body.duration_s = Math.round(hours * 3600);
+      if (value("array")) body.array = value("array");
+      if (value("after")) body.after = value("after");
     }
     return body;
   }
