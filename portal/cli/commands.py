@@ -39,6 +39,10 @@ def _booking_body(args) -> dict:
         body["qos"] = args.qos
     if args.preemptible:
         body["preemptible"] = True
+    if args.array:
+        body["array"] = args.array
+    if args.after:
+        body["after"] = ",".join(args.after)
     command = _command(args.command)
     if command:
         body["command"] = command
@@ -210,6 +214,8 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
             ("Started", when(booking.get("started_at"))),
             ("Ends", when(_end(booking))),
             ("Command", booking.get("command")),
+            ("Array", _array(booking.get("array"))),
+            ("After", _after(booking.get("dependencies"))),
             ("Exit code", booking.get("exit_code")),
             ("CUDA_VISIBLE_DEVICES", booking.get("cuda_visible_devices")),
         ]
@@ -219,6 +225,16 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
         print()
         rows = [[d["device"], d["uuid"], when(d["start"]), when(d["end"])] for d in devices]
         print(table(["DEVICE", "UUID", "FROM", "TO"], rows))
+
+
+def _array(array: dict | None) -> str | None:
+    if not array:
+        return None
+    return f"task {array['task_id']} of array {array['job_id']} ({array['spec']})"
+
+
+def _after(dependencies: list[dict] | None) -> str | None:
+    return ", ".join(f"{d['kind']}:{d['booking']}" for d in dependencies or []) or None
 
 
 def _pairs(rows) -> None:

@@ -38,6 +38,15 @@ def _booking_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--end", help="reservation end (with --start)")
     parser.add_argument("-q", "--qos", help="quality of service, e.g. normal, high, low")
     parser.add_argument("--preemptible", action="store_true", help="may be preempted")
+    parser.add_argument(
+        "--array", metavar="SPEC", help="a job array: 0-99%%10 (100 tasks, at most 10 at once)"
+    )
+    parser.add_argument(
+        "--after",
+        action="append",
+        metavar="DEP",
+        help="start after: afterok:41, afternotok:41, afterany:41:42 (repeatable)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="batch command (after --)")
 
 
