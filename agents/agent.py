@@ -20,6 +20,7 @@ from agents.backend import Backend
 from agents.backoff import Backoff
 from agents.confine import NoConfinement
 from agents.confine import choose as choose_confinement
+from agents.containers import detect_runtimes
 from agents.dispatch import DEFAULT_MIN_UID, Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
@@ -68,6 +69,8 @@ class Agent:
         session_host: str = DEFAULT_SESSION_HOST,
         session_python: str | None = None,
         session_dir: str | None = None,
+        container_runtimes: list[str] | None = None,
+        container_args: dict[str, list[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -93,6 +96,11 @@ class Agent:
             session_host=session_host,
             session_python=session_python,
             session_dir=session_dir,
+            # None: what is installed (agents/containers.py); [] turns containers off.
+            container_runtimes=detect_runtimes()
+            if container_runtimes is None
+            else container_runtimes,
+            container_args=container_args,
         )
         self.enforcer = Enforcer(grace_s, clock)
         self._stop_jobs_on_exit_s = stop_jobs_on_exit_s
@@ -226,7 +234,13 @@ class Agent:
             self.desired = self.portal.get_desired()
 
     def _register(self) -> None:
-        answer = self.portal.register(RegisterRequest(self.hostname, __version__, self._inventory))
+        request = RegisterRequest(
+            self.hostname,
+            __version__,
+            self._inventory,
+            container_runtimes=self.dispatcher.container_runtimes,
+        )
+        answer = self.portal.register(request)
         log.info("registered as %s (enforcement %s)", answer.node, answer.enforcement)
         self.policy = self._cli["policy"] or answer.enforcement
         if self._cli["report"] is None:

@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from agents import confine
+from agents.containers import ContainerLaunch, container_launch
 from agents.procfs import is_alive, read_stat
 from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event
 from agents.session import DEFAULT_HOST, session_launch, session_listening
@@ -85,7 +86,11 @@ class Dispatcher:
         session_host: str = DEFAULT_HOST,
         session_python: str | None = None,
         session_dir: str | None = None,
+        container_runtimes: list[str] | None = None,
+        container_args: dict[str, list[str]] | None = None,
     ) -> None:
+        self.container_runtimes = list(container_runtimes or [])
+        self._container_args = container_args or {}
         self._session_host = session_host
         self._session_python = session_python
         self._session_dir = session_dir
@@ -297,6 +302,9 @@ class Dispatcher:
                 workspaces=self._session_workspaces(booking.booking_id, account),
             )
             argv, extra_env = session.argv, session.env
+        elif booking.image:
+            container = self._container(booking, account)
+            argv, extra_env = container.argv, container.env
         launch = self._confinement.wrap(
             booking.booking_id, argv, account, self._device_files(list(booking.device_uuids))
         )
@@ -337,6 +345,23 @@ class Dispatcher:
             session_port=session.port if session else None,
         )
         return job, launch.note
+
+    def _container(
+        self, booking: DesiredBooking, account: pwd.struct_passwd, workdir: str | None = None
+    ) -> ContainerLaunch:
+        """The container launch of a booking that names an image (NoRuntime: none fits)."""
+        return container_launch(
+            runtimes=self.container_runtimes,
+            booking_id=booking.booking_id,
+            image=booking.image or "",
+            command=booking.command or "",
+            device_uuids=list(booking.device_uuids),
+            uid=account.pw_uid,
+            gid=account.pw_gid,
+            env=_job_environment(booking, account),
+            workdir=workdir or _home(account),
+            extra_args=self._container_args,
+        )
 
     def _session_workspaces(self, booking_id: int, account: pwd.struct_passwd) -> Path:
         directory = self._state_dir / "sessions" / f"booking-{booking_id}"

@@ -88,6 +88,21 @@ class ProtocolError(ValueError):
         self.reason = reason
 
 
+# Container runtimes an agent may report, in the order it prefers them for an OCI image.
+CONTAINER_RUNTIMES = ("podman", "docker", "apptainer", "singularity")
+IMAGE_MAX = 500
+_SIF_TRANSPORTS = ("oras://", "library://", "shub://")
+
+
+def image_runtimes(image: str) -> tuple[str, ...]:
+    """The runtimes that can run ``image``, preferred first: an Apptainer/Singularity image
+    (a ``.sif`` file, ``oras://``, ``library://``, ``shub://``) needs one of those two; an OCI
+    image (``docker://ref`` or a plain ``registry/name:tag``) runs on any of the four."""
+    if image.endswith(".sif") or image.startswith(_SIF_TRANSPORTS):
+        return ("apptainer", "singularity")
+    return CONTAINER_RUNTIMES
+
+
 @dataclass(frozen=True)
 class MigInventory:
     """One MIG instance as the node discovered it."""
@@ -118,6 +133,10 @@ class RegisterRequest:
     agent_version: str = bounded(max_length=VERSION_MAX)
     gpus: list[GpuInventory] = bounded()
     protocol: int = PROTOCOL_VERSION
+    # The container runtimes installed on the node (CONTAINER_RUNTIMES names).
+    container_runtimes: list[str] = field(
+        default_factory=list, metadata={"limits": {**_NO_LIMITS, "max_length": 32}}
+    )
 
 
 @dataclass(frozen=True)
@@ -181,6 +200,8 @@ class DesiredBooking:
     # A task of a job array: the array's id (its first task's booking id) and this task's index.
     array_job_id: int | None = bounded(low=0, ints=INT64, default=None)
     array_task_id: int | None = bounded(low=0, ints=INT64, default=None)
+    # Run the command in this container image (agents/containers.py).
+    image: str | None = bounded(max_length=IMAGE_MAX, default=None)
 
 
 @dataclass(frozen=True)
