@@ -36,6 +36,7 @@ BOOKING_FIELDS = (
     "qos",
     "preemptible",
     "command",
+    "image",
     "submitted_at",
     "started_at",
     "ended_at",

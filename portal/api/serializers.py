@@ -126,6 +126,12 @@ class BookingCreateInput(StrictSerializer):
         required=False,
         help_text="Run JupyterLab or a terminal on the booked devices, opened through the portal.",
     )
+    image = serializers.CharField(
+        required=False,
+        max_length=500,
+        help_text="Run the command in this container image (docker://..., a .sif path, "
+        "oras://...), from a source the site allows (CONTAINER_IMAGE_SOURCES).",
+    )
     array = serializers.CharField(
         required=False,
         max_length=200,
@@ -264,6 +270,7 @@ class BookingOutput(serializers.ModelSerializer):
             "qos",
             "preemptible",
             "command",
+            "image",
             "submitted_at",
             "started_at",
             "ended_at",
@@ -336,6 +343,7 @@ class BookingOutput(serializers.ModelSerializer):
             "qos": obj.qos,
             "preemptible": obj.preemptible,
             "command": obj.command,
+            "image": obj.image,
             "submitted_at": iso(obj.submitted_at, tz),
             "started_at": iso(obj.started_at, tz),
             "ended_at": iso(obj.ended_at, tz),

@@ -39,6 +39,8 @@ def _booking_body(args) -> dict:
         body["qos"] = args.qos
     if args.preemptible:
         body["preemptible"] = True
+    if args.image:
+        body["image"] = args.image
     if args.array:
         body["array"] = args.array
     if args.after:
@@ -214,6 +216,7 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
             ("Started", when(booking.get("started_at"))),
             ("Ends", when(_end(booking))),
             ("Command", booking.get("command")),
+            ("Image", booking.get("image")),
             ("Array", _array(booking.get("array"))),
             ("After", _after(booking.get("dependencies"))),
             ("Exit code", booking.get("exit_code")),

@@ -39,6 +39,9 @@ def _booking_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--qos", help="quality of service, e.g. normal, high, low")
     parser.add_argument("--preemptible", action="store_true", help="may be preempted")
     parser.add_argument(
+        "--image", help="run the command in this container image, e.g. docker://nvcr.io/..."
+    )
+    parser.add_argument(
         "--array", metavar="SPEC", help="a job array: 0-99%%10 (100 tasks, at most 10 at once)"
     )
     parser.add_argument(

@@ -122,6 +122,8 @@ class Booking(models.Model):
     )
     array_task_id = models.PositiveIntegerField(null=True, blank=True)
     array_spec = models.CharField(max_length=200, blank=True)
+    # Run the command in this container image on the node's runtime (docs/containers.md).
+    image = models.CharField(max_length=500, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]

@@ -21,6 +21,8 @@ class Node(models.Model):
     state_reason = models.CharField(max_length=300, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
+    # The container runtimes its agent reported (agents.protocol.CONTAINER_RUNTIMES names).
+    container_runtimes = models.JSONField(default=list, blank=True)
     # sha256 of the agent token; the token itself is shown once by `manage.py agent_token`.
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     created = models.DateTimeField(auto_now_add=True)

@@ -123,6 +123,13 @@ class BookForm(AccessibleForm):
         label="Interactive session",
         help_text="JupyterLab or a terminal on the booked devices, opened from the booking page.",
     )
+    image = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Container image",
+        help_text="Optional, with a command: run it in this image, e.g. "
+        "docker://nvcr.io/nvidia/pytorch:24.05-py3 or /shared/images/torch.sif.",
+    )
     array = forms.CharField(
         required=False,
         max_length=200,
@@ -188,6 +195,7 @@ class BookForm(AccessibleForm):
             "preemptible": data["preemptible"],
             "command": data.get("command") or "",
             "interactive": data.get("interactive") or None,
+            "image": data.get("image") or None,
             "array": data.get("array") or None,
             "after": data.get("after") or None,
         }

@@ -30,6 +30,7 @@
     if (value("project")) body.project = value("project");
     if (value("gpu_model")) body.gpu_model = value("gpu_model");
     if (value("command")) body.command = value("command");
+    if (value("image")) body.image = value("image");
     if (value("kind") === "mig") {
       if (!value("mig_profile")) return null;
       body.mig_profile = value("mig_profile");

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.models import Booking, Gpu, MigInstance
+from portal.models import Booking, Gpu, MigInstance, Node
 from portal.services.booking.bookings import booking_cancel
 from portal.services.inventory.telemetry_cache import latest_store
 from tests.cli.conftest import token_for
@@ -295,6 +295,20 @@ def test_it_submits_an_array_after_another_booking_and_shows_both(site, cli):
     assert _field(shown, "Detail") == f"waits for afterok:{first['id']}"
     refused = cli("submit", "-g", "1", "-t", "30m", "--array", "9-1", "--", "x", token=token)
     assert refused.returncode != 0 and "array" in refused.stderr
+
+
+def test_it_submits_a_command_in_a_container_image(site, cli, settings):
+    settings.CONTAINER_IMAGE_SOURCES = ["docker://nvcr.io/"]
+    Node.objects.filter(pk=site["node"].pk).update(container_runtimes=["podman"])
+    token = token_for(site["alice"])
+    image = "docker://nvcr.io/nvidia/pytorch:24.05-py3"
+    result = cli(
+        "submit", "-g", "1", "-t", "30m", "--image", image, "--", "python", "t.py", token=token
+    )
+    assert result.returncode == 0, result.stderr
+    assert _field(result.stdout, "Image") == image
+    refused = cli("submit", "-t", "1h", "--image", "docker://elsewhere/x:1", "--", "x", token=token)
+    assert refused.returncode != 0 and "not from an allowed source" in refused.stderr
 
 
 def _field(stdout: str, label: str) -> str:

@@ -23,6 +23,7 @@ from portal.services.allocation.snapshot import (
 )
 from portal.services.booking import bookings as booking_services
 from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.containers import image_check
 from portal.services.booking.dependencies import after_check, array_check, queued_only_check
 from portal.services.booking.sessions import session_request_check
 from portal.services.core import counters
@@ -45,8 +46,16 @@ def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     """Validate like a submission (same refusals), then plan it without writing anything."""
     interactive = fields.pop("interactive", None)
     spec, after = array_check(fields.pop("array", None)), fields.pop("after", None)
+    image = fields.pop("image", None)
     request = check_request(user=user, now=now, **_request_fields(fields))
-    session_request_check(interactive=interactive, command=request.command)
+    kind = session_request_check(interactive=interactive, command=request.command)
+    image_check(
+        image=image,
+        command=request.command,
+        interactive=kind,
+        gpu_model=request.gpu_model,
+        mig_profile=request.mig_profile,
+    )
     deps = after_check(user=user, after=after)
     queued_only_check(
         request, command=request.command, interactive=interactive, array=spec, after=deps

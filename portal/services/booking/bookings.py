@@ -25,6 +25,7 @@ from portal.services.access.audit import SYSTEM, Source, audit_booking, booking_
 from portal.services.booking import events, fairshare
 from portal.services.booking.booking_bounds import request_bounds
 from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.containers import image_check
 from portal.services.booking.dependencies import (
     after_check,
     array_check,
@@ -63,6 +64,7 @@ def booking_submit(
     interactive: str | None = None,
     array: str | None = None,
     after: str | list[str] | None = None,
+    image: str | None = None,
 ) -> Booking:
     """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
 
@@ -70,7 +72,8 @@ def booking_submit(
     booking with the key fails on the owner+key unique constraint (IntegrityError).
     `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active.
     `array` ("0-99%10") queues one booking per task and returns the first; `after`
-    ("afterok:41") holds each until its dependencies are met (booking/dependencies.py).
+    ("afterok:41") holds each until its dependencies are met (booking/dependencies.py);
+    `image` runs the command in that container image (booking/containers.py).
     """
     interactive = session_request_check(interactive=interactive, command=command)
     spec, deps = array_check(array), after_check(user=user, after=after)
@@ -89,8 +92,16 @@ def booking_submit(
         command=command,
     )
     queued_only_check(request, command=command, interactive=interactive, array=spec, after=deps)
+    image = image_check(
+        image=image,
+        command=request.command,
+        interactive=interactive,
+        gpu_model=request.gpu_model,
+        mig_profile=request.mig_profile,
+    )
     state = State.PENDING if request.start is None else State.PLANNED
     booking = booking_from_request(user, request, now, state)
+    booking.image = image
     session_prepare(booking, interactive=interactive)
     booking.planned_start = request.start
     booking.idempotency_key, booking.request_digest = idempotency_key, request_digest

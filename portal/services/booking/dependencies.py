@@ -129,7 +129,7 @@ def array_save(booking: Booking, spec: str, task_ids: tuple[int, ...], after: Af
 def _copy_request(booking: Booking) -> Booking:
     names = (
         "owner_id project_id gpus mig_profile gpu_model duration_s qos preemptible command"
-        " state submitted_at"
+        " image state submitted_at"
     ).split()
     return Booking(**{name: getattr(booking, name) for name in names})
 

@@ -75,7 +75,10 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
     _check_devices_not_elsewhere(node, request)
     with transaction.atomic():
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
-        Node.objects.filter(pk=node.pk).update(agent_version=request.agent_version)
+        runtimes = [r for r in protocol.CONTAINER_RUNTIMES if r in request.container_runtimes]
+        Node.objects.filter(pk=node.pk).update(
+            agent_version=request.agent_version, container_runtimes=runtimes
+        )
         booking_events.request_allocation_pass()  # the inventory may have grown
     node_devices_forget(node_id=node.pk)
     return RegisterResponse(

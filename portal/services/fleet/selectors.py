@@ -58,6 +58,7 @@ def _desired_bookings(node_id: int) -> list[DesiredBooking]:
             **_session_fields(held[0].booking),
             array_job_id=held[0].booking.array_parent_id,
             array_task_id=held[0].booking.array_task_id,
+            image=held[0].booking.image or None,
         )
         for booking_id, held in grouped.items()
     ]

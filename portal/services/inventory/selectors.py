@@ -70,8 +70,8 @@ def admission_devices() -> tuple[scheduler.Device, ...]:
     return tuple(devices)
 
 
-def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[int]:
-    """Up nodes that could hold the request at all: the rows the booking path locks."""
+def _devices_like(gpu_model: str, mig_profile: str) -> tuple[QuerySet, str]:
+    """Bookable devices of the kind a request asks for, and the name of their node's id."""
     if mig_profile:
         devices = mig_instances_bookable().filter(profile=mig_profile)
         node, model = "gpu__node_id", "gpu__model"
@@ -79,8 +79,22 @@ def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[in
         devices, node, model = gpus_bookable(), "node_id", "model"
     if gpu_model:
         devices = devices.filter(**{model: gpu_model})
+    return devices, node
+
+
+def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[int]:
+    """Up nodes that could hold the request at all: the rows the booking path locks."""
+    devices, node = _devices_like(gpu_model, mig_profile)
     up = Node.objects.filter(state=Node.State.UP).values("id")
     return sorted(set(devices.filter(**{f"{node}__in": up}).values_list(node, flat=True)))
+
+
+def node_container_runtimes(*, gpu_model: str = "", mig_profile: str = "") -> dict[str, list]:
+    """The container runtimes of each node that has devices such a request could get (up or
+    not: a node down for a moment still counts), by hostname."""
+    devices, node = _devices_like(gpu_model, mig_profile)
+    nodes = Node.objects.filter(pk__in=devices.values(node)).order_by("hostname")
+    return dict(nodes.values_list("hostname", "container_runtimes"))
 
 
 def _held_now(now: datetime) -> QuerySet:
