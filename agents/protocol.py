@@ -199,7 +199,7 @@ class DesiredBooking:
     session_token: str | None = bounded(max_length=SESSION_TOKEN_MAX, default=None)
     # A task of a job array: the array's id (its first task's booking id) and this task's index.
     array_job_id: int | None = bounded(low=0, ints=INT64, default=None)
-    array_task_id: int | None = bounded(low=0, ints=INT64, default=None)
+    array_task_id: int | None = bounded(low=0, ints=UINT, default=None)
     # Run the command in this container image (agents/containers.py).
     image: str | None = bounded(max_length=IMAGE_MAX, default=None)
 

@@ -103,13 +103,18 @@ def test_it_ends_a_booking_after_a_failed_one_and_says_why(api, project, cluster
 
 
 @pytest.mark.both_databases
-def test_it_waits_for_every_task_of_an_array_named_as_a_dependency(api, project, cluster):
+def test_it_waits_for_every_task_of_an_array_named_by_its_first_task(api, project, cluster):
     project.quotas.update(max_gpus=None)
-    first = _submit(api, gpus=1, duration_s=600, command="t", array="0-1")
-    other = Booking.objects.get(array_parent_id=first["id"], array_task_id=1)
-    after = f"afterany:{first['id']}:{other.pk}"
-    merge = _submit(api, gpus=1, duration_s=600, command="merge", after=after)
-    allocation_pass(now=timezone.now() + timedelta(seconds=601))  # both tasks reach their end
+    first = _submit(api, gpus=1, duration_s=600, command="t", array="0-2")
+    tasks = set(Booking.objects.filter(array_parent_id=first["id"]).values_list("pk", flat=True))
+    merge = _submit(api, gpus=1, duration_s=600, command="merge", after=f"afterany:{first['id']}")
+    shown = _get(api, merge["id"])
+    assert {d["booking"] for d in shown["dependencies"]} == tasks
+    assert shown["state"] == "pending"
+    with _commits(execute=True):
+        api.post(f"/api/v1/bookings/{first['id']}/release/")  # one task ended, two still run
+    assert _get(api, merge["id"])["state"] == "pending"
+    allocation_pass(now=timezone.now() + timedelta(seconds=601))  # the others reach their end
     assert _get(api, merge["id"])["state"] == "active"
 
 
@@ -180,7 +185,7 @@ def test_it_lists_arrays_and_dependencies_as_the_detail_view_does(api, project, 
     rows = {row["id"]: row for row in api.get("/api/v1/bookings/").json()["results"]}
     for booking_id in (first["id"], later["id"]):
         assert rows[booking_id] == _get(api, booking_id)
-    assert BookingDependency.objects.filter(booking_id=later["id"]).count() == 1
+    assert BookingDependency.objects.filter(booking_id=later["id"]).count() == 3  # every task
 
 
 def test_it_estimates_a_dependent_booking_as_waiting_for_its_dependency(api, project, cluster):

@@ -31,6 +31,7 @@ COLUMNS = {
     ("RegisterRequest", "hostname"): (Node, "hostname"),
     ("RegisterRequest", "agent_version"): (Node, "agent_version"),
     ("RegisterRequest", "protocol"): None,  # compared to PROTOCOL_VERSION, not stored
+    ("RegisterRequest", "container_runtimes"): None,  # stored as the known names among them
     ("ProcessReading", "pid"): (ProcessUsage, "pid"),
     ("ProcessReading", "user"): (ProcessUsage, "user"),
     ("ProcessReading", "used_memory_mib"): (ProcessUsage, "peak_memory_mib"),
@@ -49,6 +50,9 @@ COLUMNS = {
     ("DesiredBooking", "device_uuids"): (Gpu, "uuid"),
     ("DesiredBooking", "command"): (Booking, "command"),
     ("DesiredBooking", "session_token"): (Booking, "session_token"),
+    ("DesiredBooking", "array_job_id"): (Booking, "id"),  # the array's first task
+    ("DesiredBooking", "array_task_id"): (Booking, "array_task_id"),
+    ("DesiredBooking", "image"): (Booking, "image"),
     ("DesiredState", "generation"): None,  # the portal's own counter, read by the agent only
     ("Event", "detail"): (NodeAlert, "detail"),  # Booking.state_detail takes it cut to 300
     ("Event", "booking_id"): (Booking, "id"),

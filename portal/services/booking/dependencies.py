@@ -89,12 +89,25 @@ def after_check(*, user, after: str | list[str] | None) -> After:
     missing = [str(pk) for pk in ids if pk not in states]
     if missing:
         raise ValidationFailed.field("after", f"no booking {', '.join(missing)} among yours.")
+    deps, states = _with_array_tasks(deps, states)
     outcomes = {str(pk): o for pk, s in states.items() if (o := dependency_outcome(s))}
     verdict = dependency_verdict(deps, outcomes)
     if verdict is not None and verdict.never:
         raise ValidationFailed.field("after", f"{verdict.detail}, so it could never start.")
     pairs = tuple((dep.kind, int(dep.booking_id)) for dep in deps)
     return After(pairs, verdict.detail if verdict is not None else "")
+
+
+def _with_array_tasks(deps: tuple[Dependency, ...], states: dict[int, str]):
+    """An array's first task stands for the whole array (as Slurm's array job id does): a
+    dependency on it is one on each of its tasks, with the same kind."""
+    tasks = Booking.objects.filter(array_parent_id__in=states).exclude(pk__in=states)
+    rows = list(tasks.values_list("array_parent_id", "pk", "state"))
+    if not rows:
+        return deps, states
+    kinds = {int(dep.booking_id): dep.kind for dep in deps}
+    more = tuple(Dependency(kinds[parent], str(pk)) for parent, pk, _ in rows)
+    return deps + more, {**states, **{pk: state for _, pk, state in rows}}
 
 
 def queued_only_check(request: BookingRequest, *, command, interactive, array, after: After):
