@@ -216,7 +216,7 @@ class _Pass:
     def why(self, request: Request, multi: bool) -> tuple[str, str]:
         """Reason and detail for a booking that has a start later than now (quota aside)."""
         # Keyed by shape, not duration: one horizon per shape answers every duration.
-        key = (request.gpus, request.mig_profile, request.gpu_model, multi)
+        key = (request.gpus, request.mig_profile, request.device_match, multi)
         horizons = self._why_cache.get(key)
         if horizons is None:
             horizons = self._why_cache[key] = self._horizons(request, multi)
@@ -326,7 +326,7 @@ class _Walk:
             return True
         # Past the depth nothing more is reserved, only started: free devices only shrink, so a
         # request at least as wide and as long as one that did not fit now does not fit either.
-        failed = self.failed.setdefault((request.mig_profile, request.gpu_model, multi), {})
+        failed = self.failed.setdefault((request.mig_profile, request.device_match, multi), {})
         if any(g <= request.gpus and d <= request.duration_s for g, d in failed.items()):
             return True
         timelines = [node.timeline for node in run.nodes]

@@ -65,6 +65,7 @@ class Device:
     temperature_c: float | None = None
     utilization: float | None = None
     parent: str = ""
+    runtimes: tuple[str, ...] = ()  # container runtimes of its node
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,8 @@ class Request:
     ``after``: bookings that must end first (all of them, each the way its kind says).
     ``array``: the array this booking is a task of ("": none); at most ``array_limit`` tasks of
     one array hold devices at once (None: no limit). Tasks of one array have the same shape.
+    ``runtimes``: it runs in a container image, so only devices of nodes with one of these
+    container runtimes fit (empty: any node).
     """
 
     booking_id: str
@@ -116,6 +119,13 @@ class Request:
     after: tuple[Dependency, ...] = ()
     array: str = ""
     array_limit: int | None = None
+    runtimes: tuple[str, ...] = ()  # it runs in a container: its node needs one of these
+
+    @property
+    def device_match(self) -> str | None | tuple:
+        """What a device must match besides the MIG profile: the model, and with ``runtimes``
+        a node that has one of them. One value, so every cache keyed by it tells them apart."""
+        return (self.gpu_model, self.runtimes) if self.runtimes else self.gpu_model
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
 """A booking that names a container image: the site's allow-list, nodes' runtimes, the agent."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from portal.models import Booking, Node
 from portal.services.fleet.selectors import agent_desired
@@ -18,7 +21,8 @@ def sources(settings):
 
 
 def _post(api, **body):
-    return api.post("/api/v1/bookings/", {"gpus": 1, "duration_s": 600, **body}, format="json")
+    body = {k: v for k, v in {"gpus": 1, "duration_s": 600, **body}.items() if v is not None}
+    return api.post("/api/v1/bookings/", body, format="json")
 
 
 def _runtimes(node, *names):
@@ -73,3 +77,30 @@ def test_it_refuses_an_image_in_an_estimate_as_at_submit(api, project, cluster, 
     response = api.post("/api/v1/bookings/estimate/", body, format="json")
     assert response.status_code == 400
     assert "apptainer" in error_of(response)["fields"]["image"]
+
+
+@pytest.mark.both_databases
+def test_it_places_an_image_booking_on_a_node_that_can_run_it(
+    api, project, cluster, sources, django_capture_on_commit_callbacks
+):
+    _runtimes(cluster[1], "podman")  # node-a has none
+    with django_capture_on_commit_callbacks(execute=True):
+        response = _post(api, gpus=2, command="python train.py", image=OCI)
+        plain = _post(api, gpus=2, command="python train.py")
+    on = Booking.objects.get(pk=response.json()["id"]).allocations.values_list(
+        "gpu__node__hostname", flat=True
+    )
+    assert set(on) == {"node-b"}
+    assert Booking.objects.get(pk=plain.json()["id"]).state == Booking.State.ACTIVE
+
+
+def test_it_reserves_an_image_booking_on_a_node_that_can_run_it(api, project, cluster, sources):
+    _runtimes(cluster[1], "podman")
+    start = timezone.now() + timedelta(hours=1)
+    window = {"start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
+    response = _post(api, command="python train.py", image=OCI, duration_s=None, **window)
+    assert response.status_code == 201, response.json()
+    on = Booking.objects.get(pk=response.json()["id"]).allocations.values_list(
+        "gpu__node__hostname", flat=True
+    )
+    assert set(on) == {"node-b"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler import plan
@@ -178,3 +180,30 @@ def test_it_replays_dependencies_with_the_allocators_rules(tmp_path):
     assert result["jobs"] == 3
     # a, then c, then d: one after the other on the single node.
     assert result["makespan_s"] == 300.0
+
+
+# (runtimes of node a, of node b, the request's runtimes) -> the node it starts on (None: never)
+RUNTIME_CASES = [
+    ((), ("podman",), ("podman", "docker"), "b"),
+    (("apptainer",), ("podman",), ("apptainer", "singularity"), "a"),
+    ((), (), ("podman",), None),
+    ((), (), (), "a"),
+]
+
+
+@pytest.mark.parametrize(("on_a", "on_b", "needs", "node"), RUNTIME_CASES)
+def test_it_places_a_container_only_on_a_node_with_a_runtime_for_it(on_a, on_b, needs, node):
+    devices = [replace(d, runtimes=on_a) for d in gpus("a", 2)]
+    devices += [replace(d, runtimes=on_b) for d in gpus("b", 2)]
+    result = plan(state(devices, [req("42", runtimes=needs)]), POLICY)
+    if node is None:
+        assert result.starts == () and _line(result, "42").reason == "never"
+    else:
+        assert result.starts[0].device_ids[0].startswith(f"{node}-")
+
+
+def test_it_keeps_a_multi_node_container_on_nodes_with_the_runtime():
+    devices = [replace(d, runtimes=("podman",)) for d in gpus("a") + gpus("c")]
+    devices += list(gpus("b"))
+    result = plan(state(devices, [req("42", gpus=16, runtimes=("podman",))]), POLICY)
+    assert {d.split("-")[0] for d in result.starts[0].device_ids} == {"a", "c"}

@@ -49,7 +49,7 @@ def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     image = fields.pop("image", None)
     request = check_request(user=user, now=now, **_request_fields(fields))
     kind = session_request_check(interactive=interactive, command=request.command)
-    image_check(
+    image = image_check(
         image=image,
         command=request.command,
         interactive=kind,
@@ -63,7 +63,7 @@ def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     if deps.waiting:
         return Estimate(planned_start=None, pending_reason="dependency", state_detail=deps.waiting)
     if request.start is not None:
-        return _estimate_reservation(user, request, now)
+        return _estimate_reservation(user, request, now, image)
     return _estimate_queued(user, request, now)
 
 
@@ -83,9 +83,9 @@ def _request_fields(fields: dict) -> dict:
     return {**defaults, **fields}
 
 
-def _estimate_reservation(user, request: BookingRequest, now: datetime) -> Estimate:
+def _estimate_reservation(user, request: BookingRequest, now: datetime, image: str) -> Estimate:
     try:
-        booking_services.check_reservation(user, request, now)
+        booking_services.check_reservation(user, request, now, image=image)
     except ApplicationError as exc:
         return Estimate(planned_start=None, pending_reason=exc.code, state_detail=exc.message)
     return Estimate(

@@ -16,6 +16,7 @@ from django.db.models import Max, TextField
 from django.db.models.functions import Cast
 
 import scheduler
+from agents.protocol import image_runtimes
 from portal.models import Allocation, Booking, mig_fraction
 from portal.services.booking import fairshare
 from portal.services.booking.dependencies import array_limit, pending_dependencies
@@ -95,6 +96,7 @@ _PENDING_FIELDS = (
     "priority_text",
     "array_parent_id",
     "array_spec",
+    "image",
 )
 
 
@@ -150,7 +152,13 @@ def _request_row(row: tuple, after: tuple):
         after=after,
         array=str(row[17] or ""),
         array_limit=array_limit(row[18]),
+        runtimes=_runtimes(row[19]),
     )
+
+
+def _runtimes(image: str) -> tuple[str, ...]:
+    # A booking in a container needs a node with a runtime that can run its image.
+    return image_runtimes(image) if image else ()
 
 
 def snapshot_plus(snap: Snapshot, *, now: datetime, bookings: list[Booking]):
@@ -227,7 +235,13 @@ def _devices() -> dict[str, tuple]:
     # scheduler's own objects.
     gpus = list(
         inventory.gpus_bookable().values_list(
-            "pk", "uuid", "model", "node_id", "node__hostname", "node__state"
+            "pk",
+            "uuid",
+            "model",
+            "node_id",
+            "node__hostname",
+            "node__state",
+            "node__container_runtimes",
         )
     )
     migs = inventory.mig_instances_bookable().values_list(
@@ -239,10 +253,11 @@ def _devices() -> dict[str, tuple]:
         "gpu__node_id",
         "gpu__node__hostname",
         "gpu__node__state",
+        "gpu__node__container_runtimes",
     )
     readings = latest_by_uuid([row[1] for row in gpus])
     devices: dict[str, tuple] = {}
-    for pk, uuid, model, node_id, hostname, node_state in gpus:
+    for pk, uuid, model, node_id, hostname, node_state, runtimes in gpus:
         reading = readings.get(uuid, {})
         devices[f"gpu:{pk}"] = (
             scheduler.Device(
@@ -253,10 +268,11 @@ def _devices() -> dict[str, tuple]:
                 node_state=node_state,
                 temperature_c=reading.get("temperature_c"),
                 utilization=reading.get("utilization_gpu"),
+                runtimes=tuple(runtimes or ()),
             ),
             DeviceRow(node_id, pk, None, 1.0),
         )
-    for pk, profile, slices, gpu_id, model, node_id, hostname, node_state in migs:
+    for pk, profile, slices, gpu_id, model, node_id, hostname, node_state, runtimes in migs:
         fraction = mig_fraction(slices)
         devices[f"mig:{pk}"] = (
             scheduler.Device(
@@ -267,6 +283,7 @@ def _devices() -> dict[str, tuple]:
                 fraction=fraction,
                 node_state=node_state,
                 parent=f"gpu:{gpu_id}",
+                runtimes=tuple(runtimes or ()),
             ),
             DeviceRow(node_id, gpu_id, pk, fraction),
         )
@@ -350,4 +367,5 @@ def _request(booking: Booking):
         gpu_model=booking.gpu_model or None,
         qos=booking.qos,
         preemptible=booking.preemptible,
+        runtimes=_runtimes(booking.image),
     )

@@ -14,6 +14,7 @@ from django.db.models import F, Max, Min
 from django.db.models.functions import Least
 
 import scheduler
+from agents.protocol import image_runtimes
 from portal.errors import (
     InvalidState,
     NoCapacity,
@@ -149,7 +150,7 @@ def _reserve(booking: Booking, request: BookingRequest, now: datetime) -> None:
     lock_nodes(
         inventory.candidate_node_ids(gpu_model=request.gpu_model, mig_profile=request.mig_profile)
     )
-    devices = check_reservation(booking.owner, request, now)
+    devices = check_reservation(booking.owner, request, now, image=booking.image)
     booking.save()
     if not allocations_write(
         booking=booking, devices=devices, start=request.start, end=request.end
@@ -182,10 +183,12 @@ def allocations_write(
     return True
 
 
-def check_reservation(user, request: BookingRequest, now: datetime) -> list[Slot]:
+def check_reservation(
+    user, request: BookingRequest, now: datetime, *, image: str = ""
+) -> list[Slot]:
     """The devices a reservation would get now, or the refusal (quota, no capacity). Reads only."""
     _check_window_quota(user, request, now)
-    return _place(request)
+    return _place(request, image)
 
 
 def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
@@ -229,8 +232,9 @@ def _quota_exceeded(
     return QuotaExceeded(f"Quota gpu_hours_budget: {reason}", fields={budget: reason}, extra=extra)
 
 
-def _place(request: BookingRequest) -> list[Slot]:
+def _place(request: BookingRequest, image: str) -> list[Slot]:
     devices, free = placement.devices_for_window(
+        runtimes=image_runtimes(image) if image else (),
         start=request.start,
         end=request.end,
         gpus=request.gpus,

@@ -97,6 +97,13 @@ def node_container_runtimes(*, gpu_model: str = "", mig_profile: str = "") -> di
     return dict(nodes.values_list("hostname", "container_runtimes"))
 
 
+def node_ids_with_runtime(runtimes: tuple[str, ...]) -> list[int]:
+    """Nodes whose agent reported one of these container runtimes (read in Python: a JSON
+    list, the same on SQLite and PostgreSQL)."""
+    rows = Node.objects.exclude(container_runtimes=[]).values_list("pk", "container_runtimes")
+    return [pk for pk, have in rows if set(have) & set(runtimes)]
+
+
 def _held_now(now: datetime) -> QuerySet:
     return Allocation.objects.filter(live=True, start__lte=now, end__gt=now)
 
