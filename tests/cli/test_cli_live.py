@@ -299,7 +299,7 @@ def test_it_submits_an_array_after_another_booking_and_shows_both(site, cli):
 
 def test_it_submits_a_command_in_a_container_image(site, cli, settings):
     settings.CONTAINER_IMAGE_SOURCES = ["docker://nvcr.io/"]
-    Node.objects.filter(pk=site["node"].pk).update(container_runtimes=["podman"])
+    Node.objects.filter(pk=site["node"].pk).update(container_runtimes="podman")
     token = token_for(site["alice"])
     image = "docker://nvcr.io/nvidia/pytorch:24.05-py3"
     result = cli(

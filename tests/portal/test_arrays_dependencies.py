@@ -142,6 +142,18 @@ def test_it_refuses_a_bad_array_or_dependency_naming_the_field(
     assert Booking.objects.count() == before  # nothing half-written
 
 
+def test_it_refuses_an_array_after_an_array_that_would_write_too_many_dependencies(
+    api, project, cluster
+):
+    first = _submit(api, gpus=1, duration_s=600, command="t", array="0-199")
+    body = {"gpus": 1, "duration_s": 600, "command": "x", "array": "0-199"}
+    response = api.post(
+        "/api/v1/bookings/", {**body, "after": f"afterany:{first['id']}"}, format="json"
+    )
+    assert response.status_code == 400
+    assert "at most 20000" in error_of(response)["fields"]["after"]
+
+
 def test_it_refuses_a_dependency_that_can_never_be_met_at_submit(api, project, cluster):
     first = _submit(api, gpus=1, duration_s=600, command="train")
     _fail(first["id"])

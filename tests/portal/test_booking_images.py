@@ -26,7 +26,7 @@ def _post(api, **body):
 
 
 def _runtimes(node, *names):
-    Node.objects.filter(pk=node.pk).update(container_runtimes=list(names))
+    Node.objects.filter(pk=node.pk).update(container_runtimes=",".join(names))
 
 
 def test_it_runs_an_allowed_image_on_a_node_with_a_runtime(

@@ -158,9 +158,9 @@ def test_it_keeps_the_container_runtimes_the_agent_reports(node_a, agent_a):
     body = {**REGISTER, "container_runtimes": ["apptainer", "podman", "lxc"]}
     assert agent_a.post(protocol.REGISTER_PATH, body).status_code == 200
     # Known names only, in the portal's order; an agent that reports none offers none.
-    assert Node.objects.get(pk=node_a[0].pk).container_runtimes == ["podman", "apptainer"]
+    assert Node.objects.get(pk=node_a[0].pk).runtimes() == ("podman", "apptainer")
     assert agent_a.post(protocol.REGISTER_PATH, REGISTER).status_code == 200
-    assert Node.objects.get(pk=node_a[0].pk).container_runtimes == []
+    assert Node.objects.get(pk=node_a[0].pk).runtimes() == ()
 
 
 def _register_with(path: list, value) -> dict:

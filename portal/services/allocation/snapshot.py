@@ -18,6 +18,7 @@ from django.db.models.functions import Cast
 import scheduler
 from agents.protocol import image_runtimes
 from portal.models import Allocation, Booking, mig_fraction
+from portal.models.inventory import runtimes_of
 from portal.services.booking import fairshare
 from portal.services.booking.dependencies import array_limit, pending_dependencies
 from portal.services.booking.quotas import QuotaAsk, quota_positions
@@ -268,7 +269,7 @@ def _devices() -> dict[str, tuple]:
                 node_state=node_state,
                 temperature_c=reading.get("temperature_c"),
                 utilization=reading.get("utilization_gpu"),
-                runtimes=tuple(runtimes or ()),
+                runtimes=runtimes_of(runtimes),
             ),
             DeviceRow(node_id, pk, None, 1.0),
         )
@@ -283,7 +284,7 @@ def _devices() -> dict[str, tuple]:
                 fraction=fraction,
                 node_state=node_state,
                 parent=f"gpu:{gpu_id}",
-                runtimes=tuple(runtimes or ()),
+                runtimes=runtimes_of(runtimes),
             ),
             DeviceRow(node_id, gpu_id, pk, fraction),
         )

@@ -23,6 +23,8 @@ from scheduler.dependencies import (
 from scheduler.types import OUTCOME_NOT_OK, OUTCOME_OK, Dependency
 
 State = Booking.State
+# Dependency rows one submission may write (each task of an array has every dependency).
+MAX_DEPENDENCY_ROWS = 20_000
 
 
 def dependency_outcome(state: str) -> str | None:
@@ -120,6 +122,11 @@ def queued_only_check(request: BookingRequest, *, command, interactive, array, a
             raise ValidationFailed.field(name, "an interactive session cannot have it.")
     if array is not None and not command:
         raise ValidationFailed.field("array", "an array runs a command per task: give one.")
+    if array is not None and len(array.task_ids) * len(after.pairs) > MAX_DEPENDENCY_ROWS:
+        raise ValidationFailed.field(
+            "after",
+            f"an array's tasks times its dependencies may be at most {MAX_DEPENDENCY_ROWS}.",
+        )
 
 
 def array_save(booking: Booking, spec: str, task_ids: tuple[int, ...], after: After) -> None:

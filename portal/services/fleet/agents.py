@@ -77,7 +77,7 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
         runtimes = [r for r in protocol.CONTAINER_RUNTIMES if r in request.container_runtimes]
         Node.objects.filter(pk=node.pk).update(
-            agent_version=request.agent_version, container_runtimes=runtimes
+            agent_version=request.agent_version, container_runtimes=",".join(runtimes)
         )
         booking_events.request_allocation_pass()  # the inventory may have grown
     node_devices_forget(node_id=node.pk)

@@ -12,6 +12,7 @@ from django.db.models import Count, QuerySet
 
 import scheduler
 from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
+from portal.models.inventory import runtimes_of
 
 
 def gpus_live() -> QuerySet:
@@ -89,19 +90,21 @@ def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[in
     return sorted(set(devices.filter(**{f"{node}__in": up}).values_list(node, flat=True)))
 
 
-def node_container_runtimes(*, gpu_model: str = "", mig_profile: str = "") -> dict[str, list]:
+def node_container_runtimes(
+    *, gpu_model: str = "", mig_profile: str = ""
+) -> dict[str, tuple[str, ...]]:
     """The container runtimes of each node that has devices such a request could get (up or
     not: a node down for a moment still counts), by hostname."""
     devices, node = _devices_like(gpu_model, mig_profile)
     nodes = Node.objects.filter(pk__in=devices.values(node)).order_by("hostname")
-    return dict(nodes.values_list("hostname", "container_runtimes"))
+    rows = nodes.values_list("hostname", "container_runtimes")
+    return {hostname: runtimes_of(text) for hostname, text in rows}
 
 
 def node_ids_with_runtime(runtimes: tuple[str, ...]) -> list[int]:
-    """Nodes whose agent reported one of these container runtimes (read in Python: a JSON
-    list, the same on SQLite and PostgreSQL)."""
-    rows = Node.objects.exclude(container_runtimes=[]).values_list("pk", "container_runtimes")
-    return [pk for pk, have in rows if set(have) & set(runtimes)]
+    """Nodes whose agent reported one of these container runtimes."""
+    rows = Node.objects.exclude(container_runtimes="").values_list("pk", "container_runtimes")
+    return [pk for pk, text in rows if set(runtimes_of(text)) & set(runtimes)]
 
 
 def _held_now(now: datetime) -> QuerySet:
