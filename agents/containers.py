@@ -20,14 +20,18 @@ refuses at submit an image no node can run).
 
 from __future__ import annotations
 
+import logging
 import os
+import pwd
 import shutil
+import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agents.protocol import CONTAINER_RUNTIMES, image_runtimes
 
 SHELL = "/bin/sh"
+log = logging.getLogger(__name__)
 
 
 def detect_runtimes(which=shutil.which) -> list[str]:
@@ -42,6 +46,8 @@ class ContainerLaunch:
     runtime: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    # [runtime, container name] for a runtime whose container outlives a killed client.
+    handle: list[str] | None = None
 
 
 class NoRuntime(OSError):
@@ -75,9 +81,32 @@ def container_launch(
     extra = list((extra_args or {}).get(runtime, ()))
     if runtime in ("podman", "docker"):
         argv = _oci_argv(runtime, booking_id, image, device_uuids, uid, gid, env, workdir, extra)
-        return ContainerLaunch(runtime, argv + [SHELL, "-c", command])
+        handle = [runtime, f"gpu-portal-{booking_id}"]
+        return ContainerLaunch(runtime, argv + [SHELL, "-c", command], handle=handle)
     argv, runtime_env = _apptainer(runtime, image, device_uuids, env, workdir, extra)
     return ContainerLaunch(runtime, argv + [SHELL, "-c", command], runtime_env)
+
+
+def container_remove(handle: list[str] | None, unix_user: str) -> None:
+    """Remove a stopped job's container: Podman's and Docker's keep running under their
+    monitor when the client is killed (SIGKILL after the grace), holding the GPUs."""
+    if not handle:
+        return
+    runtime, name = handle
+    as_user = {}
+    if os.geteuid() == 0 and unix_user != "root" and runtime == "podman":
+        account = pwd.getpwnam(unix_user)  # rootless Podman: the user's own containers
+        as_user = {"user": account.pw_uid, "group": account.pw_gid}
+    try:
+        subprocess.run(
+            [runtime, "rm", "--force", name],
+            capture_output=True,
+            timeout=30,
+            check=False,
+            **as_user,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("could not remove container %s: %s", name, exc)
 
 
 def _oci_argv(runtime, booking_id, image, device_uuids, uid, gid, env, workdir, extra):

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from agents import confine
-from agents.containers import ContainerLaunch, container_launch
+from agents.containers import ContainerLaunch, container_launch, container_remove
 from agents.procfs import is_alive, read_stat
 from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event
 from agents.session import DEFAULT_HOST, session_launch, session_listening
@@ -57,6 +57,7 @@ class Job:
     session_host: str | None = None  # an interactive session: where it listens
     session_port: int | None = None
     session_ready: bool = False
+    container: list[str] | None = None  # in a container: the runtime and the container's name
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
@@ -242,6 +243,7 @@ class Dispatcher:
         if job.stop_reason is not None:
             # Stragglers in the group must not keep the GPU after the booking ended.
             _signal_group(job, signal.SIGKILL)
+            container_remove(job.container, job.unix_user)
             kind, detail = "stopped", f"stopped: {job.stop_reason}"
         else:
             kind = "exited"
@@ -292,6 +294,7 @@ class Dispatcher:
     def _spawn(self, booking: DesiredBooking, account: pwd.struct_passwd) -> tuple[Job, str]:
         log_path = self._log_dir / f"booking-{booking.booking_id}.log"
         argv, extra_env, session = [_SHELL, "-c", booking.command or ""], {}, None
+        container = None
         if booking.interactive:
             session = session_launch(
                 booking,
@@ -303,8 +306,8 @@ class Dispatcher:
             )
             argv, extra_env = session.argv, session.env
         elif booking.image:
-            container = self._container(booking, account)
-            argv, extra_env = container.argv, container.env
+            launched = self._container(booking, account)
+            argv, extra_env, container = launched.argv, launched.env, launched.handle
         launch = self._confinement.wrap(
             booking.booking_id, argv, account, self._device_files(list(booking.device_uuids))
         )
@@ -343,6 +346,7 @@ class Dispatcher:
             confinement=launch.handle,
             session_host=session.host if session else None,
             session_port=session.port if session else None,
+            container=container,
         )
         return job, launch.note
 

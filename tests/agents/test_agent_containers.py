@@ -206,3 +206,20 @@ def test_it_sends_the_stop_signal_through_the_runtime_to_the_command(
     stopped = _event(portal, "stopped", 12)
     assert "got TERM" in stopped.log_tail
     assert stopped.exit_code == 0  # it exited on TERM, within the grace: no SIGKILL
+
+
+def test_it_removes_a_container_that_ignored_the_stop_signal(
+    portal, make_agent, cycle_until, me, image, cdi_gpus
+):
+    agent, (gpu0, _) = _podman_agent(make_agent, cdi_gpus)
+    job = "trap '' TERM; echo ready; while :; do sleep 0.2; done"
+    portal.book(13, me, [gpu0], command=job, image=image)
+    cycle_until(agent, lambda: any("ready" in t for t in _outputs(portal, 13)), timeout_s=60)
+    portal.desired["bookings"].clear()
+    cycle_until(agent, lambda: ("stopped", 13) in _kinds(portal), timeout_s=60)
+    left = subprocess.run(
+        ["podman", "ps", "--all", "--quiet", "--filter", "name=^gpu-portal-13$"],
+        capture_output=True,
+        text=True,
+    )
+    assert left.stdout.strip() == ""  # killed client, and its container removed too
