@@ -22,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from agents import confine, jobenv
+from agents.containers import ContainerLaunch, container_launch, container_remove
 from agents.procfs import is_alive, read_stat
 from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event
 from agents.session import DEFAULT_HOST, free_port, session_launch, session_listening
@@ -63,6 +64,7 @@ class Job:
     warned: bool = False
     kill_wait_s: float | None = None  # SIGTERM to SIGKILL; None: the agent's grace
     term_at: float | None = field(default=None, repr=False)  # an early stop warned: SIGTERM then
+    container: list[str] | None = None  # in a container: the runtime and the container's name
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
@@ -95,9 +97,13 @@ class Dispatcher:
         hostname: str = "localhost",
         address: str = DEFAULT_HOST,
         default_workdir: str | None = None,
+        container_runtimes: list[str] | None = None,
+        container_args: dict[str, list[str]] | None = None,
     ) -> None:
         self._hostname, self._address = hostname, address
         self._default_workdir = default_workdir
+        self.container_runtimes = list(container_runtimes or [])
+        self._container_args = container_args or {}
         self._session_host = session_host
         self._session_python = session_python
         self._session_dir = session_dir
@@ -293,6 +299,7 @@ class Dispatcher:
         if job.stop_reason is not None:
             # Stragglers in the group must not keep the GPU after the booking ended.
             _signal_group(job, signal.SIGKILL)
+            container_remove(job.container, job.unix_user)
             kind, detail = "stopped", f"stopped: {job.stop_reason}"
         else:
             kind = "exited"
@@ -342,13 +349,18 @@ class Dispatcher:
 
     def _spawn(self, booking: DesiredBooking, account: pwd.struct_passwd) -> tuple[Job, str]:
         log_path = self._log_dir / f"booking-{booking.booking_id}.log"
-        argv, extra_env, session, files = [], {}, None, None
+        argv, extra_env, session, files, container = [], {}, None, None, None
         if not booking.interactive:
             files = jobenv.job_files(self._state_dir, booking, account, self._default_workdir)
             nodes = jobenv.placement(booking, self._hostname, self._address)
-            argv = jobenv.write_job_files(booking, files, nodes)
             port = booking.master_port or free_port(DEFAULT_HOST)
             extra_env = jobenv.launch_variables(booking, files, nodes, port)
+            run = None  # the command itself, unless it runs in a container image
+            if booking.image:
+                launched = self._container(booking, account, files.workdir, extra_env)
+                run, container = launched.argv, launched.handle
+                extra_env = extra_env | launched.env
+            argv = jobenv.write_job_files(booking, files, nodes, run=run)
         else:
             session = session_launch(
                 booking,
@@ -405,8 +417,34 @@ class Dispatcher:
             warn_signal=booking.warn_signal,
             warn_before_s=booking.warn_before_s,
             kill_wait_s=booking.kill_wait_s,
+            container=container,
         )
         return job, launch.note
+
+    def _container(
+        self,
+        booking: DesiredBooking,
+        account: pwd.struct_passwd,
+        workdir: str,
+        launch_env: dict[str, str],
+    ) -> ContainerLaunch:
+        """The container launch of a booking that names an image (NoRuntime: none fits). The
+        launch script exports the booking's own variables before it execs the runtime, which
+        passes them in by name with the job's and the launch variables."""
+        return container_launch(
+            runtimes=self.container_runtimes,
+            booking_id=booking.booking_id,
+            image=booking.image or "",
+            command=booking.command or "",
+            device_uuids=list(booking.device_uuids),
+            uid=account.pw_uid,
+            gid=account.pw_gid,
+            env=_job_environment(booking, account)
+            | launch_env
+            | {var.name: var.value for var in booking.env},
+            workdir=workdir,
+            extra_args=self._container_args,
+        )
 
     def _session_workspaces(self, booking_id: int, account: pwd.struct_passwd) -> Path:
         directory = self._state_dir / "sessions" / f"booking-{booking_id}"
@@ -480,7 +518,7 @@ def _identity(account: pwd.struct_passwd) -> dict:
 
 def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dict[str, str]:
     # A fresh environment: the agent's own (with the node token) must not leak into jobs.
-    return {
+    return _array_environment(booking) | {
         "CUDA_VISIBLE_DEVICES": ",".join(booking.device_uuids),
         "GPU_PORTAL_BOOKING_ID": str(booking.booking_id),
         "HOME": account.pw_dir,
@@ -488,6 +526,16 @@ def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dic
         "LOGNAME": account.pw_name,
         "SHELL": account.pw_shell or "/bin/sh",
         "PATH": "/usr/local/bin:/usr/bin:/bin",
+    }
+
+
+def _array_environment(booking: DesiredBooking) -> dict[str, str]:
+    """Slurm's SLURM_ARRAY_JOB_ID / SLURM_ARRAY_TASK_ID, under the portal's names."""
+    if booking.array_task_id is None:
+        return {}
+    return {
+        "GPU_PORTAL_ARRAY_JOB_ID": str(booking.array_job_id),
+        "GPU_PORTAL_ARRAY_TASK_ID": str(booking.array_task_id),
     }
 
 

@@ -97,9 +97,16 @@ def launch_variables(
     }
 
 
-def write_job_files(booking: DesiredBooking, files: JobFiles, nodes: list[NodePlace]) -> list[str]:
+def write_job_files(
+    booking: DesiredBooking,
+    files: JobFiles,
+    nodes: list[NodePlace],
+    *,
+    run: list[str] | None = None,
+) -> list[str]:
     """Write the job's directory (launch script, hostfile, end file); the argv that runs the
-    script, which goes on the shell's standard input (`files.script`)."""
+    script, which goes on the shell's standard input (`files.script`). `run` is what the script
+    execs in the end (a container runtime's launch line); None: the booking's command."""
     files.directory.mkdir(parents=True, exist_ok=True)
     os.chmod(files.directory.parent, 0o711)  # the job opens its files by name, lists nothing
     os.chmod(files.directory, 0o711)
@@ -108,7 +115,7 @@ def write_job_files(booking: DesiredBooking, files: JobFiles, nodes: list[NodePl
     write_end(files, booking.end.isoformat())
     fd = os.open(files.script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as script:
-        script.write(_script(booking, files))
+        script.write(_script(booking, files, run))
     return [SHELL, "-s"]
 
 
@@ -120,7 +127,7 @@ def write_end(files: JobFiles, end: str) -> None:
     os.replace(tmp, files.end_file)
 
 
-def _script(booking: DesiredBooking, files: JobFiles) -> str:
+def _script(booking: DesiredBooking, files: JobFiles, run: list[str] | None) -> str:
     q = shlex.quote
     out = output_file_name(booking.booking_id, booking.node_rank)
     lines = [
@@ -132,7 +139,9 @@ def _script(booking: DesiredBooking, files: JobFiles) -> str:
         # wrapper that still runs as root (systemd-run, the cgroup jail).
         *(f"export {var.name}={q(var.value)}" for var in booking.env),
         # The last line: the shell has read it before stdin (this script) goes.
-        f"exec {SHELL} -c {q(booking.command or '')} </dev/null",
+        f"exec {shlex.join(run)} </dev/null"
+        if run
+        else f"exec {SHELL} -c {q(booking.command or '')} </dev/null",
     ]
     return "\n".join(lines) + "\n"
 

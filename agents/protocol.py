@@ -95,6 +95,21 @@ class ProtocolError(ValueError):
         self.reason = reason
 
 
+# Container runtimes an agent may report, in the order it prefers them for an OCI image.
+CONTAINER_RUNTIMES = ("podman", "docker", "apptainer", "singularity")
+IMAGE_MAX = 500
+_SIF_TRANSPORTS = ("oras://", "library://", "shub://")
+
+
+def image_runtimes(image: str) -> tuple[str, ...]:
+    """The runtimes that can run ``image``, preferred first: an Apptainer/Singularity image
+    (a ``.sif`` file, ``oras://``, ``library://``, ``shub://``) needs one of those two; an OCI
+    image (``docker://ref`` or a plain ``registry/name:tag``) runs on any of the four."""
+    if image.endswith(".sif") or image.startswith(_SIF_TRANSPORTS):
+        return ("apptainer", "singularity")
+    return CONTAINER_RUNTIMES
+
+
 @dataclass(frozen=True)
 class MigInventory:
     """One MIG instance as the node discovered it."""
@@ -127,6 +142,10 @@ class RegisterRequest:
     protocol: int = PROTOCOL_VERSION
     # The node's address on the site network (--address): multi-node jobs reach rank 0 there.
     address: str | None = bounded(max_length=HOSTNAME_MAX, default=None)
+    # The container runtimes installed on the node (CONTAINER_RUNTIMES names).
+    container_runtimes: list[str] = field(
+        default_factory=list, metadata={"limits": {**_NO_LIMITS, "max_length": 32}}
+    )
 
 
 @dataclass(frozen=True)
@@ -223,6 +242,11 @@ class DesiredBooking:
     kill_wait_s: int | None = bounded(low=0, ints=UINT, default=None)
     # How many times the booking went back to the queue and started again.
     restart_count: int = bounded(low=0, ints=UINT, default=0)
+    # A task of a job array: the array's id (its first task's booking id) and this task's index.
+    array_job_id: int | None = bounded(low=0, ints=INT64, default=None)
+    array_task_id: int | None = bounded(low=0, ints=UINT, default=None)
+    # Run the command in this container image (agents/containers.py).
+    image: str | None = bounded(max_length=IMAGE_MAX, default=None)
 
 
 @dataclass(frozen=True)

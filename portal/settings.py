@@ -291,6 +291,10 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Container images a booking may name (docs/containers.md): prefixes of allowed sources,
+# comma-separated, e.g. "docker://nvcr.io/nvidia/,/shared/images/". Empty: no images at all.
+CONTAINER_IMAGE_SOURCES = envlist("CONTAINER_IMAGE_SOURCES")
+
 # Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
 # comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.
 METRICS_TOKEN = env("METRICS_TOKEN")

@@ -8,6 +8,7 @@ GpuOutput (a test holds the two renderings equal).
 
 from collections import defaultdict
 
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from portal.api.serializers import (
@@ -20,9 +21,13 @@ from portal.api.serializers import (
     node_run_row,
     reading_json,
 )
-from portal.models import Allocation, MigInstance, NodeRun
+from portal.models import Allocation, BookingDependency, MigInstance, NodeRun
 from portal.services.booking import fairshare
-from portal.services.booking.selectors import session_summary
+from portal.services.booking.selectors import (
+    array_view,
+    dependencies_by_booking,
+    session_summary,
+)
 from portal.services.inventory import telemetry_cache
 
 BOOKING_FIELDS = (
@@ -40,6 +45,7 @@ BOOKING_FIELDS = (
     "qos",
     "preemptible",
     "command",
+    "image",
     "submitted_at",
     "started_at",
     "ended_at",
@@ -59,10 +65,31 @@ BOOKING_FIELDS = (
     # Read for `signal`.
     "signal_name",
     "signal_before_s",
+    # Read for the `array` view.
+    "array_parent_id",
+    "array_task_id",
+    "array_spec",
 )
-# Read with the fields: which allocations are the booking's current run.
-BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at")
-_NOT_RENDERED = {"session_state", "session_detail", "signal_name", "signal_before_s"}
+# Read with the fields: which allocations are the booking's current run, and whether it has
+# dependencies to read (most pages have none: no query for them then).
+BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at", "has_dependencies")
+
+
+def booking_values(queryset):
+    """The `.values()` rows booking_rows renders."""
+    dependencies = BookingDependency.objects.filter(booking_id=OuterRef("pk"))
+    return queryset.annotate(has_dependencies=Exists(dependencies)).values(*BOOKING_VALUES)
+
+
+_NOT_RENDERED = {
+    "session_state",
+    "session_detail",
+    "signal_name",
+    "signal_before_s",
+    "array_parent_id",
+    "array_task_id",
+    "array_spec",
+}
 _BOOKING_TIMES = ("submitted_at", "started_at", "ended_at", "planned_start")
 _ALLOCATION_FIELDS = (
     "booking_id",
@@ -93,6 +120,8 @@ def booking_rows(page: list[dict]) -> list[dict]:
     tz = timezone.get_current_timezone()
     devices = _devices_by_booking([row["id"] for row in page], tz)
     runs = _node_runs_by_booking({row["id"]: row["restart_count"] for row in page})
+    with_dependencies = [row["id"] for row in page if row["has_dependencies"]]
+    dependencies = dependencies_by_booking(with_dependencies) if with_dependencies else {}
     out = []
     for row in page:
         held = [
@@ -124,6 +153,10 @@ def booking_rows(page: list[dict]) -> list[dict]:
         booking["signal"] = booking_signal(row["signal_name"], row["signal_before_s"])
         booking["output_file"] = booking_output_file(row["id"], row["command"])
         booking["nodes"] = runs.get(row["id"], [])
+        booking["array"] = array_view(
+            parent_id=row["array_parent_id"], task_id=row["array_task_id"], spec=row["array_spec"]
+        )
+        booking["dependencies"] = dependencies.get(row["id"], [])
         out.append(booking)
     return out
 

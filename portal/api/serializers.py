@@ -12,9 +12,18 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
 from agents.protocol import output_file_name
-from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, NodeRun, Qos
+from portal.models import (
+    ApiToken,
+    Booking,
+    BookingDependency,
+    Gpu,
+    MigInstance,
+    Node,
+    NodeRun,
+    Qos,
+)
 from portal.services.booking import booking_bounds, fairshare
-from portal.services.booking.selectors import session_view
+from portal.services.booking.selectors import array_view, dependencies_by_booking, session_view
 from portal.services.fleet.telemetry import SAMPLE_VALUES
 
 MAX_SECONDS = 10 * 365 * 86400
@@ -153,6 +162,24 @@ class BookingCreateInput(StrictSerializer):
         help_text="A signal before the end or an early stop, Slurm's --signal: NAME[@SECONDS], "
         "e.g. USR1@120 (default: the site's JOB_SIGNAL_DEFAULT).",
     )
+    image = serializers.CharField(
+        required=False,
+        max_length=500,
+        help_text="Run the command in this container image (docker://..., a .sif path, "
+        "oras://...), from a source the site allows (CONTAINER_IMAGE_SOURCES).",
+    )
+    array = serializers.CharField(
+        required=False,
+        max_length=200,
+        help_text="A job array: task ids and an optional running limit, e.g. 0-99%10. One "
+        "booking per task (each with GPU_PORTAL_ARRAY_TASK_ID); the response is the first task.",
+    )
+    after = serializers.CharField(
+        required=False,
+        max_length=2000,
+        help_text="Start only after other bookings end: afterok:41 (finished), afternotok:41 "
+        "(ended any other way), afterany:41; several as afterok:41:42,afterany:43.",
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -262,6 +289,21 @@ def booking_output_file(booking_id: int, command: str) -> str:
     return output_file_name(booking_id) if command else ""
 
 
+class ArrayOutput(serializers.Serializer):
+    job_id = serializers.IntegerField(help_text="the array's first task, which names the array")
+    task_id = serializers.IntegerField()
+    spec = serializers.CharField()
+
+
+class DependencyOutput(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=BookingDependency.Kind.choices)
+    booking = serializers.IntegerField()
+
+
+def _array(obj) -> dict | None:
+    return array_view(parent_id=obj.array_parent_id, task_id=obj.array_task_id, spec=obj.array_spec)
+
+
 class BookingOutput(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     project = serializers.CharField(source="project.slug")
@@ -286,6 +328,12 @@ class BookingOutput(serializers.ModelSerializer):
         help_text="each node's process of the current run, rank order: node, rank, state, "
         "exit_code, log_tail (its last 4 KiB), detail"
     )
+    array = serializers.SerializerMethodField(
+        help_text="An array task's array (job_id: its first task), task_id and spec; else null."
+    )
+    dependencies = serializers.SerializerMethodField(
+        help_text="Bookings this one starts after: [{kind, booking}]."
+    )
 
     class Meta:
         model = Booking
@@ -304,6 +352,7 @@ class BookingOutput(serializers.ModelSerializer):
             "qos",
             "preemptible",
             "command",
+            "image",
             "submitted_at",
             "started_at",
             "ended_at",
@@ -321,6 +370,8 @@ class BookingOutput(serializers.ModelSerializer):
             "output_file",
             "restart_count",
             "nodes",
+            "array",
+            "dependencies",
             "devices",
             "cuda_visible_devices",
         ]
@@ -364,6 +415,12 @@ class BookingOutput(serializers.ModelSerializer):
     def get_nodes(self, obj) -> NodeRunOutput(many=True):
         return node_run_rows(obj)
 
+    def get_array(self, obj) -> ArrayOutput(allow_null=True):
+        return _array(obj)
+
+    def get_dependencies(self, obj) -> DependencyOutput(many=True):
+        return dependencies_by_booking([obj.pk]).get(obj.pk, [])
+
     def to_representation(self, obj):
         live = self._live(obj)
         tz = timezone.get_current_timezone()
@@ -383,6 +440,7 @@ class BookingOutput(serializers.ModelSerializer):
             "qos": obj.qos,
             "preemptible": obj.preemptible,
             "command": obj.command,
+            "image": obj.image,
             "submitted_at": iso(obj.submitted_at, tz),
             "started_at": iso(obj.started_at, tz),
             "ended_at": iso(obj.ended_at, tz),
@@ -400,6 +458,8 @@ class BookingOutput(serializers.ModelSerializer):
             "output_file": booking_output_file(obj.pk, obj.command),
             "restart_count": obj.restart_count,
             "nodes": node_run_rows(obj),
+            "array": _array(obj),
+            "dependencies": dependencies_by_booking([obj.pk]).get(obj.pk, []),
             "devices": [allocation_row(a, tz) for a in live],
             "cuda_visible_devices": ",".join(a.device_uuid for a in live),
         }

@@ -263,7 +263,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
 
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(
-            self.filter_queryset(self.get_queryset()).values(*lists.BOOKING_VALUES)
+            lists.booking_values(self.filter_queryset(self.get_queryset()))
         )
         return self.get_paginated_response(lists.booking_rows(page))
 

@@ -39,6 +39,12 @@ def _booking_body(args) -> dict:
         body["qos"] = args.qos
     if args.preemptible:
         body["preemptible"] = True
+    if args.image:
+        body["image"] = args.image
+    if args.array:
+        body["array"] = args.array
+    if args.after:
+        body["after"] = ",".join(args.after)
     command = _command(args.command)
     if command:
         body["command"] = command
@@ -223,6 +229,9 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
             ("Environment", " ".join(f"{k}={v}" for k, v in (booking.get("env") or {}).items())),
             ("Signal", booking.get("signal")),
             ("Restarts", booking.get("restart_count") or None),
+            ("Image", booking.get("image")),
+            ("Array", _array(booking.get("array"))),
+            ("After", _after(booking.get("dependencies"))),
             ("Exit code", booking.get("exit_code")),
             ("CUDA_VISIBLE_DEVICES", booking.get("cuda_visible_devices")),
         ]
@@ -237,6 +246,16 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
         print()
         rows = [[r["rank"], r["node"], r["state"], r["exit_code"]] for r in runs]
         print(table(["RANK", "NODE", "STATE", "EXIT"], rows))
+
+
+def _array(array: dict | None) -> str | None:
+    if not array:
+        return None
+    return f"task {array['task_id']} of array {array['job_id']} ({array['spec']})"
+
+
+def _after(dependencies: list[dict] | None) -> str | None:
+    return ", ".join(f"{d['kind']}:{d['booking']}" for d in dependencies or []) or None
 
 
 def _pairs(rows) -> None:

@@ -52,6 +52,18 @@ def _booking_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--signal", metavar="SIG[@S]", help="a signal S seconds before the end, e.g. USR1@120"
     )
+    parser.add_argument(
+        "--image", help="run the command in this container image, e.g. docker://nvcr.io/..."
+    )
+    parser.add_argument(
+        "--array", metavar="SPEC", help="a job array: 0-99%%10 (100 tasks, at most 10 at once)"
+    )
+    parser.add_argument(
+        "--after",
+        action="append",
+        metavar="DEP",
+        help="start after: afterok:41, afternotok:41, afterany:41:42 (repeatable)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="batch command (after --)")
 
 

@@ -2,7 +2,7 @@
 re-exported here so callers import from portal.models."""
 
 from portal.models.audit import AuditEvent
-from portal.models.bookings import Allocation, Booking, Qos
+from portal.models.bookings import Allocation, Booking, BookingDependency, Qos
 from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
 from portal.models.notifications import (
     ActionUse,
@@ -37,6 +37,7 @@ __all__ = [
     "ApiToken",
     "AuditEvent",
     "Booking",
+    "BookingDependency",
     "Gpu",
     "GroupMappingRule",
     "Membership",

@@ -143,6 +143,27 @@ class BookForm(AccessibleForm):
         help_text="e.g. USR1@120: SIGUSR1 two minutes before the end or a preemption, to "
         "checkpoint (default: the site's).",
     )
+    image = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Container image",
+        help_text="Optional, with a command: run it in this image, e.g. "
+        "docker://nvcr.io/nvidia/pytorch:24.05-py3 or /shared/images/torch.sif.",
+    )
+    array = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Job array",
+        help_text="Optional, with a command: task ids and a running limit, e.g. 0-99%10 "
+        "(each task gets GPU_PORTAL_ARRAY_TASK_ID).",
+    )
+    after = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Start after",
+        help_text="Optional: bookings that must end first, e.g. afterok:41 (finished), "
+        "afternotok:41, afterany:41:42.",
+    )
 
     def __init__(self, *args, projects: list[str], **kwargs):
         super().__init__(*args, **kwargs)
@@ -211,6 +232,9 @@ class BookForm(AccessibleForm):
             "workdir": data.get("workdir") or None,
             "env": data.get("env") or None,
             "signal": data.get("signal") or None,
+            "image": data.get("image") or None,
+            "array": data.get("array") or None,
+            "after": data.get("after") or None,
         }
         if data["kind"] == "mig":
             kwargs["mig_profile"] = data["mig_profile"]

@@ -36,6 +36,8 @@ PENDING_REASONS = {
     "quota": "Your project is at a quota limit; it starts when usage drops.",
     "priority": "Requests with a higher priority are ahead in the queue.",
     "node_down": "The nodes that could run it are down or draining.",
+    "dependency": "It starts after other bookings end (its dependencies).",
+    "array_limit": "Its array already runs as many tasks at once as the array allows.",
 }
 
 

@@ -41,6 +41,7 @@ COLUMNS = {
     ("RegisterRequest", "agent_version"): (Node, "agent_version"),
     ("RegisterRequest", "protocol"): None,  # compared to PROTOCOL_VERSION, not stored
     ("RegisterRequest", "address"): (Node, "address"),
+    ("RegisterRequest", "container_runtimes"): None,  # stored as the known names among them
     ("ProcessReading", "pid"): (ProcessUsage, "pid"),
     ("ProcessReading", "user"): (ProcessUsage, "user"),
     ("ProcessReading", "used_memory_mib"): (ProcessUsage, "peak_memory_mib"),
@@ -70,6 +71,9 @@ COLUMNS = {
     ("NodePlace", "hostname"): (Node, "hostname"),
     ("NodePlace", "address"): (Node, "address"),
     ("NodePlace", "slots"): None,  # a count of allocations, not stored
+    ("DesiredBooking", "array_job_id"): (Booking, "id"),  # the array's first task
+    ("DesiredBooking", "array_task_id"): (Booking, "array_task_id"),
+    ("DesiredBooking", "image"): (Booking, "image"),
     ("DesiredState", "generation"): None,  # the portal's own counter, read by the agent only
     ("Event", "detail"): (NodeAlert, "detail"),  # Booking.state_detail takes it cut to 300
     ("Event", "booking_id"): (Booking, "id"),

@@ -83,8 +83,11 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
     _check_devices_not_elsewhere(node, request)
     with transaction.atomic():
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
+        runtimes = [r for r in protocol.CONTAINER_RUNTIMES if r in request.container_runtimes]
         Node.objects.filter(pk=node.pk).update(
-            agent_version=request.agent_version, address=request.address or ""
+            agent_version=request.agent_version,
+            address=request.address or "",
+            container_runtimes=",".join(runtimes),
         )
         booking_events.node_changed(node_id=node.pk, change="registered")  # devices may differ
     node_devices_forget(node_id=node.pk)

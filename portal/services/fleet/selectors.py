@@ -61,6 +61,9 @@ def _desired_bookings(node_id: int) -> list[DesiredBooking]:
             command=held[0].booking.command or None,
             **_session_fields(held[0].booking),
             **_job_fields(held[0].booking, places[booking_id], node_id),
+            array_job_id=held[0].booking.array_parent_id,
+            array_task_id=held[0].booking.array_task_id,
+            image=held[0].booking.image or None,
         )
         for booking_id, held in grouped.items()
     ]
