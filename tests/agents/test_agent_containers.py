@@ -189,7 +189,8 @@ def test_it_runs_the_command_in_the_image_with_only_the_booked_devices(
     exited = _event(portal, "exited", 11)
     assert exited.exit_code == 0, exited.log_tail
     uid, workdir, ids, devices = exited.log_tail.splitlines()
-    assert uid == str(os.geteuid()) and workdir == os.path.expanduser(f"~{me}")
+    # The booking's working directory (the stand-in portal gives one), inside the container too.
+    assert uid == str(os.geteuid()) and workdir == portal.workdir
     assert ids == f"booking=11 cvd={gpu1}"
     assert devices == f"cdi0= cdi1={gpu1}"  # the booked GPU only: gpu0's edit is absent
 
