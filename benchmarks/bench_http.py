@@ -90,16 +90,26 @@ def _seed(args) -> dict:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from portal.models import Allocation, ApiToken, Booking, Gpu, Membership, Node, Project, Quota
+    from portal.models import (
+        Allocation,
+        ApiToken,
+        Booking,
+        Gpu,
+        Membership,
+        Node,
+        NodeHeartbeat,
+        Project,
+        Quota,
+    )
     from portal.models.tokens import hash_token, new_token
 
     call_command("migrate", verbosity=0)
     call_command("collectstatic", interactive=False, verbosity=0)
     now = datetime.now(UTC)
     nodes = Node.objects.bulk_create(
-        Node(hostname=f"bench-{n:03d}", state=Node.State.UP, last_seen=now)
-        for n in range(args.gpus // 8)
+        Node(hostname=f"bench-{n:03d}", state=Node.State.UP) for n in range(args.gpus // 8)
     )
+    NodeHeartbeat.objects.bulk_create(NodeHeartbeat(node=node, last_seen=now) for node in nodes)
     gpus = Gpu.objects.bulk_create(
         Gpu(node=node, index=i, uuid=f"GPU-bench-{node.pk:04d}-{i}", model="A100-80GB",
             memory_mib=81920)

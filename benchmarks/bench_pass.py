@@ -82,6 +82,7 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
         Membership,
         MigInstance,
         Node,
+        NodeHeartbeat,
         Project,
         Quota,
     )
@@ -114,8 +115,9 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
         ]
     )
     nodes = Node.objects.bulk_create(
-        Node(hostname=f"node{n:04d}", state=Node.State.UP, last_seen=now) for n in range(site.nodes)
+        Node(hostname=f"node{n:04d}", state=Node.State.UP) for n in range(site.nodes)
     )
+    NodeHeartbeat.objects.bulk_create(NodeHeartbeat(node=node, last_seen=now) for node in nodes)
     gpu_rows, seen = [], {}
     for d in site.devices:
         if (d.node, d.gpu) not in seen:

@@ -3,7 +3,7 @@ re-exported here so callers import from portal.models."""
 
 from portal.models.audit import AuditEvent
 from portal.models.bookings import Allocation, Booking, Qos
-from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
+from portal.models.inventory import Gpu, MigInstance, Node, NodeHeartbeat, mig_fraction
 from portal.models.notifications import (
     ActionUse,
     Channel,
@@ -41,6 +41,7 @@ __all__ = [
     "Membership",
     "MigInstance",
     "Node",
+    "NodeHeartbeat",
     "NodeAlert",
     "ProcessUsage",
     "Project",

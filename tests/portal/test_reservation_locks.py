@@ -11,7 +11,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from portal.errors import Busy, NoCapacity
-from portal.models import Allocation, Booking, Node
+from portal.models import Allocation, Booking, Node, NodeHeartbeat
 from portal.services.booking import bookings as services
 from portal.services.core.locking import (
     is_allocation_clash,
@@ -175,3 +175,23 @@ def test_it_answers_busy_when_the_quota_lock_is_not_granted_in_time(settings):
         with pytest.raises(Busy):
             services.booking_submit(user=user, now=timezone.now(), **window)
     assert not Booking.objects.filter(owner=user).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_heartbeats_from_waiting_behind_a_booking_on_the_node(settings):
+    from portal.services.fleet.nodes import node_mark_seen
+
+    settings.BOOKING_LOCK_TIMEOUT_MS = 2000
+    node = make_node("n1", gpus=1)
+    NodeHeartbeat.objects.filter(node=node).update(last_seen=timezone.now() - timedelta(minutes=1))
+    # A reservation on the node, between its share lock and its commit.
+    with _held_elsewhere(lambda: share_lock_nodes([node.pk])):
+        with connection.cursor() as cursor:  # would wait (then fail) on the node row
+            cursor.execute("SET lock_timeout = '500ms'")
+        try:
+            node_mark_seen(node=Node.objects.get(pk=node.pk))
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = 0")
+    seen = NodeHeartbeat.objects.get(node=node).last_seen
+    assert timezone.now() - seen < timedelta(seconds=30)
