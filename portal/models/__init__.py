@@ -3,6 +3,7 @@ re-exported here so callers import from portal.models."""
 
 from portal.models.audit import AuditEvent
 from portal.models.bookings import Allocation, Booking, Qos
+from portal.models.fairshare import FairshareUsage
 from portal.models.inventory import Gpu, MigInstance, Node, NodeHeartbeat, mig_fraction
 from portal.models.notifications import (
     ActionUse,
@@ -26,6 +27,7 @@ __all__ = [
     "Channel",
     "Delivery",
     "DomainEvent",
+    "FairshareUsage",
     "Event",
     "IdleReclaim",
     "Notification",

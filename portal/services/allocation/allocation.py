@@ -26,6 +26,7 @@ from portal.services.allocation.pass_start import start_planned
 from portal.services.allocation.snapshot import Snapshot, scheduler_policy, snapshot_take
 from portal.services.booking import events
 from portal.services.booking.bookings import booking_stop, booking_transition
+from portal.services.booking.fairshare import fairshare_fold
 from portal.services.booking.reservations import reservations_start_due
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch
@@ -77,13 +78,15 @@ def _run(now: datetime) -> PassResult:
     clock = _Clock(result)
     result.finished = _finish_ended(now)
     result.started = reservations_start_due(now=now)
+    policy = scheduler_policy()  # one a pass: the fold, the snapshot and the plan share it
+    fairshare_fold(now=now, policy=policy)
     clock.lap("housekeeping")
-    snap = snapshot_take(now=now)
+    snap = snapshot_take(now=now, policy=policy)
     result.pending = len(snap.pending)
     clock.lap("snapshot")
     if not snap.pending:
         return result
-    plan = scheduler.plan(snap.state, scheduler_policy())
+    plan = scheduler.plan(snap.state, snap.policy)
     clock.lap("plan")
     result.preempted = _apply_preemptions(plan, now)
     started, skipped = _apply_starts(plan, snap, now)

@@ -18,7 +18,6 @@ import scheduler
 from portal.errors import ApplicationError
 from portal.services.allocation.snapshot import (
     Snapshot,
-    scheduler_policy,
     snapshot_plus,
     snapshot_take,
 )
@@ -82,10 +81,11 @@ def _estimate_reservation(user, request: BookingRequest, now: datetime) -> Estim
 def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:
     hypothetical = booking_services.booking_from_request(user, request, now)
     hypothetical.pk = ESTIMATE_ID
-    state = snapshot_plus(estimate_snapshot(now=now), now=now, bookings=[hypothetical])
+    snap = estimate_snapshot(now=now)
+    state = snapshot_plus(snap, now=now, bookings=[hypothetical])
     # The walk stops at the hypothetical booking: what comes after it in priority order
     # cannot change its line.
-    plan = scheduler.plan(state, scheduler_policy(), until=str(ESTIMATE_ID))
+    plan = scheduler.plan(state, snap.policy, until=str(ESTIMATE_ID))
     mine = plan.planned[-1]
     start = from_epoch(mine.start) if mine.start is not None else None
     return Estimate(
