@@ -71,31 +71,41 @@ def project_usage(*, now: datetime, policy: scheduler.Policy) -> dict[str, float
     usage: dict[str, float] = {}
     for (slug, _user), (value, as_of) in totals.items():
         usage[slug] = usage.get(slug, 0.0) + _decayed(value, as_of, now, policy)
-    for (slug, _user), value in _unfolded(now, policy)[0].items():
+    since = min(as_of for _, as_of in totals.values())
+    for (slug, _user), value in _unfolded(now, policy, since)[0].items():
         usage[slug] = usage.get(slug, 0.0) + value
     return usage
 
 
 def fairshare_fold(*, now: datetime, policy: scheduler.Policy) -> int:
-    """Bring the running totals to ``now``: decay them, add each allocation's use since it was
-    last counted, and mark it counted. Run by the allocation pass (one at a time, under its
-    lock), before its snapshot. Returns how many allocations it read."""
+    """Bring the running totals to ``now``: decay them and add each allocation's use since the
+    last fold. Run by the allocation pass (one at a time, under its lock), before its snapshot.
+    Returns how many allocations it read.
+
+    Every total is kept as of the same time (the last fold), and every allocation that started
+    before it was counted up to then, so an allocation still running needs no mark; one that
+    ended is marked counted to its end (``charged_until``) and is not read again. So a fold
+    writes the totals and the allocations that ended since the last one.
+    """
     with transaction.atomic():
         rows = {(r.project_id, r.user_id): r for r in FairshareUsage.objects.select_for_update()}
         if not _kept_under(rows.values(), policy):
             return _rebuild(now, policy)
-        added, counted = _unfolded(now, policy, by_id=True)
-        for row in rows.values():
-            row.gpu_seconds = _decayed(row.gpu_seconds, to_epoch(row.as_of), now, policy)
-            row.as_of = now
-        fresh = []
+        since = min(to_epoch(r.as_of) for r in rows.values())
+        added, counted = _unfolded(now, policy, since, by_id=True)
+        totals = {
+            key: _decayed(row.gpu_seconds, to_epoch(row.as_of), now, policy)
+            for key, row in rows.items()
+        }
         for key, value in added.items():
-            if key in rows:
-                rows[key].gpu_seconds += value
-            else:
-                fresh.append(_row(key, value, now, policy))
-        FairshareUsage.objects.bulk_update(list(rows.values()), ["gpu_seconds", "as_of"])
-        FairshareUsage.objects.bulk_create(fresh)
+            totals[key] = totals.get(key, 0.0) + value
+        # One upsert for every total (bulk_update's CASE per row cost more than the history).
+        FairshareUsage.objects.bulk_create(
+            [_row(key, value, now, policy) for key, value in totals.items()],
+            update_conflicts=True,
+            unique_fields=["project", "user"],
+            update_fields=["gpu_seconds", "as_of"],
+        )
         _mark_counted(counted, now)
     return len(counted)
 
@@ -129,9 +139,10 @@ def _charging(now: datetime):
     return Allocation.objects.filter(pending, start__lt=now)
 
 
-def _unfolded(now: datetime, policy: scheduler.Policy, *, by_id: bool = False):
-    """The use of each (project, user) not yet in the totals, decayed to ``now``, keyed by
-    project slug (or id, ``by_id``); and {allocation id: counted up to} for fairshare_fold."""
+def _unfolded(now: datetime, policy: scheduler.Policy, since: float, *, by_id: bool = False):
+    """The use of each (project, user) since the last fold at ``since`` (or since its
+    ``charged_until``), decayed to ``now``, keyed by project slug (or id, ``by_id``); and
+    {allocation id: counted up to} for those fairshare_fold must mark."""
     project = "booking__project_id" if by_id else "booking__project__slug"
     rows = _charging(now).annotate(
         start_ts=EpochSeconds("start"),
@@ -146,8 +157,9 @@ def _unfolded(now: datetime, policy: scheduler.Policy, *, by_id: bool = False):
     for pk, proj, user, start, end, done, fraction, stored in rows.values_list(
         *fields, "mean_utilization"
     ):
-        begin, until = max(start, done or start), min(end, at)
-        counted[pk] = until
+        begin, until = max(start, since if done is None else done), min(end, at)
+        if until < at or done is not None:  # ended; or marked once, so kept marked
+            counted[pk] = until
         if until <= begin:
             continue
         charged = fraction
@@ -162,7 +174,7 @@ def _unfolded(now: datetime, policy: scheduler.Policy, *, by_id: bool = False):
 
 
 def _mark_counted(counted: dict[int, float], now: datetime) -> None:
-    """Each allocation counted up to min(its end, now): two statements, however many."""
+    """These allocations counted up to min(their end, now): two statements, however many."""
     at = to_epoch(now)
     running = [pk for pk, until in counted.items() if until >= at]
     ended = [pk for pk, until in counted.items() if until < at]
@@ -188,7 +200,14 @@ def _rebuild(now: datetime, policy: scheduler.Policy) -> int:
     FairshareUsage.objects.bulk_create(
         _row(key, value, now, policy) for key, value in by_user.items()
     )
-    Allocation.objects.filter(start__lt=now).update(charged_until=Least(F("end"), now))
+    # Ended ones counted to their end; running ones (start before now) counted to now, the
+    # totals' time, with no mark.
+    Allocation.objects.filter(start__lt=now, end__lte=now).exclude(charged_until=F("end")).update(
+        charged_until=F("end")
+    )
+    Allocation.objects.filter(start__lt=now, end__gt=now).exclude(charged_until=None).update(
+        charged_until=None
+    )
     return len(by_user)
 
 
