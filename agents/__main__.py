@@ -67,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--session-dir", help="the directory sessions open in (default: the owner's home)"
     )
+    p.add_argument(
+        "--address",
+        help="this node's address on the site network, where the other nodes of a multi-node "
+        "job reach rank 0 (MASTER_ADDR; default: the hostname, docs/distributed.md)",
+    )
+    p.add_argument(
+        "--default-workdir",
+        metavar="DIR",
+        help="where jobs that ask for no working directory run (default: the owner's home)",
+    )
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -138,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             session_host=args.session_host,
             session_python=args.session_python,
             session_dir=args.session_dir,
+            address=args.address,
+            default_workdir=args.default_workdir,
         )
     except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
         logging.error("cannot start: %s", exc)

@@ -10,8 +10,17 @@ from collections import defaultdict
 
 from django.utils import timezone
 
-from portal.api.serializers import allocation_shown, booking_window, iso, reading_json
-from portal.models import Allocation, MigInstance
+from portal.api.serializers import (
+    NODE_RUN_FIELDS,
+    allocation_shown,
+    booking_output_file,
+    booking_signal,
+    booking_window,
+    iso,
+    node_run_row,
+    reading_json,
+)
+from portal.models import Allocation, MigInstance, NodeRun
 from portal.services.booking import fairshare
 from portal.services.booking.selectors import session_summary
 from portal.services.inventory import telemetry_cache
@@ -41,13 +50,19 @@ BOOKING_FIELDS = (
     "exit_code",
     "log_tail",
     "interactive",
+    "workdir",
+    "env",
+    "restart_count",
     # Read for the `session` summary, not rendered as they are (the secret is never read).
     "session_state",
     "session_detail",
+    # Read for `signal`.
+    "signal_name",
+    "signal_before_s",
 )
 # Read with the fields: which allocations are the booking's current run.
 BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at")
-_NOT_RENDERED = {"session_state", "session_detail"}
+_NOT_RENDERED = {"session_state", "session_detail", "signal_name", "signal_before_s"}
 _BOOKING_TIMES = ("submitted_at", "started_at", "ended_at", "planned_start")
 _ALLOCATION_FIELDS = (
     "booking_id",
@@ -77,6 +92,7 @@ def booking_rows(page: list[dict]) -> list[dict]:
     """BookingOutput's JSON for a page of `.values(*BOOKING_VALUES)` rows, in one more query."""
     tz = timezone.get_current_timezone()
     devices = _devices_by_booking([row["id"] for row in page], tz)
+    runs = _node_runs_by_booking({row["id"]: row["restart_count"] for row in page})
     out = []
     for row in page:
         held = [
@@ -105,8 +121,24 @@ def booking_rows(page: list[dict]) -> list[dict]:
             session_state=row["session_state"],
             session_detail=row["session_detail"],
         )
+        booking["signal"] = booking_signal(row["signal_name"], row["signal_before_s"])
+        booking["output_file"] = booking_output_file(row["id"], row["command"])
+        booking["nodes"] = runs.get(row["id"], [])
         out.append(booking)
     return out
+
+
+def _node_runs_by_booking(restarts: dict[int, int]) -> dict[int, list[dict]]:
+    found = defaultdict(list)
+    rows = (
+        NodeRun.objects.filter(booking_id__in=restarts)
+        .order_by("restart", "rank", "id")
+        .values("booking_id", "restart", *NODE_RUN_FIELDS)
+    )
+    for row in rows:
+        if row["restart"] == restarts[row["booking_id"]]:
+            found[row["booking_id"]].append(node_run_row(row, row["node__hostname"]))
+    return found
 
 
 def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:

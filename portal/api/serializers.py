@@ -11,7 +11,8 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
-from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
+from agents.protocol import output_file_name
+from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, NodeRun, Qos
 from portal.services.booking import booking_bounds, fairshare
 from portal.services.booking.selectors import session_view
 from portal.services.fleet.telemetry import SAMPLE_VALUES
@@ -126,6 +127,32 @@ class BookingCreateInput(StrictSerializer):
         required=False,
         help_text="Run JupyterLab or a terminal on the booked devices, opened through the portal.",
     )
+    workdir = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="The batch job's working directory, an absolute path on the nodes (default: "
+        "the owner's home); its output goes to gpu-portal-<id>.out there.",
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text=f"Environment variables for the command, NAME: value (at most "
+        f"{booking_bounds.ENV_VARS_MAX}; the launch variables the portal sets cannot be set).",
+    )
+    node_count = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=1024,
+        help_text="Run on this many whole nodes, one process each (docs/distributed.md); gpus "
+        "is then the nodes' GPUs, worked out when all nodes are one size.",
+    )
+    signal = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="A signal before the end or an early stop, Slurm's --signal: NAME[@SECONDS], "
+        "e.g. USR1@120 (default: the site's JOB_SIGNAL_DEFAULT).",
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -197,6 +224,44 @@ class SessionOutput(serializers.Serializer):
     url = serializers.CharField()
 
 
+class NodeRunOutput(serializers.Serializer):
+    node = serializers.CharField()
+    rank = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=NodeRun.State.choices)
+    exit_code = serializers.IntegerField(allow_null=True)
+    log_tail = serializers.CharField()
+    detail = serializers.CharField()
+
+
+def node_runs_shown():
+    """The per-node runs a booking's API rows show (prefetched with the booking)."""
+    return NodeRun.objects.select_related("node").order_by("restart", "rank", "id")
+
+
+NODE_RUN_FIELDS = ("node__hostname", "rank", "state", "exit_code", "log_tail", "detail")
+
+
+def node_run_rows(booking) -> list[dict]:
+    """Each node's process of the booking's current run (the prefetched node_runs)."""
+    return [
+        node_run_row({f: getattr(run, f) for f in NODE_RUN_FIELDS[1:]}, run.node.hostname)
+        for run in booking.node_runs.all()
+        if run.restart == booking.restart_count
+    ]
+
+
+def node_run_row(values: dict, hostname: str) -> dict:
+    return {"node": hostname, **{f: values[f] for f in NODE_RUN_FIELDS[1:]}}
+
+
+def booking_signal(signal_name: str, signal_before_s: int | None) -> str:
+    return f"{signal_name}@{signal_before_s}" if signal_name else ""
+
+
+def booking_output_file(booking_id: int, command: str) -> str:
+    return output_file_name(booking_id) if command else ""
+
+
 class BookingOutput(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     project = serializers.CharField(source="project.slug")
@@ -213,6 +278,14 @@ class BookingOutput(serializers.ModelSerializer):
         "what fair share charges (allocated, measured or blend; SCHEDULER_FAIRSHARE_CHARGE)."
     )
     session = serializers.SerializerMethodField()
+    signal = serializers.SerializerMethodField(help_text="NAME@SECONDS, or blank: the site's")
+    output_file = serializers.SerializerMethodField(
+        help_text="the batch job's stdout+stderr file in its working directory, on each node"
+    )
+    nodes = serializers.SerializerMethodField(
+        help_text="each node's process of the current run, rank order: node, rank, state, "
+        "exit_code, log_tail (its last 4 KiB), detail"
+    )
 
     class Meta:
         model = Booking
@@ -242,6 +315,12 @@ class BookingOutput(serializers.ModelSerializer):
             "log_tail",
             "interactive",
             "session",
+            "workdir",
+            "env",
+            "signal",
+            "output_file",
+            "restart_count",
+            "nodes",
             "devices",
             "cuda_visible_devices",
         ]
@@ -276,6 +355,15 @@ class BookingOutput(serializers.ModelSerializer):
     def get_session(self, obj) -> SessionOutput(allow_null=True):
         return session_view(obj)
 
+    def get_signal(self, obj) -> str:
+        return booking_signal(obj.signal_name, obj.signal_before_s)
+
+    def get_output_file(self, obj) -> str:
+        return booking_output_file(obj.pk, obj.command)
+
+    def get_nodes(self, obj) -> NodeRunOutput(many=True):
+        return node_run_rows(obj)
+
     def to_representation(self, obj):
         live = self._live(obj)
         tz = timezone.get_current_timezone()
@@ -306,6 +394,12 @@ class BookingOutput(serializers.ModelSerializer):
             "log_tail": obj.log_tail,
             "interactive": obj.interactive,
             "session": session_view(obj),
+            "workdir": obj.workdir,
+            "env": obj.env,
+            "signal": booking_signal(obj.signal_name, obj.signal_before_s),
+            "output_file": booking_output_file(obj.pk, obj.command),
+            "restart_count": obj.restart_count,
+            "nodes": node_run_rows(obj),
             "devices": [allocation_row(a, tz) for a in live],
             "cuda_visible_devices": ",".join(a.device_uuid for a in live),
         }

@@ -18,6 +18,7 @@ from portal.api import lists
 from portal.api import serializers as s
 from portal.api.csv_renderer import CsvRenderer
 from portal.api.pagination import OrderedPagination
+from portal.api.serializers import node_runs_shown
 from portal.errors import NotAllowed, NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
@@ -258,7 +259,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return (
             booking_selectors.visible_bookings(self.request.user)
             .select_related("owner", "project")
-            .prefetch_related(allocations)
+            .prefetch_related(allocations, Prefetch("node_runs", queryset=node_runs_shown()))
             .order_by("-submitted_at", "-id")
         )
 

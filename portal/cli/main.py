@@ -38,7 +38,28 @@ def _booking_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--end", help="reservation end (with --start)")
     parser.add_argument("-q", "--qos", help="quality of service, e.g. normal, high, low")
     parser.add_argument("--preemptible", action="store_true", help="may be preempted")
+    parser.add_argument(
+        "-N", "--nodes", type=int, metavar="N", help="on N whole nodes, one process each"
+    )
+    parser.add_argument("--workdir", metavar="DIR", help="the job's working directory (absolute)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME=VALUE",
+        type=_env_pair,
+        help="an environment variable for the command (repeatable)",
+    )
+    parser.add_argument(
+        "--signal", metavar="SIG[@S]", help="a signal S seconds before the end, e.g. USR1@120"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="batch command (after --)")
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: write NAME=VALUE")
+    return name, value
 
 
 def build_parser() -> argparse.ArgumentParser:

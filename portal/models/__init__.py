@@ -18,6 +18,7 @@ from portal.models.notifications import (
 )
 from portal.models.outbox import DomainEvent
 from portal.models.projects import Membership, Project, Quota
+from portal.models.runs import NodeRun
 from portal.models.sso import GroupMappingRule
 from portal.models.telemetry import NodeAlert, ProcessUsage, Sample, SampleMinute
 from portal.models.tokens import ApiToken
@@ -45,6 +46,7 @@ __all__ = [
     "Node",
     "NodeHeartbeat",
     "NodeAlert",
+    "NodeRun",
     "ProcessUsage",
     "Project",
     "Qos",

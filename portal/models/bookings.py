@@ -114,6 +114,17 @@ class Booking(models.Model):
     session_port = models.PositiveIntegerField(null=True, blank=True)
     session_token = models.CharField(max_length=128, blank=True)
 
+    # A batch job's environment (docs/distributed.md): where it runs (blank: the owner's home),
+    # its own variables ({name: value}), the signal it gets `signal_before_s` seconds before its
+    # end or at an early stop (blank: the site's JOB_SIGNAL_DEFAULT), the port its ranks meet
+    # on while it runs, and how many times it went back to the queue and started again.
+    workdir = models.CharField(max_length=1024, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    signal_name = models.CharField(max_length=8, blank=True)
+    signal_before_s = models.PositiveIntegerField(null=True, blank=True)
+    master_port = models.PositiveIntegerField(null=True, blank=True)
+    restart_count = models.PositiveIntegerField(default=0)
+
     class Meta:
         ordering = ["-submitted_at", "-id"]
         constraints = [

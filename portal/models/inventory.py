@@ -20,6 +20,9 @@ class Node(models.Model):
     state = models.CharField(max_length=8, choices=State.choices, default=State.DOWN)
     state_reason = models.CharField(max_length=300, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
+    # The node's address on the site network, as its agent reports it (--address); blank: the
+    # hostname. The other nodes of a multi-node job reach rank 0 there (MASTER_ADDR).
+    address = models.CharField(max_length=253, blank=True)
     # sha256 of the agent token; the token itself is shown once by `manage.py agent_token`.
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     created = models.DateTimeField(auto_now_add=True)

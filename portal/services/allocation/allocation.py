@@ -31,7 +31,6 @@ from portal.services.booking.reservations import reservations_start_due
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch
 from portal.services.core.locking import advisory_unlock, try_session_advisory_lock
-from portal.services.realtime import live
 
 log = logging.getLogger(__name__)
 State = Booking.State
@@ -169,9 +168,7 @@ def _store_plans(plan, snap: Snapshot, now: datetime) -> int:
             changed.append((stored.pk, *values))
     _bulk_store(changed)
     if changed:
-        transaction.on_commit(
-            lambda: live.group_send(live.QUEUE_GROUP, {"type": "queue.changed"}), robust=True
-        )
+        events.queue_changed(changed=len(changed))
     return len(changed)
 
 

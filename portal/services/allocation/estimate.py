@@ -23,6 +23,7 @@ from portal.services.allocation.snapshot import (
 )
 from portal.services.booking import bookings as booking_services
 from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.job_env import job_env_check, node_count_gpus
 from portal.services.booking.sessions import session_request_check
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch
@@ -43,8 +44,16 @@ class Estimate:
 def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     """Validate like a submission (same refusals), then plan it without writing anything."""
     interactive = fields.pop("interactive", None)
+    job = {name: fields.pop(name, None) for name in ("workdir", "env", "signal")}
+    fields["gpus"] = node_count_gpus(
+        node_count=fields.pop("node_count", None),
+        gpus=fields.get("gpus"),
+        gpu_model=fields.get("gpu_model"),
+        mig_profile=fields.get("mig_profile"),
+    )
     request = check_request(user=user, now=now, **_request_fields(fields))
     session_request_check(interactive=interactive, command=request.command)
+    job_env_check(command=request.command, **job)
     if request.start is not None:
         return _estimate_reservation(user, request, now)
     return _estimate_queued(user, request, now)

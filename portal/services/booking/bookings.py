@@ -25,6 +25,7 @@ from portal.services.access.audit import SYSTEM, Source, audit_booking, booking_
 from portal.services.booking import events, fairshare
 from portal.services.booking.booking_bounds import request_bounds
 from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.job_env import job_env_apply, job_env_check, node_count_gpus
 from portal.services.booking.quotas import quota_position
 from portal.services.booking.selectors import booking_get_for_change
 from portal.services.booking.sessions import session_prepare, session_request_check
@@ -60,14 +61,24 @@ def booking_submit(
     idempotency_key: str = "",
     request_digest: str = "",
     interactive: str | None = None,
+    workdir: str | None = None,
+    env: dict | None = None,
+    signal: str | None = None,
+    node_count: int | None = None,
 ) -> Booking:
     """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
 
     With an idempotency key (see booking/idempotency.py) the booking row claims it: a second
     booking with the key fails on the owner+key unique constraint (IntegrityError).
-    `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active.
+    `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active;
+    `workdir`, `env` and `signal` ("USR1@120") are a batch job's environment (booking.job_env);
+    `node_count` asks for that many whole nodes (booking.job_env.node_count_gpus).
     """
+    gpus = node_count_gpus(
+        node_count=node_count, gpus=gpus, gpu_model=gpu_model, mig_profile=mig_profile
+    )
     interactive = session_request_check(interactive=interactive, command=command)
+    job = job_env_check(command=command, workdir=workdir, env=env, signal=signal)
     request = check_request(
         user=user,
         now=now,
@@ -85,6 +96,7 @@ def booking_submit(
     state = State.PENDING if request.start is None else State.PLANNED
     booking = booking_from_request(user, request, now, state)
     session_prepare(booking, interactive=interactive)
+    job_env_apply(booking, job)
     booking.planned_start = request.start
     booking.idempotency_key, booking.request_digest = idempotency_key, request_digest
     # Validated before the transaction: the model's checks read nothing the booking locks protect,
@@ -381,6 +393,9 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
             requeued_at=now,
             exit_code=None,
             log_tail="",
+            # The next run is a restart (GPU_PORTAL_RESTART_COUNT) and meets on a new port.
+            restart_count=F("restart_count") + 1,
+            master_port=None,
             state_detail=f"{detail}; requeued",
         )
     booking.refresh_from_db()
