@@ -23,7 +23,7 @@ def _copy_back(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("portal", "0016_booking_state_check"),
+        ("portal", "0017_job_environment"),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("portal", "0017_node_heartbeat"),
+        ("portal", "0018_node_heartbeat"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
