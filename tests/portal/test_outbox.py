@@ -316,7 +316,7 @@ def test_it_tells_site_events_to_whom_the_roles_table_grants_them(
     users.create(username="root", email="root@example.org", is_superuser=True)
     users.create(username="member", email="member@example.org")
     node = make_node("gpu-silent", gpus=1)
-    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(hours=1))
+    node_seen(node, timezone.now() - timedelta(hours=1))
     nodes_heartbeat_check(now=timezone.now())
     outbox.facts_dispatch(fact_ids=DomainEvent.objects.values_list("pk", flat=True))
     mailed = set(
