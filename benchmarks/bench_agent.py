@@ -25,6 +25,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from calib import calib_s  # noqa: E402
+
 TARGET_PERCENT = 1.0
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -132,7 +136,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--spec", default="8xH100-80GB")
     args = parser.parse_args()
-    print(json.dumps(run(args.seconds, args.spec)))
+    calib = calib_s()
+    print(json.dumps({**run(args.seconds, args.spec), "calib_s": calib}))
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ The site is benchmarks/sitegen.py's, the same one bench_pass.py writes into Post
 GPUs in 128 nodes (four models, two nodes in MIG mode), ~95 % of the devices running, 100
 advance reservations, 10,000 pending bookings with durations to the second and widths from a
 MIG slice to 64 GPUs, 300 users in 40 projects with a quota and a GPU-hour budget on every user
-and project. Prints the pass's size and the best and median wall time of ``--repeat`` passes.
+and project. Prints the pass's size and the best and median wall time of ``--repeat`` passes,
+then one JSON line with them and calib_s (benchmarks/calib.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -21,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from calib import calib_s  # noqa: E402
 from sitegen import Site, generate  # noqa: E402
 
 from scheduler import Allocation, Device, Policy, Quota, Request, State, plan  # noqa: E402
@@ -111,6 +114,7 @@ def main() -> int:
     parser.add_argument("--pending", type=int, default=10_000)
     parser.add_argument("--gpus", type=int, default=1024)
     args = parser.parse_args()
+    calib = calib_s()
     state = build_state(args.seed, args.pending, args.gpus)
     times = []
     for _ in range(args.repeat):
@@ -134,6 +138,15 @@ def main() -> int:
         f"time: best {min(times):.3f} s, median {statistics.median(times):.3f} s"
         f" over {len(times)} passes"
     )
+    summary = {
+        "bench": "allocator",
+        "pending": len(state.pending),
+        "gpus": gpus,
+        "plan_best_s": round(min(times), 3),
+        "plan_median_s": round(statistics.median(times), 3),
+        "calib_s": calib,
+    }
+    print(json.dumps(summary))
     return 0
 
 

@@ -26,6 +26,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from calib import calib_s  # noqa: E402
+
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuportal_bench")
 os.environ.setdefault("DEBUG", "1")  # a development SECRET_KEY; query logging is turned off below
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
@@ -160,6 +164,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--keep", action="store_true", help="keep the samples written")
     args = parser.parse_args()
+    calib = calib_s()
 
     database = _ensure_database(os.environ["DATABASE_URL"])
     agents = _setup()
@@ -194,6 +199,7 @@ def main() -> None:
                 "rows_expected": service["readings"] + http["readings"],
                 "target_readings_per_s": 5000,
                 "ok": min(service_rate, http_rate) >= 5000,
+                "calib_s": calib,
             }
         )
     )

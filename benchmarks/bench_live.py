@@ -21,6 +21,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from calib import calib_s  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings_test")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuportal_bench")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -171,6 +175,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=10, help="open browser sockets")
     parser.add_argument("--seconds", type=int, default=30)
     args = parser.parse_args()
+    calib = calib_s()
     _ensure_database()
     cookie = _session_cookie()
     from portal.web.asgi_process import daphne_start, daphne_stop, free_port
@@ -181,7 +186,7 @@ def main() -> None:
         result = asyncio.run(_run(args, cookie, port))
     finally:
         daphne_stop(server)
-    print(json.dumps(result))
+    print(json.dumps({**result, "calib_s": calib}))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Quota, membership and node changes, drains, token revocations and logins are aud
 import csv
 
 from django.contrib import admin, messages
+from django.db.models import F
 from django.http import HttpResponse
 from django.utils import timezone
 
@@ -120,6 +121,13 @@ class NodeAdmin(AuditedAdminMixin):
     exclude = ["agent_token_hash"]
     inlines = [GpuInline]
     actions = ["drain", "undrain"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(last_seen=F("heartbeat__last_seen"))
+
+    @admin.display(description="last seen", ordering="last_seen")
+    def last_seen(self, obj):
+        return obj.last_seen
 
     @admin.action(description="Drain: finish running work, place nothing new")
     def drain(self, request, queryset):

@@ -2,7 +2,7 @@
 
 from scheduler.admission import Refusal, admission_refusal, never_fits
 from scheduler.allocator import plan
-from scheduler.priority import charged_fraction, decay_usage, predict_run
+from scheduler.priority import carry_usage, charged_fraction, decay_usage, predict_run
 from scheduler.quota import (
     QuotaRefusal,
     QuotaSide,
@@ -43,6 +43,7 @@ __all__ = [
     "State",
     "admission_refusal",
     "budget_nearly_used",
+    "carry_usage",
     "charged_fraction",
     "decay_usage",
     "never_fits",

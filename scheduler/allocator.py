@@ -45,14 +45,20 @@ from scheduler.types import (
 )
 
 
-def plan(state: State, policy: Policy, *, starts_only: bool = False) -> Plan:
+def plan(
+    state: State, policy: Policy, *, starts_only: bool = False, until: str | None = None
+) -> Plan:
     """Decide which pending bookings start now, plan the rest, and list the preemptions to make.
 
     ``starts_only`` (the trace replay, which needs only the starts) stops the walk once no
     device of an up node is free now: nothing later in the order could start, so the starts and
     preemptions are the same, and ``planned`` lists only the bookings walked.
+
+    ``until`` (the estimate) stops the walk once the booking of that id has been planned: the
+    walk is in priority order and a booking's line depends only on the bookings before it, so
+    its line is the same as in the whole pass, and ``planned`` ends with it.
     """
-    return _Pass(state, policy).run(starts_only)
+    return _Pass(state, policy).run(starts_only, until)
 
 
 class _Pass:
@@ -169,8 +175,8 @@ class _Pass:
             return False
         return self.policy.qos_level(request.qos) == self.top_qos
 
-    def run(self, starts_only: bool = False) -> Plan:
-        """The whole pass."""
+    def run(self, starts_only: bool = False, until: str | None = None) -> Plan:
+        """The whole pass (or its walk up to and including booking ``until``)."""
         ranked = self.ordered()
         eligible = [pair for pair in ranked if pair[0].booking_id not in self.waiting]
         preemptions, preempting = preempt_phase(self, eligible)
@@ -180,6 +186,8 @@ class _Pass:
             if starts_only and not self.free_now():
                 break
             planned.append(walk.place(position, request, prio))
+            if request.booking_id == until:
+                break
         never_met = tuple(bid for bid, verdict in self.waiting.items() if verdict.never)
         return Plan(
             starts=tuple(walk.starts),

@@ -14,6 +14,7 @@ from portal.models import (
     Membership,
     MigInstance,
     Node,
+    NodeHeartbeat,
     Project,
     Quota,
     Sample,
@@ -61,10 +62,21 @@ class QuotaFactory(factory.django.DjangoModelFactory):
 class NodeFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Node
+        skip_postgeneration_save = True  # the hook writes another table, not the node
 
     hostname = factory.Sequence(lambda n: f"node{n:02d}")
     state = Node.State.UP
-    last_seen = factory.LazyFunction(timezone.now)
+
+    @factory.post_generation
+    def last_seen(node, create, extracted, **kwargs):
+        """Its agent reported just now, or at ``last_seen=...`` when given."""
+        if create:
+            node_seen(node, extracted or timezone.now())
+
+
+def node_seen(node: Node, at) -> None:
+    """Record that the node's agent last reported at ``at`` (its NodeHeartbeat row)."""
+    NodeHeartbeat.objects.update_or_create(node_id=node.pk, defaults={"last_seen": at})
 
 
 class GpuFactory(factory.django.DjangoModelFactory):

@@ -467,6 +467,7 @@ class BookingOutput(serializers.ModelSerializer):
 
 class NodeOutput(serializers.ModelSerializer):
     gpu_count = serializers.IntegerField(read_only=True)
+    last_seen = serializers.DateTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = Node

@@ -2,7 +2,7 @@
 
 from django.conf import settings
 from django.contrib.auth import authenticate
-from django.db.models import Count, Prefetch
+from django.db.models import Count, F, Prefetch
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -129,7 +129,9 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = s.NodeOutput
     filterset_class = NodeFilterSet
-    queryset = Node.objects.annotate(gpu_count=Count("gpus")).order_by("hostname", "id")
+    queryset = Node.objects.annotate(
+        gpu_count=Count("gpus"), last_seen=F("heartbeat__last_seen")
+    ).order_by("hostname", "id")
 
 
 _HISTORY_PARAMETERS = [

@@ -3,7 +3,8 @@ re-exported here so callers import from portal.models."""
 
 from portal.models.audit import AuditEvent
 from portal.models.bookings import Allocation, Booking, BookingDependency, Qos
-from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
+from portal.models.fairshare import FairshareUsage
+from portal.models.inventory import Gpu, MigInstance, Node, NodeHeartbeat, mig_fraction
 from portal.models.notifications import (
     ActionUse,
     Channel,
@@ -27,6 +28,7 @@ __all__ = [
     "Channel",
     "Delivery",
     "DomainEvent",
+    "FairshareUsage",
     "Event",
     "IdleReclaim",
     "Notification",
@@ -43,6 +45,7 @@ __all__ = [
     "Membership",
     "MigInstance",
     "Node",
+    "NodeHeartbeat",
     "NodeAlert",
     "NodeRun",
     "ProcessUsage",

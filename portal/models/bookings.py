@@ -262,10 +262,24 @@ class Allocation(models.Model):
     )
     slot_start = models.PositiveSmallIntegerField(null=True, editable=False)
     slot_end = models.PositiveSmallIntegerField(null=True, editable=False)
+    charged_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Its use up to this time is in the fair-share totals (FairshareUsage).",
+    )
 
     class Meta:
         ordering = ["start", "id"]
-        indexes = [models.Index(fields=["live", "end"], name="portal_alloc_live_end")]
+        indexes = [
+            models.Index(fields=["live", "end"], name="portal_alloc_live_end"),
+            # The allocations a pass still has to charge: not yet counted to their end.
+            models.Index(
+                fields=["start"],
+                name="portal_alloc_uncharged",
+                condition=Q(charged_until__isnull=True) | Q(charged_until__lt=models.F("end")),
+            ),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(end__gt=models.F("start")), name="%(app_label)s_%(class)s_ordered"

@@ -24,7 +24,6 @@ class Node(models.Model):
     hostname = models.CharField(max_length=253, unique=True)
     state = models.CharField(max_length=8, choices=State.choices, default=State.DOWN)
     state_reason = models.CharField(max_length=300, blank=True)
-    last_seen = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
     # The node's address on the site network, as its agent reports it (--address); blank: the
     # hostname. The other nodes of a multi-node job reach rank 0 there (MASTER_ADDR).
@@ -46,6 +45,23 @@ class Node(models.Model):
     def runtimes(self) -> tuple[str, ...]:
         """The container runtimes its agent reported."""
         return runtimes_of(self.container_runtimes)
+
+
+class NodeHeartbeat(models.Model):
+    """When a node's agent last reported (one row per node, written on every heartbeat).
+
+    Kept off the node row: bookings share-lock the nodes they are placed on and the pass's starts
+    lock theirs, and an agent's report every few seconds must neither wait for those locks nor
+    hold them up. The node row changes only when the node's state does.
+    """
+
+    node = models.OneToOneField(
+        Node, on_delete=models.CASCADE, primary_key=True, related_name="heartbeat"
+    )
+    last_seen = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.node_id} seen {self.last_seen:%Y-%m-%d %H:%M:%S}"
 
 
 class Gpu(models.Model):

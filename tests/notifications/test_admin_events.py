@@ -6,10 +6,10 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from portal.models import Node, NodeAlert
+from portal.models import NodeAlert
 from portal.services.fleet.nodes import nodes_heartbeat_check
 from portal.services.notify.notifications import alert_notify
-from tests.factories import UserFactory, make_node
+from tests.factories import UserFactory, make_node, node_seen
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +21,7 @@ def admin(db):
 
 def test_it_tells_admins_a_node_went_down(admin, user, django_capture_on_commit_callbacks):
     node = make_node("gpu-z9", gpus=1)
-    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(hours=1))
+    node_seen(node, timezone.now() - timedelta(hours=1))
     with django_capture_on_commit_callbacks(execute=True):
         assert nodes_heartbeat_check(now=timezone.now()) == ["gpu-z9"]
     assert [(m.to, m.subject) for m in mail.outbox] == [

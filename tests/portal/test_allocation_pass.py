@@ -307,3 +307,23 @@ def test_it_fails_a_reservation_whose_node_is_down_when_nothing_else_is_free(api
         failed["state_detail"] == "node node-a is down and no other devices are free for the window"
     )
     assert any(f"Booking {booking['id']} failed" in m.subject for m in mail.outbox)
+
+
+@pytest.mark.both_databases
+def test_it_builds_the_policy_once_a_pass(project, user, cluster, monkeypatch):
+    import scheduler
+    from portal.services.allocation import snapshot
+
+    Booking.objects.create(
+        owner=user, project=project, gpus=1, duration_s=600, submitted_at=timezone.now()
+    )
+    built = []
+    real = scheduler.Policy
+
+    def policy(**fields):
+        built.append(fields)
+        return real(**fields)
+
+    monkeypatch.setattr(snapshot.scheduler, "Policy", policy)
+    assert allocation_pass(now=timezone.now()).started == 1
+    assert len(built) == 1

@@ -95,3 +95,32 @@ def test_it_reads_the_queue_for_each_estimate_with_a_ttl_of_zero(
     _hog(user, project)
     assert _estimate(api).json()["pending_reason"] == "resources"
     assert counter_value("estimate_snapshots") == before + 2
+
+
+@pytest.mark.both_databases
+def test_it_stops_planning_once_the_estimate_is_placed(
+    api, user, project, cluster, settings, monkeypatch
+):
+    import scheduler
+    from portal.models import Booking
+    from portal.services.allocation import estimate
+
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 0
+    _hog(user, project)
+    old = timezone.now() - timezone.timedelta(hours=1)
+    Booking.objects.bulk_create(
+        Booking(owner=user, project=project, gpus=1, duration_s=600, submitted_at=old)
+        for _ in range(5)
+    )
+    walks, real = [], scheduler.plan
+
+    def plan(state, policy, **kwargs):
+        result = real(state, policy, **kwargs)
+        walks.append((len(state.pending), len(result.planned), result))
+        return result
+
+    monkeypatch.setattr(estimate.scheduler, "plan", plan)
+    body = _estimate(api, {"gpus": 1, "duration_s": 600, "qos": "high"}).json()
+    assert body["queue_position"] == 1  # ahead of the five older bookings (higher QOS)
+    ((pending, walked, _),) = walks
+    assert (pending, walked) == (6, 1)  # not the five behind it

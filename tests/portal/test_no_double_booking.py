@@ -171,7 +171,8 @@ def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkey
     from portal.services.booking import bookings as services
     from tests.factories import ProjectFactory, QuotaFactory, UserFactory, member
 
-    # Different models lock different nodes; only the project's quota (2 GPUs) is shared.
+    # Different models are placed on different nodes; only the project's quota (2 GPUs) is
+    # shared, and its advisory lock is held from the quota check to the commit.
     make_node("a", gpus=2, model="A100-80GB")
     make_node("h", gpus=2, model="H100")
     user, project = UserFactory(), ProjectFactory(slug="race")
@@ -179,7 +180,7 @@ def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkey
     QuotaFactory(project=project, max_gpus=2)
     start = timezone.now() + timedelta(hours=1)
     window = {"project": "race", "gpus": 2, "start": start, "end": start + timedelta(hours=1)}
-    check_reservation = services.check_reservation
+    check_quota = services._check_window_quota
     others: list[threading.Thread] = []
     outcomes: list[str] = []
 
@@ -192,15 +193,14 @@ def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkey
         finally:
             connection.close()
 
-    def second_submit_meanwhile(user, request, now, **options):
-        devices = check_reservation(user, request, now, **options)
+    def second_submit_meanwhile(user, request, now):
+        check_quota(user, request, now)
         if not others:
             others.append(threading.Thread(target=submit_h100))
             others[0].start()
             others[0].join(timeout=2)  # without a shared lock, it is placed here
-        return devices
 
-    monkeypatch.setattr(services, "check_reservation", second_submit_meanwhile)
+    monkeypatch.setattr(services, "_check_window_quota", second_submit_meanwhile)
     services.booking_submit(user=user, now=timezone.now(), gpu_model="A100-80GB", **window)
     others[0].join(timeout=10)
     assert outcomes == ["over quota"]

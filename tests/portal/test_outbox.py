@@ -17,7 +17,7 @@ from portal.services.core.outbox import outbox_sweep
 from portal.services.notify.notifications import booking_fact_notify
 from portal.services.notify.reclaim import booking_reclaim
 from tests.channel_listen import listen_as_owner
-from tests.factories import make_active_booking, make_node
+from tests.factories import make_active_booking, make_node, node_seen
 
 pytestmark = pytest.mark.django_db
 
@@ -197,12 +197,11 @@ def test_it_records_a_node_down_as_a_fact_and_tells_admins_after_commit(
 ):
     from django.contrib.auth import get_user_model
 
-    from portal.models import Node
     from portal.services.fleet.nodes import nodes_heartbeat_check
 
     get_user_model().objects.create(username="root", email="root@example.org", is_staff=True)
     node = make_node("gpu-down", gpus=1)
-    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(hours=1))
+    node_seen(node, timezone.now() - timedelta(hours=1))
     with django_capture_on_commit_callbacks() as callbacks:
         assert nodes_heartbeat_check(now=timezone.now()) == ["gpu-down"]
     assert not Notification.objects.exists()
@@ -305,7 +304,6 @@ def test_it_tells_site_events_to_whom_the_roles_table_grants_them(
 ):
     from django.contrib.auth import get_user_model
 
-    from portal.models import Node
     from portal.services.access import permissions
     from portal.services.fleet.nodes import nodes_heartbeat_check
 
@@ -317,7 +315,7 @@ def test_it_tells_site_events_to_whom_the_roles_table_grants_them(
     users.create(username="root", email="root@example.org", is_superuser=True)
     users.create(username="member", email="member@example.org")
     node = make_node("gpu-silent", gpus=1)
-    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(hours=1))
+    node_seen(node, timezone.now() - timedelta(hours=1))
     nodes_heartbeat_check(now=timezone.now())
     outbox.facts_dispatch(fact_ids=DomainEvent.objects.values_list("pk", flat=True))
     mailed = set(

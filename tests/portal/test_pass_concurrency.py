@@ -16,7 +16,14 @@ from portal.services.allocation import allocation
 from portal.services.allocation.snapshot import scheduler_policy, snapshot_take
 from portal.services.booking.bookings import booking_submit
 from portal.services.fleet.nodes import nodes_heartbeat_check
-from tests.factories import AllocationFactory, BookingFactory, UserFactory, make_node, member
+from tests.factories import (
+    AllocationFactory,
+    BookingFactory,
+    UserFactory,
+    make_node,
+    member,
+    node_seen,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -228,8 +235,7 @@ def test_it_requeues_a_preempted_batch_job_as_new_with_its_age(user, project, pr
 def test_it_requeues_a_batch_job_of_a_failed_node_the_same_way(user, project):
     node, now = make_node("node-a", gpus=2), timezone.now()
     batch = _running(user, project, node, now)
-    node.last_seen = now - timedelta(hours=1)
-    node.save(update_fields=["last_seen"])
+    node_seen(node, now - timedelta(hours=1))
     assert nodes_heartbeat_check(now=now) == ["node-a"]
     _assert_requeued(batch, now)
 

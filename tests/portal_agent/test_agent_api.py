@@ -12,7 +12,7 @@ from agents import protocol
 from portal.models import Booking, Gpu, MigInstance, Node, NodeAlert, Sample
 from portal.services.inventory.telemetry_cache import latest_by_uuid
 from tests.conftest import error_of
-from tests.factories import UserFactory, make_active_booking
+from tests.factories import UserFactory, make_active_booking, node_seen
 from tests.portal_agent.conftest import AgentClient, reading
 
 pytestmark = pytest.mark.django_db
@@ -115,13 +115,12 @@ def test_it_refuses_to_move_another_nodes_gpu_to_this_node(node_a, node_b, agent
 
 
 def test_it_counts_any_request_as_a_heartbeat_and_brings_a_down_node_up(node_a, agent_a):
-    Node.objects.filter(pk=node_a[0].pk).update(
-        state=Node.State.DOWN, state_reason="silent", last_seen=timezone.now() - timedelta(hours=1)
-    )
+    Node.objects.filter(pk=node_a[0].pk).update(state=Node.State.DOWN, state_reason="silent")
+    node_seen(node_a[0], timezone.now() - timedelta(hours=1))
     assert agent_a.get(protocol.DESIRED_PATH).status_code == 200
     node = Node.objects.get(pk=node_a[0].pk)
     assert node.state == Node.State.UP and node.state_reason == ""
-    assert timezone.now() - node.last_seen < timedelta(seconds=5)
+    assert timezone.now() - node.heartbeat.last_seen < timedelta(seconds=5)
 
 
 # -- register ------------------------------------------------------------------------------

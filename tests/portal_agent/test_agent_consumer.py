@@ -10,7 +10,7 @@ from agents import protocol
 from portal.asgi import application
 from portal.services.booking.bookings import booking_cancel
 from portal.services.fleet.selectors import agent_desired
-from tests.factories import UserFactory, make_active_booking, make_agent_node
+from tests.factories import UserFactory, make_active_booking, make_agent_node, node_seen
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,22 +85,21 @@ def test_it_closes_with_try_again_later_when_the_database_fails_during_connect()
     from django.db import connection
 
     from portal.consumers.agent import CLOSE_TRY_AGAIN
-    from portal.models import Node
 
     node, token = make_agent_node("node-db", gpus=1)
-    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(minutes=5))
+    node_seen(node, timezone.now() - timedelta(minutes=5))
     db = connection.settings_dict
     dsn = dict(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"])
-    hold = psycopg.connect(**dsn)  # holds the node's row: the heartbeat write waits for it
+    hold = psycopg.connect(**dsn)  # holds the heartbeat row: the heartbeat write waits for it
     admin = psycopg.connect(**dsn, autocommit=True)
-    hold.execute("SELECT id FROM portal_node WHERE id = %s FOR UPDATE", [node.pk])
+    hold.execute("SELECT 1 FROM portal_nodeheartbeat WHERE node_id = %s FOR UPDATE", [node.pk])
 
     def cancel_the_heartbeat() -> bool:
         # A real database error on the consumer's own query (as a statement timeout would be).
         row = admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
             "AND wait_event_type = 'Lock' AND query LIKE %s",
-            ['%UPDATE "portal_node"%'],
+            ['%"portal_nodeheartbeat"%'],
         ).fetchone()
         return bool(row) and admin.execute("SELECT pg_cancel_backend(%s)", [row[0]]).fetchone()[0]
 

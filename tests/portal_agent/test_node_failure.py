@@ -13,14 +13,14 @@ from portal import tasks
 from portal.models import AuditEvent, Booking, Node
 from portal.services.fleet.nodes import node_mark_seen, nodes_heartbeat_check
 from portal.services.fleet.selectors import node_for_token
-from tests.factories import UserFactory, make_active_booking, make_agent_node, make_node
+from tests.factories import UserFactory, make_active_booking, make_agent_node, make_node, node_seen
 from tests.workers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _silent(node, seconds):
-    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(seconds=seconds))
+    node_seen(node, timezone.now() - timedelta(seconds=seconds))
 
 
 def test_it_marks_a_silent_node_down_and_fails_or_requeues_its_bookings(
@@ -134,8 +134,9 @@ def _assert_invariant(node_id: int, booking_id: int, cutoff) -> None:
     else:
         assert (booking.state, failed) == ("failed", 1)
     # A heartbeat recorded after the scan's cutoff means the node is alive: never left down.
-    assert not (node.state == "down" and node.last_seen >= cutoff), (
-        f"node down while its heartbeat of {node.last_seen:%H:%M:%S.%f} was recorded"
+    seen = node.heartbeat.last_seen
+    assert not (node.state == "down" and seen >= cutoff), (
+        f"node down while its heartbeat of {seen:%H:%M:%S.%f} was recorded"
     )
 
 
@@ -150,7 +151,7 @@ def test_it_brings_the_node_up_when_a_heartbeat_lands_while_it_is_being_marked_d
     cutoff = now - timedelta(seconds=60)
     results: dict = {}
     # The test holds the booking row, so the scan stops after its node-down update (its
-    # transaction open, the node row locked) at the point where it fails the booking.
+    # transaction open, the node's heartbeat row locked) at the point where it fails the booking.
     hold = _admin_connection()
     admin = _admin_connection(autocommit=True)
     try:
@@ -158,7 +159,7 @@ def test_it_brings_the_node_up_when_a_heartbeat_lands_while_it_is_being_marked_d
         down = _in_thread(lambda: nodes_heartbeat_check(now=now), results, "down")
         wait_until(lambda: _lock_waiters(admin, '%UPDATE "portal_booking"%'), 30, "the scan")
         beat = _in_thread(lambda: _heartbeat(token), results, "beat")
-        wait_until(lambda: _lock_waiters(admin, '%UPDATE "portal_node"%'), 30, "the heartbeat")
+        wait_until(lambda: _lock_waiters(admin, '%"portal_nodeheartbeat"%'), 30, "the heartbeat")
     finally:
         hold.rollback()
         hold.close()

@@ -136,3 +136,16 @@ def test_it_starts_and_preempts_the_same_when_asked_for_the_starts_only(scenario
     assert quick.starts == full.starts
     assert quick.preemptions == full.preemptions
     assert quick.planned == full.planned[: len(quick.planned)]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.data())
+def test_it_plans_a_booking_the_same_when_the_walk_stops_at_it(scenario, data):
+    # The estimate's shortcut: the walk stops once its hypothetical booking is planned.
+    state, policy = scenario
+    if not state.pending:
+        return
+    target = data.draw(st.sampled_from([r.booking_id for r in state.pending]))
+    full, quick = plan(state, policy), plan(state, policy, until=target)
+    assert quick.planned[-1].booking_id == target
+    assert quick.planned == full.planned[: len(quick.planned)]

@@ -3,7 +3,8 @@
 The answer is named as on a booking (planned_start, queue_position, pending_reason,
 state_detail). A queued request is planned on a snapshot of the queue that is shared for
 ESTIMATE_SNAPSHOT_TTL_S seconds: the Book page asks as the user types, and reading the whole
-queue for each keystroke would cost more than the pass itself.
+queue for each keystroke would cost more than the pass itself. The plan stops once the
+hypothetical booking is placed: a request of high priority costs a short walk, not a whole pass.
 """
 
 import threading
@@ -17,7 +18,6 @@ import scheduler
 from portal.errors import ApplicationError
 from portal.services.allocation.snapshot import (
     Snapshot,
-    scheduler_policy,
     snapshot_plus,
     snapshot_take,
 )
@@ -107,9 +107,12 @@ def _estimate_reservation(user, request: BookingRequest, now: datetime, image: s
 def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:
     hypothetical = booking_services.booking_from_request(user, request, now)
     hypothetical.pk = ESTIMATE_ID
-    state = snapshot_plus(estimate_snapshot(now=now), now=now, bookings=[hypothetical])
-    plan = scheduler.plan(state, scheduler_policy())
-    mine = next(p for p in plan.planned if p.booking_id == str(ESTIMATE_ID))
+    snap = estimate_snapshot(now=now)
+    state = snapshot_plus(snap, now=now, bookings=[hypothetical])
+    # The walk stops at the hypothetical booking: what comes after it in priority order
+    # cannot change its line.
+    plan = scheduler.plan(state, snap.policy, until=str(ESTIMATE_ID))
+    mine = plan.planned[-1]
     start = from_epoch(mine.start) if mine.start is not None else None
     return Estimate(
         planned_start=start,

@@ -2,10 +2,11 @@
 
 The pass plans without locks, so by the time a start is applied its devices may have been taken,
 its node may have gone down or its project may have got devices that the plan's quota check did
-not see. The start locks its project row and its nodes (the booking path's order: project, then
-nodes sorted), re-checks all of that under the locks, and only then writes; otherwise it is left
-for the next pass. The exclusion constraint on allocations stays the backstop. On PostgreSQL the
-locks are one round trip and the check, the state change and the allocations one statement.
+not see. The start takes its project's quota lock and locks its nodes (the booking path's order:
+quota subjects, then nodes sorted), re-checks all of that under the locks, and only then writes;
+otherwise it is left for the next pass. The exclusion constraint on allocations stays the
+backstop. On PostgreSQL the locks are two round trips and the check, the state change and the
+allocations one statement.
 """
 
 import logging
@@ -24,7 +25,8 @@ from portal.services.core.locking import (
     is_allocation_clash,
     is_contention,
     lock_nodes,
-    lock_project,
+    lock_quota_subjects,
+    quota_subjects,
 )
 from portal.services.inventory import selectors as inventory
 
@@ -109,12 +111,17 @@ FROM started, unnest(%(gpus)s::bigint[], %(mig_or_null)s::bigint[], %(fractions)
 def _start_postgresql(pending, rows, snap, now, end, done) -> bool:
     nodes = sorted({row.node_id for row in rows})
     with connection.cursor() as cursor:
-        # One round trip for the locks; the ids are integers from our own snapshot.
+        # The ids are integers from our own snapshot. The quota subject first (the order every
+        # booking writer keeps), then the nodes, in two round trips: with the advisory lock and
+        # the row locks in one string, a node row held elsewhere was waited for past the
+        # lock_timeout (test_inventory_history's retiring race).
+        (subject,) = quota_subjects(project_id=pending.project_id)
         cursor.execute(
             f"SET LOCAL lock_timeout = '{int(settings.BOOKING_LOCK_TIMEOUT_MS)}ms';"
-            f" SELECT id FROM {_TABLES['project']} WHERE id = {int(pending.project_id)}"
-            " FOR UPDATE;"
-            f" SELECT id FROM {_TABLES['node']} WHERE id IN ({', '.join(map(str, nodes))})"
+            f" SELECT pg_advisory_xact_lock({int(subject[0])}, {int(subject[1])})"
+        )
+        cursor.execute(
+            f"SELECT id FROM {_TABLES['node']} WHERE id IN ({', '.join(map(str, nodes))})"
             " ORDER BY id FOR UPDATE"
         )
         cursor.execute(
@@ -143,7 +150,7 @@ def _start_postgresql(pending, rows, snap, now, end, done) -> bool:
 
 def _start_portable(pending, rows, snap, now, end, done) -> bool:
     # The same steps through the ORM, for the embedded SQLite site.
-    lock_project(pending.project_id)
+    lock_quota_subjects(project_id=pending.project_id)
     lock_nodes({row.node_id for row in rows})
     if not _still_valid(pending, rows, snap, now, end, done):
         return False

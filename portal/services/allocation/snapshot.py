@@ -75,6 +75,7 @@ class Snapshot:
     pending: dict[int, PendingRow]
     last_allocation_id: int
     recent_runs: dict[str, list[float]] = field(default_factory=dict)  # for run prediction
+    policy: object = None  # the scheduler.Policy it was read with, the one its plan uses
 
 
 _PENDING_FIELDS = (
@@ -101,8 +102,12 @@ _PENDING_FIELDS = (
 )
 
 
-def snapshot_take(*, now: datetime) -> Snapshot:
-    """Read the queue, devices, allocations and quotas for a pass, in one consistent read."""
+def snapshot_take(*, now: datetime, policy=None) -> Snapshot:
+    """Read the queue, devices, allocations and quotas for a pass, in one consistent read.
+
+    ``policy`` (default: built from settings) is kept on the snapshot: the snapshot's reads (run
+    prediction, fair share) and the plan all use that one."""
+    policy = policy or scheduler_policy()
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if connection.vendor == "postgresql" and outermost:
@@ -123,7 +128,7 @@ def snapshot_take(*, now: datetime) -> Snapshot:
         after, outcomes = pending_dependencies()
         requests = [_request_row(row, after.get(row[0], ())) for row in rows]
         keys = {(row[3], row[1]): (row[4], row[2]) for row in rows}
-        state, devices, recent = _state(now, requests, keys)
+        state, devices, recent = _state(now, requests, keys, policy)
         state = replace(state, outcomes=outcomes)
     pending = {
         row[0]: PendingRow(
@@ -131,7 +136,7 @@ def snapshot_take(*, now: datetime) -> Snapshot:
         )
         for row in rows
     }
-    return Snapshot(state, devices, pending, last, recent)
+    return Snapshot(state, devices, pending, last, recent, policy)
 
 
 def _whole(ts: float | None) -> int | None:
@@ -205,11 +210,11 @@ def _predicted(request, recent: dict[str, list[float]]):
     )
 
 
-def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str, str]]):
+def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str, str]], policy):
     devices = _devices()
     quotas_user, quotas_project, shares = _quotas(now, keys)
     allocations = _allocations(now)
-    recent = _recent_runs(scheduler_policy().predict_last, now)
+    recent = _recent_runs(policy.predict_last, now)
     # Run-time prediction (docs/scheduling.md): plan with the predicted run, the booking's
     # own end stays the hard end; a running booking past its prediction is planned to its end.
     requests = tuple(_predicted(r, recent) for r in requests)
@@ -223,7 +228,7 @@ def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str,
         allocations=allocations,
         pending=requests,
         project_shares=shares,
-        project_usage=fairshare.project_usage(now=now, policy=scheduler_policy()),
+        project_usage=fairshare.project_usage(now=now, policy=policy),
         user_quotas=quotas_user,
         project_quotas=quotas_project,
     )

@@ -38,7 +38,12 @@ from portal.services.booking.quotas import quota_position
 from portal.services.booking.selectors import booking_get_for_change
 from portal.services.booking.sessions import session_prepare, session_request_check
 from portal.services.booking.transitions import booking_cas
-from portal.services.core.locking import is_allocation_clash, lock_nodes, lock_project
+from portal.services.core.locking import (
+    is_allocation_clash,
+    lock_nodes,
+    lock_quota_subjects,
+    share_lock_nodes,
+)
 from portal.services.inventory import placement
 from portal.services.inventory import selectors as inventory
 from scheduler.reserve import Slot
@@ -122,17 +127,22 @@ def booking_submit(
     # and each is a round trip that would otherwise be made while the candidate nodes are locked.
     # The key's uniqueness is the database's to check, in the transaction that claims it.
     booking.full_clean(exclude=["idempotency_key"])
+    if request.start is not None:
+        return _reserve(booking, request, now, source=source)
     with transaction.atomic(durable=True):
-        if request.start is not None:
-            _reserve(booking, request, now)
-        elif spec is None:
+        if spec is None:
             booking.save()
             BookingDependency.objects.bulk_create(deps.rows(booking))
         else:
             array_save(booking, array.strip(), spec.task_ids, deps)
-        audit_booking(action="booking.submit", booking=booking, actor=user, source=source)
-        events.booking_changed(booking, "submitted", cause="owner")
+        _submitted(booking, source)
     return booking
+
+
+def _submitted(booking: Booking, source: Source) -> None:
+    # The audit row and the one fact (whose subscribers notify and push after commit).
+    audit_booking(action="booking.submit", booking=booking, actor=booking.owner, source=source)
+    events.booking_changed(booking, "submitted", cause="owner")
 
 
 def booking_from_request(
@@ -156,18 +166,61 @@ def booking_from_request(
     )
 
 
-def _reserve(booking: Booking, request: BookingRequest, now: datetime) -> None:
-    """Place a validated, unsaved reservation on devices and save both (inside the transaction)."""
-    lock_project(request.project.pk)
-    lock_nodes(
-        inventory.candidate_node_ids(gpu_model=request.gpu_model, mig_profile=request.mig_profile)
-    )
-    devices = check_reservation(booking.owner, request, now, image=booking.image)
-    booking.save()
-    if not allocations_write(
-        booking=booking, devices=devices, start=request.start, end=request.end
-    ):
-        raise NoCapacity("Another booking took these devices a moment ago; try again.")
+# Placements retried when another booking took a chosen device between placing and writing.
+RESERVE_ATTEMPTS = 3
+
+
+class _PlaceAgain(Exception):
+    """The placement went stale under the transaction (a device taken, a node gone): roll back
+    and place again."""
+
+
+def _reserve(booking: Booking, request: BookingRequest, now: datetime, *, source) -> Booking:
+    """Place a validated, unsaved reservation and save it with its allocations.
+
+    Placing reads and locks nothing. The transaction then holds only the quota subjects
+    (advisory locks), re-reads the use under them, share-locks the chosen nodes (up, and kept
+    so), checks the devices are still bookable and inserts: the exclusion constraint decides
+    between two bookings that chose the same device, and the loser places again, at most
+    RESERVE_ATTEMPTS times. In the transaction: the booking, its allocations, its audit row and
+    its fact; everything else runs after commit.
+    """
+    for _ in range(RESERVE_ATTEMPTS):
+        try:
+            devices, refusal = _place(request, booking.image), None
+        except NoCapacity as exc:
+            devices, refusal = [], exc
+        try:
+            with transaction.atomic(durable=True):
+                lock_quota_subjects(project_id=request.project.pk, user_id=booking.owner_id)
+                _check_window_quota(booking.owner, request, now)
+                if refusal is not None:
+                    raise refusal  # after the quota: a quota refusal says more
+                _hold_nodes(devices)
+                booking.save()
+                if not allocations_write(
+                    booking=booking, devices=devices, start=request.start, end=request.end
+                ):
+                    raise _PlaceAgain
+                _submitted(booking, source)
+            return booking
+        except _PlaceAgain:
+            booking.pk, booking._state.adding = None, True  # its row was rolled back
+    raise NoCapacity("Other bookings took these devices a moment ago; try again.")
+
+
+def _hold_nodes(devices: list[Slot]) -> None:
+    """Share-lock the chosen devices' nodes and check, under that lock, that the nodes are up
+    and the devices still bookable (not retired since they were placed)."""
+    nodes = {d.node for d in devices}
+    if share_lock_nodes(nodes) != nodes:
+        raise _PlaceAgain
+    whole = [d.gpu for d in devices if d.mig is None]
+    migs = [d.mig for d in devices if d.mig is not None]
+    if whole and inventory.gpus_bookable().filter(pk__in=whole).count() != len(whole):
+        raise _PlaceAgain
+    if migs and inventory.mig_instances_bookable().filter(pk__in=migs).count() != len(migs):
+        raise _PlaceAgain
 
 
 def allocations_write(
@@ -395,6 +448,7 @@ def booking_extend(
     if by_s <= 0:
         raise ValidationFailed.field("by_s", "must be a positive number of seconds.")
     with transaction.atomic(durable=True):
+        lock_quota_subjects(project_id=booking.project_id, user_id=booking.owner_id)
         lock_nodes(
             Allocation.objects.filter(booking=booking, live=True).values_list(
                 "gpu__node_id", flat=True

@@ -8,7 +8,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.errors import NotAllowed, ValidationFailed
-from portal.models import Allocation, Booking, Gpu, MigInstance, Node
+from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeHeartbeat
 from portal.models.inventory import MIG_SLICES_PER_GPU
 from portal.models.tokens import hash_token, new_token
 from portal.services.access import permissions
@@ -216,22 +216,29 @@ HEARTBEAT_WRITE_INTERVAL = timedelta(seconds=1)
 def node_mark_seen(*, node: Node, agent_version: str = "") -> bool:
     """Record a heartbeat; a node that was down comes back up (True then) and may get work.
 
-    `node` should be freshly read (as token authentication does): its state and last_seen decide
-    whether anything needs writing.
+    `node` should be freshly read with its last heartbeat (``node_for_token`` annotates
+    ``last_seen``): its state and last_seen decide whether anything needs writing. The heartbeat
+    goes to the node's NodeHeartbeat row; the node row is written only for a new agent version
+    or a node coming back up.
     """
     now = timezone.now()
-    recent = node.last_seen is not None and now - node.last_seen < HEARTBEAT_WRITE_INTERVAL
+    last_seen = node_last_seen(node)
+    recent = last_seen is not None and now - last_seen < HEARTBEAT_WRITE_INTERVAL
     if recent and node.state != Node.State.DOWN and not agent_version:
         return False
-    fields = {"last_seen": now}
+    NodeHeartbeat.objects.bulk_create(
+        [NodeHeartbeat(node_id=node.pk, last_seen=now)],
+        update_conflicts=True,
+        unique_fields=["node"],
+        update_fields=["last_seen"],
+    )
     if agent_version:
-        fields["agent_version"] = agent_version
-    Node.objects.filter(pk=node.pk).update(**fields)
-    if node.state != Node.State.DOWN and not _may_be_going_down(node, now):
+        Node.objects.filter(pk=node.pk).update(agent_version=agent_version)
+    if node.state != Node.State.DOWN and not _may_be_going_down(node, last_seen, now):
         return False
-    # The write above waited for any node-down scan holding the row, so this compare-and-set
-    # (a new statement, a new snapshot) sees a down that committed meanwhile: a heartbeat that
-    # was recorded never leaves the node down.
+    # The write above waited for any node-down scan holding the heartbeat row, so this
+    # compare-and-set (a new statement, a new snapshot) sees a down that committed meanwhile: a
+    # heartbeat that was recorded never leaves the node down.
     came_up = Node.objects.filter(pk=node.pk, state=Node.State.DOWN).update(
         state=Node.State.UP, state_reason=""
     )
@@ -240,13 +247,20 @@ def node_mark_seen(*, node: Node, agent_version: str = "") -> bool:
     return bool(came_up)
 
 
-def _may_be_going_down(node: Node, now: datetime) -> bool:
+def node_last_seen(node: Node) -> datetime | None:
+    """The node's last heartbeat as read with it (annotated ``last_seen``), else read now."""
+    if hasattr(node, "last_seen"):
+        return node.last_seen
+    return NodeHeartbeat.objects.filter(node_id=node.pk).values_list("last_seen", flat=True).first()
+
+
+def _may_be_going_down(node: Node, last_seen: datetime | None, now: datetime) -> bool:
     """Whether a node-down scan may be marking the node (as read, up) down right now: its last
     heartbeat is old enough for a scan to call it silent (half the timeout: clocks may differ)."""
     if node.state != Node.State.UP:
         return False
     timeout = timedelta(seconds=settings.NODE_HEARTBEAT_TIMEOUT_S)
-    return node.last_seen is None or now - node.last_seen >= timeout / 2
+    return last_seen is None or now - last_seen >= timeout / 2
 
 
 def nodes_heartbeat_check(*, now: datetime) -> list[str]:
@@ -257,7 +271,7 @@ def nodes_heartbeat_check(*, now: datetime) -> list[str]:
     submit time, when REQUEUE_ON_NODE_FAILURE. Returns the hostnames marked down.
     """
     cutoff = now - timedelta(seconds=settings.NODE_HEARTBEAT_TIMEOUT_S)
-    stale = Node.objects.filter(state=Node.State.UP, last_seen__lt=cutoff)
+    stale = Node.objects.filter(state=Node.State.UP, heartbeat__last_seen__lt=cutoff)
     return [
         hostname
         for node_id, hostname in stale.values_list("pk", "hostname")
@@ -268,7 +282,14 @@ def nodes_heartbeat_check(*, now: datetime) -> list[str]:
 def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> bool:
     reason = f"node {hostname} stopped reporting"
     with transaction.atomic(durable=True):
-        if not Node.objects.filter(pk=node_id, state=Node.State.UP, last_seen__lt=cutoff).update(
+        # The heartbeat row first: a heartbeat that committed meanwhile makes it no longer
+        # match (re-checked after the wait), and one that comes later waits for this commit.
+        silent = NodeHeartbeat.objects.select_for_update().filter(
+            node_id=node_id, last_seen__lt=cutoff
+        )
+        if not list(silent.values_list("node_id", flat=True)):
+            return False
+        if not Node.objects.filter(pk=node_id, state=Node.State.UP).update(
             state=Node.State.DOWN, state_reason=f"no heartbeat since {cutoff:%H:%M:%S} UTC"
         ):
             return False

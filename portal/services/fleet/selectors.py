@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count
+from django.db.models import Count, F
 from django.utils import timezone
 
 from agents import protocol
@@ -24,7 +24,9 @@ def node_for_token(raw: str) -> Node | None:
     """The node this agent token belongs to, or None."""
     if not raw:
         return None
-    return Node.objects.filter(agent_token_hash=hash_token(raw)).first()
+    # With its last heartbeat (kept apart from the node row), which node_mark_seen reads.
+    nodes = Node.objects.annotate(last_seen=F("heartbeat__last_seen"))
+    return nodes.filter(agent_token_hash=hash_token(raw)).first()
 
 
 def agent_desired(*, node_id: int) -> DesiredState:

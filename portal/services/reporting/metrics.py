@@ -235,7 +235,7 @@ def _node_metrics(now: datetime):
         "gpu_portal_node_up", "1 when the node is up (its agent reports), else 0.", labels=["node"]
     )
     for hostname, state, last_seen in Node.objects.order_by("hostname").values_list(
-        "hostname", "state", "last_seen"
+        "hostname", "state", "heartbeat__last_seen"
     ):
         if last_seen is not None:
             age.add_metric([hostname], max(0.0, (now - last_seen).total_seconds()))
