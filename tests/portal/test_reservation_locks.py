@@ -50,11 +50,11 @@ def test_it_places_again_when_another_booking_took_the_chosen_device(monkeypatch
     place = services._place
     calls = []
 
-    def stale_then_real(request):
+    def stale_then_real(request, image):
         calls.append(1)
         if len(calls) == 1:  # placed before the other booking's insert committed
             return [Slot(node.pk, first.pk, None, first.model)]
-        return place(request)
+        return place(request, image)
 
     monkeypatch.setattr(services, "_place", stale_then_real)
     booking = services.booking_submit(user=user, now=timezone.now(), **window)
@@ -71,7 +71,7 @@ def test_it_refuses_after_a_few_placements_all_taken_meanwhile(monkeypatch):
     AllocationFactory(gpu=gpu, start=window["start"], end=window["end"])
     calls = []
 
-    def always_stale(request):
+    def always_stale(request, image):
         calls.append(1)
         return [Slot(node.pk, gpu.pk, None, gpu.model)]
 
@@ -89,8 +89,8 @@ def test_it_places_again_when_the_chosen_node_went_down_meanwhile(monkeypatch):
     user, window = _owner(), _window()
     place = services._place
 
-    def on_the_down_node_first(request):
-        devices = place(request)
+    def on_the_down_node_first(request, image):
+        devices = place(request, image)
         if Node.objects.get(pk=down.pk).state == Node.State.UP:
             Node.objects.filter(pk=down.pk).update(state=Node.State.DOWN)
             gpu = down.gpus.get()
