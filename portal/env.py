@@ -5,6 +5,7 @@ expected: a typo (``DEBUG=ture``) stops the start instead of quietly meaning som
 Unset or empty (a compose file's ``${NAME:-}``) means the default.
 """
 
+import ipaddress
 import math
 import os
 
@@ -77,3 +78,15 @@ def envfloat(name: str, default: float) -> float:
 def envlist(name: str, default: str = "") -> list[str]:
     """$NAME as a comma-separated list, blanks dropped."""
     return [item.strip() for item in env(name, default).split(",") if item.strip()]
+
+
+def envnetworks(name: str, default: str = "") -> list[str]:
+    """$NAME as a comma-separated list of networks (CIDR, or one address); a value that is not
+    a network is a SettingError naming it."""
+    networks = envlist(name, default)
+    for net in networks:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError as exc:
+            raise SettingError(f"{name}: {net!r} is not a network: {exc}") from None
+    return networks

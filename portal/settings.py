@@ -5,13 +5,12 @@ cache and an in-process scheduler loop. With DATABASE_URL and REDIS_URL set: Pos
 channel layer, cache and Celery broker.
 """
 
-import ipaddress
 import re
 from pathlib import Path
 
 import dj_database_url
 
-from portal.env import SettingError, env, envbool, envfloat, envint, envlist
+from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks
 from portal.headers import policy_header
 from portal.notify_env import notify_settings
 from portal.policy_env import policy_env_names, policy_settings
@@ -231,6 +230,8 @@ IDLE_UTIL_THRESHOLD = _notify["IDLE_UTIL_THRESHOLD"]
 IDLE_MINUTES = _notify["IDLE_MINUTES"]
 IDLE_GRACE_MINUTES = _notify["IDLE_GRACE_MINUTES"]
 IDLE_MEMORY_MIB = _notify["IDLE_MEMORY_MIB"]
+NOTIFY_ALLOW_HTTP = _notify["NOTIFY_ALLOW_HTTP"]
+NOTIFY_ALLOWED_NETWORKS = _notify["NOTIFY_ALLOWED_NETWORKS"]
 
 # Celery: with REDIS_URL a worker and beat run the allocator; without, `manage.py up` runs the
 # same pass in-process (CELERY_TASK_ALWAYS_EAGER keeps .delay() calls synchronous).
@@ -293,12 +294,7 @@ CELERY_BEAT_SCHEDULE = {
 # Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
 # comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.
 METRICS_TOKEN = env("METRICS_TOKEN")
-METRICS_ALLOWED_NETWORKS = envlist("METRICS_ALLOWED_NETWORKS")
-for _net in METRICS_ALLOWED_NETWORKS:
-    try:
-        ipaddress.ip_network(_net, strict=False)
-    except ValueError as _exc:
-        raise SettingError(f"METRICS_ALLOWED_NETWORKS: {_net!r} is not a network: {_exc}") from None
+METRICS_ALLOWED_NETWORKS = envnetworks("METRICS_ALLOWED_NETWORKS")
 READY_PASS_MAX_AGE_S = envfloat("READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S))
 
 # Node agents: what the portal tells them at register, and when a silent node counts as down.
