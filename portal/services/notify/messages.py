@@ -280,26 +280,42 @@ def email_parts(message: Message) -> tuple[str, str, str]:
     return message.subject, text, html
 
 
+def slack_text(text: str) -> str:
+    """Text as it may stand in Slack mrkdwn: `&`, `<` and `>` escaped (Slack's own rule), so a
+    job's output, an alert's detail or a GPU model cannot mention `<!channel>` or make a link
+    dressed as a button. Every user- or node-controlled string goes through here."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_code(text: str) -> str:
+    """A code block the text cannot leave: escaped, and a zero-width space after every
+    backtick, so no three of them in a row close the block early."""
+    return "```" + slack_text(text).replace("`", "`\u200b") + "```"
+
+
 def slack_payload(message: Message) -> dict:
     """The Block Kit message: header, sentence, facts, code block, buttons, link."""
     blocks = [
         {"type": "header", "text": {"type": "plain_text", "text": message.subject[:150]}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": message.intro}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": slack_text(message.intro)}},
     ]
     if message.facts:
         blocks.append(
             {
                 "type": "section",
                 "fields": [
-                    {"type": "mrkdwn", "text": f"*{label}*\n{value}"}
+                    {"type": "mrkdwn", "text": f"*{slack_text(label)}*\n{slack_text(value)}"}
                     for label, value in message.facts[:10]
                 ],
             }
         )
     if message.block:
-        title = f"*{message.block_title}*\n" if message.block_title else ""
+        title = f"*{slack_text(message.block_title)}*\n" if message.block_title else ""
         blocks.append(
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"{title}```{message.block}```"}}
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": title + slack_code(message.block)},
+            }
         )
     buttons = [
         {
@@ -323,7 +339,8 @@ def slack_payload(message: Message) -> dict:
         )
     if buttons:
         blocks.append({"type": "actions", "elements": buttons})
-    return {"text": message.subject, "blocks": blocks}
+    # The top-level text (the notification's preview) is mrkdwn too.
+    return {"text": slack_text(message.subject), "blocks": blocks}
 
 
 def webhook_payload(message: Message, *, event: str, delivery_key: str) -> dict:
