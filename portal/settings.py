@@ -241,6 +241,11 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0)
+# The allocation pass has a queue of its own, served by a worker of its own (`manage.py up`
+# starts one): a flood of notification work never stands in front of a pass.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_PASS_QUEUE = env("CELERY_PASS_QUEUE", "allocation")
+CELERY_TASK_ROUTES = {"portal.tasks.allocation_pass": {"queue": CELERY_PASS_QUEUE}}
 # Changes ask for a pass at most once per this many seconds (a burst of submissions gives a few
 # passes, each seeing all of them); 0 runs one pass per change.
 SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0)
@@ -296,6 +301,8 @@ CELERY_BEAT_SCHEDULE = {
 METRICS_TOKEN = env("METRICS_TOKEN")
 METRICS_ALLOWED_NETWORKS = envnetworks("METRICS_ALLOWED_NETWORKS")
 READY_PASS_MAX_AGE_S = envfloat("READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S))
+# /readyz in server mode: a worker consuming CELERY_PASS_QUEUE has said so this recently.
+READY_WORKER_MAX_AGE_S = envfloat("READY_WORKER_MAX_AGE_S", SCHEDULER_PASS_INTERVAL_S)
 
 # Node agents: what the portal tells them at register, and when a silent node counts as down.
 AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0)

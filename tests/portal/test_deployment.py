@@ -28,7 +28,9 @@ def _compose() -> dict:
 
 def test_it_defines_every_production_service():
     services = _compose()["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "web", "worker", "beat", "simnode"}
+    assert set(services) == {
+        "postgres", "redis", "migrate", "web", "pass-worker", "worker", "beat", "simnode"
+    }  # fmt: skip
     assert services["simnode"]["profiles"] == ["demo"]  # only with --profile demo
 
 
@@ -36,7 +38,7 @@ def test_it_migrates_once_before_web_worker_and_beat_start():
     services = _compose()["services"]
     assert "manage.py migrate" in services["migrate"]["command"]
     assert services["migrate"]["restart"] == "no"
-    for name in ("web", "worker", "beat"):
+    for name in ("web", "pass-worker", "worker", "beat"):
         assert "migrate" not in services[name]["command"]
         condition = services[name]["depends_on"]["migrate"]["condition"]
         assert condition == "service_completed_successfully", name
@@ -86,8 +88,11 @@ def test_it_points_compose_commands_at_code_that_exists():
     assert '"portal.asgi:application"' in serve
     module, _, attr = "portal.asgi:application".partition(":")
     assert hasattr(import_module(module), attr)
-    for name in ("worker", "beat"):
+    for name in ("pass-worker", "worker", "beat"):
         assert services[name]["command"].startswith("celery -A portal ")
+    # The allocation pass has its own queue and worker; the other worker takes the rest.
+    assert "--queues allocation " in services["pass-worker"]["command"]
+    assert "--queues celery " in services["worker"]["command"]
     from portal.celery import app
 
     app.loader.import_default_modules()
