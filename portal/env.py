@@ -90,3 +90,18 @@ def envnetworks(name: str, default: str = "") -> list[str]:
         except ValueError as exc:
             raise SettingError(f"{name}: {net!r} is not a network: {exc}") from None
     return networks
+
+
+def envrange(name: str, default: str, *, low: int, high: int) -> tuple[int, int]:
+    """$NAME as "FIRST-LAST", two whole numbers with low <= FIRST <= LAST <= high."""
+    value = env(name, default).strip() or default
+    first, sep, last = value.partition("-")
+    try:
+        bounds = (int(first), int(last)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not low <= bounds[0] <= bounds[1] <= high:
+        raise SettingError(
+            f"{name}={value!r}: expected FIRST-LAST within {low}-{high}, e.g. {default}"
+        )
+    return bounds

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks
+from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks, envrange
 from portal.headers import policy_header
 from portal.notify_env import notify_settings
 from portal.policy_env import policy_env_names, policy_settings
@@ -303,6 +303,12 @@ METRICS_ALLOWED_NETWORKS = envnetworks("METRICS_ALLOWED_NETWORKS")
 READY_PASS_MAX_AGE_S = envfloat("READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S))
 # /readyz in server mode: a worker consuming CELERY_PASS_QUEUE has said so this recently.
 READY_WORKER_MAX_AGE_S = envfloat("READY_WORKER_MAX_AGE_S", SCHEDULER_PASS_INTERVAL_S)
+
+# Interactive sessions (docs/interactive.md): the proxy connects only to the address a node
+# registered from (or these networks) and to ports in SESSION_PORTS, the range agents pick
+# session ports from (the kernel's ephemeral range, net.ipv4.ip_local_port_range, by default).
+SESSION_ALLOWED_NETWORKS = envnetworks("SESSION_ALLOWED_NETWORKS")
+SESSION_PORTS = envrange("SESSION_PORTS", "32768-60999", low=1, high=65535)
 
 # Node agents: what the portal tells them at register, and when a silent node counts as down.
 AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0)

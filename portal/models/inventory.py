@@ -21,6 +21,11 @@ class Node(models.Model):
     state_reason = models.CharField(max_length=300, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
+    address = models.GenericIPAddressField(
+        null=True,
+        blank=True,
+        help_text="Where the agent last registered from; the portal reaches its sessions there.",
+    )
     # sha256 of the agent token; the token itself is shown once by `manage.py agent_token`.
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     created = models.DateTimeField(auto_now_add=True)

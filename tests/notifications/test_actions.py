@@ -131,3 +131,28 @@ def test_it_keeps_an_idle_booking_from_the_link(booking):
     token = action_token(booking=booking, action="keep")
     assert Client().post(f"/actions/{token}/").status_code == 200
     assert IdleReclaim.objects.get().state == "kept"
+
+
+@pytest.mark.parametrize("timestamp", ["4" * 400, "9" * 5000, "²", "-1", "1e9", ""])
+def test_it_answers_401_to_a_slack_request_with_a_malformed_timestamp(booking, settings, timestamp):
+    settings.SLACK_SIGNING_SECRET = "slack-secret"
+    body = _button(booking, "release")
+    answer = Client().post(
+        "/slack/interactivity/",
+        body,
+        content_type="application/x-www-form-urlencoded",
+        headers={"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": "v0=00"},
+    )
+    assert answer.status_code == 401
+    assert Booking.objects.get(pk=booking.pk).state == "active"
+
+
+def test_it_answers_401_to_a_slack_signature_that_is_not_ascii(booking, settings):
+    settings.SLACK_SIGNING_SECRET = "slack-secret"
+    answer = Client().post(
+        "/slack/interactivity/",
+        _button(booking, "release"),
+        content_type="application/x-www-form-urlencoded",
+        headers={"X-Slack-Request-Timestamp": str(int(time.time())), "X-Slack-Signature": "v0=é"},
+    )
+    assert answer.status_code == 401

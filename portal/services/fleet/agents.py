@@ -5,6 +5,7 @@ matching what the database stores, no NaN, no NUL), read strictly (no unknown fi
 message is refused whole (400 naming the field) before any write.
 """
 
+import ipaddress
 import json
 import logging
 from datetime import datetime
@@ -64,8 +65,11 @@ def _refuse_constant(name: str):
 # -- register ------------------------------------------------------------------------------
 
 
-def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
-    """Take the node's discovered inventory (GPUs, MIG instances) and answer its settings."""
+def agent_register(
+    *, node: Node, request: RegisterRequest, address: str | None = None
+) -> RegisterResponse:
+    """Take the node's discovered inventory (GPUs, MIG instances) and answer its settings.
+    `address` (the client address it registered from) is where its sessions are reached."""
     node_check_hostname(node=node, hostname=request.hostname)
     if request.protocol != protocol.PROTOCOL_VERSION:
         raise ValidationFailed.field(
@@ -75,7 +79,9 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
     _check_devices_not_elsewhere(node, request)
     with transaction.atomic():
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
-        Node.objects.filter(pk=node.pk).update(agent_version=request.agent_version)
+        Node.objects.filter(pk=node.pk).update(
+            agent_version=request.agent_version, address=_ip_or_none(address)
+        )
         booking_events.request_allocation_pass()  # the inventory may have grown
     node_devices_forget(node_id=node.pk)
     return RegisterResponse(
@@ -84,6 +90,13 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
         sync_interval_s=settings.AGENT_SYNC_INTERVAL_S,
         enforcement=settings.AGENT_ENFORCEMENT,
     )
+
+
+def _ip_or_none(address: str | None) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address or ""))
+    except ValueError:
+        return None
 
 
 def _device_uuid_fields(request: RegisterRequest) -> list[tuple[str, str]]:
@@ -185,7 +198,7 @@ def _check_events(node: Node, batch: list[Event]) -> None:
 def _apply(node: Node, event: Event, now: datetime) -> None:
     log.info("agent %s: %s booking=%s: %s", node, event.kind, event.booking_id, event.detail)
     if event.kind in SESSION_KINDS:
-        session_event_apply(event=event, node_hostname=node.hostname)
+        session_event_apply(event=event, node=node)
     if event.kind == "session_ready":
         return
     if event.kind == "started":
