@@ -317,6 +317,12 @@ AGENT_ENFORCEMENT = env("AGENT_ENFORCEMENT", "report")  # report | warn | kill
 if AGENT_ENFORCEMENT not in ("report", "warn", "kill"):
     raise SettingError(f"AGENT_ENFORCEMENT={AGENT_ENFORCEMENT!r}: expected report, warn or kill")
 NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0)
+# Times in readings and events more than this far ahead of the portal's clock are refused (400
+# naming the field); old ones are kept (an agent sends what it queued while the portal was away)
+# and pruned by the telemetry retention like any.
+AGENT_CLOCK_SKEW_S = envfloat("AGENT_CLOCK_SKEW_S", 300.0)
+# One message per node and alert kind at most this often; the other alerts are rows to read.
+NODE_ALERT_COALESCE_S = envfloat("NODE_ALERT_COALESCE_S", 300.0)
 # A booked device is "in use" (not just "booked") from a reading at or above IN_USE_UTIL_ON %
 # utilization until one at or below IN_USE_UTIL_OFF %, over its readings of the last
 # IN_USE_WINDOW_S seconds (hysteresis: idle noise around a few percent does not flip it).

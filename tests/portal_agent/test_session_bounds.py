@@ -208,9 +208,11 @@ def test_it_refuses_the_agents_websocket_with_503_when_redis_is_away(node_a, set
 
 @pytest.mark.django_db(transaction=True)
 def test_it_refuses_the_live_websocket_with_503_when_redis_is_away(alice, settings):
-    from portal.asgi import _websockets
+    from portal.asgi import _browser_websockets
+    from portal.middleware import DependencyDownAsgi
 
-    headers = _session_cookie(alice) + [(b"origin", b"http://testserver")]
+    # Past the origin check (its allowed hosts are read once, when portal.asgi is imported).
+    app = DependencyDownAsgi(_browser_websockets.application)
     _redis_away(settings)
-    sent = async_to_sync(_HandshakeRecorder("/ws/live/", headers).run)(_websockets)
+    sent = async_to_sync(_HandshakeRecorder("/ws/live/", _session_cookie(alice)).run)(app)
     assert sent[0]["type"] == "websocket.http.response.start" and sent[0]["status"] == 503

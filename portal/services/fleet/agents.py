@@ -8,7 +8,7 @@ message is refused whole (400 naming the field) before any write.
 import ipaddress
 import json
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
@@ -53,9 +53,27 @@ def agent_message_parse(cls: type, body: bytes):
     except (ValueError, RecursionError) as exc:
         raise ValidationFailed.field("body", f"not valid JSON: {exc}") from None
     try:
-        return protocol.from_json(cls, data, strict=True)
+        message = protocol.from_json(cls, data, strict=True)
     except protocol.ProtocolError as exc:
         raise ValidationFailed.field(exc.field, exc.reason) from None
+    _check_times(message, now=timezone.now())
+    return message
+
+
+def _check_times(message, *, now: datetime) -> None:
+    """Refuse a reading's or an event's time more than AGENT_CLOCK_SKEW_S ahead of the portal's
+    clock: a year-9999 reading would outlive every retention and stand as the latest forever."""
+    stamped = []
+    if isinstance(message, protocol.ReadingsRequest):
+        stamped = [("time", message.time)]
+    elif isinstance(message, protocol.EventsRequest):
+        stamped = [(f"events[{i}].time", e.time) for i, e in enumerate(message.events)]
+    ahead = timedelta(seconds=settings.AGENT_CLOCK_SKEW_S)
+    for where, when in stamped:
+        if when > now + ahead:
+            raise ValidationFailed.field(
+                where, f"is more than {ahead.total_seconds():g} s ahead of the portal's clock"
+            )
 
 
 def _refuse_constant(name: str):
@@ -285,4 +303,8 @@ def _alert(node: Node, event: Event) -> None:
         booking=booking,
         owner_id=booking.owner_id if booking else None,
     )
-    transaction.on_commit(lambda: job_enqueue("node_alert_notify", alert.pk), robust=True)
+    # Coalesced: one message per node and kind per NODE_ALERT_COALESCE_S (a cache key as the
+    # clock), so a flood of alerts sends a few messages; every alert is still a row to read.
+    gate = f"node-alert-notify:{node.pk}:{event.kind}"
+    if cache.add(gate, 1, settings.NODE_ALERT_COALESCE_S):
+        transaction.on_commit(lambda: job_enqueue("node_alert_notify", alert.pk), robust=True)
