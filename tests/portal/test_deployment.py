@@ -162,3 +162,14 @@ def test_it_serves_plain_http_in_server_mode_unless_behind_a_tls_proxy():
     assert _server_setting("SESSION_COOKIE_SECURE") == "False"
     assert _server_setting("SECURE_SSL_REDIRECT", BEHIND_TLS_PROXY="1") == "True"
     assert _server_setting("SESSION_COOKIE_SECURE", BEHIND_TLS_PROXY="1") == "True"
+
+
+def test_it_connects_as_a_role_that_does_not_own_the_tables_except_to_migrate():
+    services = _compose()["services"]
+    for name in ("web", "pass-worker", "worker", "beat"):
+        assert services[name]["environment"]["DATABASE_URL"].startswith("postgres://portal_app:")
+    assert services["migrate"]["environment"]["DATABASE_URL"].startswith("postgres://portal:")
+    mounts = services["postgres"]["volumes"]
+    assert "./deploy/postgres/app-role.sql:/docker-entrypoint-initdb.d/app-role.sql.in:ro" in mounts
+    script = (ROOT / "deploy" / "postgres" / "10-app-role.sh").read_text()
+    assert "app-role.sql.in" in script and "app_role=portal_app" in script
