@@ -278,3 +278,18 @@ def test_it_escapes_a_node_alerts_detail_and_a_gpu_model_in_slack():
     payload = slack_payload(message)
     assert payload["blocks"][1]["text"]["text"] == "pid 7 &lt;!channel&gt; on &lt;http://x|y&gt;"
     assert payload["blocks"][2]["fields"][0]["text"] == "*Devices*\nA100 &lt;!everyone&gt;"
+
+
+def test_it_mails_about_a_gpu_whose_stored_model_has_a_line_break(
+    smtp, started, django_capture_on_commit_callbacks
+):
+    from portal.models import Gpu
+
+    # Stored before the protocol refused control characters in names.
+    Gpu.objects.filter(node__hostname="gpu-a").update(model="H100\r\nBcc: all@example.org")
+    Booking = type(started)
+    Booking.objects.filter(pk=started.pk).update(state="failed", state_detail="x\r\ny")
+    _record(started, "failed", django_capture_on_commit_callbacks)
+    (mail,) = smtp
+    assert "\n" not in mail["Subject"] and mail["Bcc"] is None
+    assert Delivery.objects.get(channel="email").status == "sent"

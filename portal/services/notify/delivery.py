@@ -18,7 +18,7 @@ import urllib.request
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.core.mail import EmailMultiAlternatives
+from django.core.mail import BadHeaderError, EmailMultiAlternatives
 from django.db.models import F
 
 from portal import outbound
@@ -133,6 +133,8 @@ def _send_email(delivery: Delivery, message) -> None:
     mail.attach_alternative(html, "text/html")
     try:
         mail.send(fail_silently=False)
+    except BadHeaderError as exc:  # the message itself is wrong: trying again will not help
+        raise SendFailed(f"email: {exc}", retry=False) from exc
     except Exception as exc:  # smtplib, socket and backend errors alike: all worth a retry
         raise SendFailed(f"email: {exc}") from exc
 

@@ -277,7 +277,9 @@ def email_parts(message: Message) -> tuple[str, str, str]:
     context = {"m": message, "actions": actions, "site_url": settings.SITE_URL}
     text = render_to_string("notifications/email.txt", context)
     html = render_to_string("notifications/email.html", context)
-    return message.subject, text, html
+    # One line: a node's text with a CR/LF (stored before the protocol refused it) must not make
+    # a header Django refuses, and so a mail that fails on every try.
+    return " ".join(message.subject.split()), text, html
 
 
 def slack_text(text: str) -> str:
