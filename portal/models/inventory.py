@@ -21,7 +21,9 @@ class Node(models.Model):
     state_reason = models.CharField(max_length=300, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
-    address = models.GenericIPAddressField(
+    # The client address its agent last registered from (not what it reports): the one address
+    # the session proxy connects to on this node (docs/interactive.md).
+    registered_from = models.GenericIPAddressField(
         null=True,
         blank=True,
         help_text="Where the agent last registered from; the portal reaches its sessions there.",

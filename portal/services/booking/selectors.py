@@ -69,7 +69,7 @@ def session_target(*, user, booking_id: int) -> SessionTarget | None:
     if not getattr(user, "is_authenticated", False):
         return None
     node_address = Allocation.objects.filter(booking_id=OuterRef("pk"), live=True).values(
-        "gpu__node__address"
+        "gpu__node__registered_from"
     )[:1]
     booking = (
         Booking.objects.filter(pk=booking_id, owner_id=user.pk)

@@ -74,7 +74,7 @@ def session_event_apply(*, event: Event, node: Node) -> None:
     if event.kind == "started" and event.session_port is not None:
         host = event.session_host or ""
         problem = session_upstream_problem(
-            host=host, port=event.session_port, node_address=node.address
+            host=host, port=event.session_port, node_address=node.registered_from
         )
         if problem:
             changed = rows.update(

@@ -98,7 +98,7 @@ def agent_register(
     with transaction.atomic():
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
         Node.objects.filter(pk=node.pk).update(
-            agent_version=request.agent_version, address=_ip_or_none(address)
+            agent_version=request.agent_version, registered_from=_ip_or_none(address)
         )
         booking_events.request_allocation_pass()  # the inventory may have grown
     node_devices_forget(node_id=node.pk)
