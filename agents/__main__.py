@@ -13,6 +13,7 @@ import sys
 from agents.agent import Agent
 from agents.dispatch import DEFAULT_MIN_UID
 from agents.portal import AuthError
+from agents.protocol import CONTAINER_RUNTIMES
 
 EXIT_BAD_TOKEN = 3
 EXIT_BAD_USAGE = 2
@@ -67,9 +68,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--session-dir", help="the directory sessions open in (default: the owner's home)"
     )
+    p.add_argument(
+        "--address",
+        help="this node's address on the site network, where the other nodes of a multi-node "
+        "job reach rank 0 (MASTER_ADDR; default: the hostname, docs/distributed.md)",
+    )
+    p.add_argument(
+        "--default-workdir",
+        metavar="DIR",
+        help="where jobs that ask for no working directory run (default: the owner's home)",
+    )
+    p.add_argument(
+        "--container-runtime",
+        action="append",
+        choices=CONTAINER_RUNTIMES,
+        help="a container runtime to offer (repeatable; default: those installed)",
+    )
+    p.add_argument("--no-containers", action="store_true", help="offer no container runtime at all")
+    p.add_argument(
+        "--container-arg",
+        action="append",
+        default=[],
+        metavar="RUNTIME=ARG",
+        help="an extra option for a runtime's launch line, e.g. podman=--runtime=/usr/sbin/runc",
+    )
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def _container_args(pairs: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for pair in pairs:
+        runtime, sep, arg = pair.partition("=")
+        if not sep or runtime not in CONTAINER_RUNTIMES:
+            raise argparse.ArgumentTypeError(f"--container-arg {pair!r}: write RUNTIME=ARG")
+        out.setdefault(runtime, []).append(arg)
+    return out
 
 
 def _seconds(text: str) -> float:
@@ -138,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             session_host=args.session_host,
             session_python=args.session_python,
             session_dir=args.session_dir,
+            address=args.address,
+            default_workdir=args.default_workdir,
+            container_runtimes=[] if args.no_containers else args.container_runtime,
+            container_args=_container_args(args.container_arg),
         )
     except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
         logging.error("cannot start: %s", exc)

@@ -20,6 +20,7 @@ from agents.backend import Backend
 from agents.backoff import Backoff
 from agents.confine import NoConfinement
 from agents.confine import choose as choose_confinement
+from agents.containers import detect_runtimes
 from agents.dispatch import DEFAULT_MIN_UID, Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
@@ -68,10 +69,17 @@ class Agent:
         session_host: str = DEFAULT_SESSION_HOST,
         session_python: str | None = None,
         session_dir: str | None = None,
+        address: str | None = None,
+        default_workdir: str | None = None,
+        container_runtimes: list[str] | None = None,
+        container_args: dict[str, list[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
         self.hostname = hostname or socket.gethostname()
+        # Where other nodes' ranks reach this one (MASTER_ADDR when it is rank 0); the portal
+        # uses the hostname when none is given.
+        self.address = address
         self.backend = backend
         self.portal = PortalClient(portal_url, token)
         self.confinement = choose_confinement(confine, agent=self.hostname)
@@ -93,6 +101,14 @@ class Agent:
             session_host=session_host,
             session_python=session_python,
             session_dir=session_dir,
+            hostname=self.hostname,
+            address=address or DEFAULT_SESSION_HOST,
+            default_workdir=default_workdir,
+            # None: what is installed (agents/containers.py); [] turns containers off.
+            container_runtimes=detect_runtimes()
+            if container_runtimes is None
+            else container_runtimes,
+            container_args=container_args,
         )
         self.enforcer = Enforcer(grace_s, clock)
         self._stop_jobs_on_exit_s = stop_jobs_on_exit_s
@@ -226,7 +242,14 @@ class Agent:
             self.desired = self.portal.get_desired()
 
     def _register(self) -> None:
-        answer = self.portal.register(RegisterRequest(self.hostname, __version__, self._inventory))
+        request = RegisterRequest(
+            self.hostname,
+            __version__,
+            self._inventory,
+            address=self.address,
+            container_runtimes=self.dispatcher.container_runtimes,
+        )
+        answer = self.portal.register(request)
         log.info("registered as %s (enforcement %s)", answer.node, answer.enforcement)
         self.policy = self._cli["policy"] or answer.enforcement
         if self._cli["report"] is None:

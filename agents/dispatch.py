@@ -21,17 +21,17 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 
-from agents import confine
+from agents import confine, jobenv
+from agents.containers import ContainerLaunch, container_launch, container_remove
 from agents.procfs import is_alive, read_stat
 from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event
-from agents.session import DEFAULT_HOST, session_launch, session_listening
+from agents.session import DEFAULT_HOST, free_port, session_launch, session_listening
 
 log = logging.getLogger(__name__)
 
 # Jobs never run as root or a system account, whatever the user map says (--min-uid).
 DEFAULT_MIN_UID = 1000
 _STATE_FILE = "state.json"
-_SHELL = "/bin/sh"
 _EXEC_WAIT_S = 10.0
 
 
@@ -56,10 +56,19 @@ class Job:
     session_host: str | None = None  # an interactive session: where it listens
     session_port: int | None = None
     session_ready: bool = False
+    output_path: str | None = None  # a batch job's gpu-portal-<id>.out in its working directory
+    uid: int | None = None  # its user's uid: the output file must be theirs
+    job_dir: str | None = None  # its launch script, hostfile and end file (agents.jobenv)
+    warn_signal: str | None = None  # sent warn_before_s before the end, and at an early stop
+    warn_before_s: int = 0
+    warned: bool = False
+    kill_wait_s: float | None = None  # SIGTERM to SIGKILL; None: the agent's grace
+    term_at: float | None = field(default=None, repr=False)  # an early stop warned: SIGTERM then
+    container: list[str] | None = None  # in a container: the runtime and the container's name
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
-        transient = ("popen", "stop_reason", "kill_at", "relaunch", "reported_size")
+        transient = ("popen", "stop_reason", "kill_at", "relaunch", "reported_size", "term_at")
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in transient}
 
     def exit_code(self) -> tuple[bool, int | None]:
@@ -85,7 +94,16 @@ class Dispatcher:
         session_host: str = DEFAULT_HOST,
         session_python: str | None = None,
         session_dir: str | None = None,
+        hostname: str = "localhost",
+        address: str = DEFAULT_HOST,
+        default_workdir: str | None = None,
+        container_runtimes: list[str] | None = None,
+        container_args: dict[str, list[str]] | None = None,
     ) -> None:
+        self._hostname, self._address = hostname, address
+        self._default_workdir = default_workdir
+        self.container_runtimes = list(container_runtimes or [])
+        self._container_args = container_args or {}
         self._session_host = session_host
         self._session_python = session_python
         self._session_dir = session_dir
@@ -129,13 +147,14 @@ class Dispatcher:
         """An `output` event with the log tail of each running job whose log grew since the last."""
         events = []
         for job in self.jobs.values():
+            source = _output_source(job)
             try:
-                size = os.path.getsize(job.log_path)
+                size = os.path.getsize(source)
             except OSError:
                 continue
             if size == job.reported_size:
                 continue
-            tail = log_tail(job.log_path)
+            tail = log_tail(source)
             if tail is None:
                 continue
             job.reported_size = size
@@ -154,6 +173,7 @@ class Dispatcher:
         but bookings that passed their end."""
         events = self._reap(now)
         self._stop_unwanted(bookings, now)
+        self._warn(now)
         self._escalate()
         events += self._sessions_ready(now)
         if bookings is not None:
@@ -169,6 +189,8 @@ class Dispatcher:
             and booking.start <= now < booking.end
             and booking.booking_id not in self.jobs
             and booking.booking_id not in self._done
+            # Several nodes meet on the port the portal hands out; none starts without it.
+            and not (len(booking.nodes) > 1 and booking.master_port is None)
         )
 
     def _stop_unwanted(self, bookings: list[DesiredBooking] | None, now: datetime) -> None:
@@ -188,14 +210,36 @@ class Dispatcher:
                 self._begin_stop(job, "the booking's end time passed")
             elif wanted is not None and job.booking_id not in wanted:
                 self._begin_stop(
-                    job, "the booking is no longer active (cancelled, ended or preempted)"
+                    job,
+                    "the booking is no longer active (cancelled, ended or preempted)",
+                    early=True,
                 )
 
     def _follow_end(self, job: Job, end: datetime) -> None:
         # Bookings get extended (or shortened); a restart must not stop at a stale end.
         if job.end != end.isoformat():
             job.end = end.isoformat()
+            if job.job_dir:
+                try:
+                    jobenv.write_end(_files(job), job.end)
+                except OSError as exc:  # the job runs on; only its end file is stale
+                    log.warning("booking %s: cannot rewrite its end file: %s", job.booking_id, exc)
+            job.warned = False  # a new end: warn again before it
             self._dirty = True
+
+    def _warn(self, now: datetime) -> None:
+        # The booking's signal, warn_before_s before its end (Slurm's --signal=SIG@seconds).
+        for job in self.jobs.values():
+            if job.warn_signal is None or job.warned or job.stop_reason is not None:
+                continue
+            if (datetime.fromisoformat(job.end) - now).total_seconds() <= job.warn_before_s:
+                self._send_warning(job)
+
+    def _send_warning(self, job: Job) -> None:
+        log.info("booking %s: SIG%s before its end", job.booking_id, job.warn_signal)
+        job.warned = True
+        self._dirty = True
+        _signal_group(job, jobenv.signal_number(job.warn_signal))
 
     def _sessions_ready(self, now: datetime) -> list[Event]:
         events = []
@@ -207,14 +251,29 @@ class Dispatcher:
                 events.append(_session_event("session_ready", job, now, "the session is ready"))
         return events
 
-    def _begin_stop(self, job: Job, reason: str) -> None:
+    def _begin_stop(self, job: Job, reason: str, *, early: bool = False) -> None:
         log.info("stopping booking %s (pgid %s): %s", job.booking_id, job.pgid, reason)
         job.stop_reason = reason
-        job.kill_at = self._clock() + self._grace_s
+        if early and job.warn_signal is not None and not job.warned:
+            # Stopped before its end (preempted, cancelled): the warning first, SIGTERM one
+            # grace later, so the job can checkpoint as it would before its end.
+            self._send_warning(job)
+            job.term_at = self._clock() + self._kill_wait(job)
+            return
+        self._terminate(job)
+
+    def _kill_wait(self, job: Job) -> float:
+        return self._grace_s if job.kill_wait_s is None else job.kill_wait_s
+
+    def _terminate(self, job: Job) -> None:
+        job.term_at = None
+        job.kill_at = self._clock() + self._kill_wait(job)
         _signal_group(job, signal.SIGTERM)
 
     def _escalate(self) -> None:
         for job in self.jobs.values():
+            if job.term_at is not None and self._clock() >= job.term_at:
+                self._terminate(job)
             if job.kill_at is not None and self._clock() >= job.kill_at:
                 log.warning("booking %s ignored SIGTERM; sending SIGKILL", job.booking_id)
                 _signal_group(job, signal.SIGKILL)
@@ -232,11 +291,15 @@ class Dispatcher:
         del self.jobs[job.booking_id]
         confine.release(job.confinement)  # what the job left behind in its cgroup dies with it
         shutil.rmtree(self._state_dir / "sessions" / f"booking-{job.booking_id}", True)
+        tail = log_tail(_output_source(job))
+        if job.job_dir:
+            shutil.rmtree(job.job_dir, True)
         if not job.relaunch:
             self._done.add(job.booking_id)
         if job.stop_reason is not None:
             # Stragglers in the group must not keep the GPU after the booking ended.
             _signal_group(job, signal.SIGKILL)
+            container_remove(job.container, job.unix_user)
             kind, detail = "stopped", f"stopped: {job.stop_reason}"
         else:
             kind = "exited"
@@ -247,7 +310,7 @@ class Dispatcher:
             detail,
             job.booking_id,
             code,
-            log_tail(job.log_path),
+            tail,
             pid=job.pid,
             user=job.unix_user,
             session_host=job.session_host,
@@ -286,8 +349,19 @@ class Dispatcher:
 
     def _spawn(self, booking: DesiredBooking, account: pwd.struct_passwd) -> tuple[Job, str]:
         log_path = self._log_dir / f"booking-{booking.booking_id}.log"
-        argv, extra_env, session = [_SHELL, "-c", booking.command or ""], {}, None
-        if booking.interactive:
+        argv, extra_env, session, files, container = [], {}, None, None, None
+        if not booking.interactive:
+            files = jobenv.job_files(self._state_dir, booking, account, self._default_workdir)
+            nodes = jobenv.placement(booking, self._hostname, self._address)
+            port = booking.master_port or free_port(DEFAULT_HOST)
+            extra_env = jobenv.launch_variables(booking, files, nodes, port)
+            run = None  # the command itself, unless it runs in a container image
+            if booking.image:
+                launched = self._container(booking, account, files.workdir, extra_env)
+                run, container = launched.argv, launched.handle
+                extra_env = extra_env | launched.env
+            argv = jobenv.write_job_files(booking, files, nodes, run=run)
+        else:
             session = session_launch(
                 booking,
                 host=self._session_host,
@@ -301,12 +375,14 @@ class Dispatcher:
             booking.booking_id, argv, account, self._device_files(list(booking.device_uuids))
         )
         try:
-            with open(log_path, "ab") as log_file:
+            # A batch job's shell reads its launch script on stdin (agents.jobenv).
+            script = open(files.script, "rb") if files else open(os.devnull, "rb")
+            with script, open(log_path, "ab") as log_file:
                 if os.geteuid() == 0:
                     os.chown(log_path, account.pw_uid, account.pw_gid)  # the owner may read it
                 popen = subprocess.Popen(
                     launch.argv,
-                    stdin=subprocess.DEVNULL,
+                    stdin=script,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     env=_job_environment(booking, account) | extra_env,
@@ -335,8 +411,40 @@ class Dispatcher:
             confinement=launch.handle,
             session_host=session.host if session else None,
             session_port=session.port if session else None,
+            output_path=files.output if files else None,
+            uid=account.pw_uid,
+            job_dir=str(files.directory) if files else None,
+            warn_signal=booking.warn_signal,
+            warn_before_s=booking.warn_before_s,
+            kill_wait_s=booking.kill_wait_s,
+            container=container,
         )
         return job, launch.note
+
+    def _container(
+        self,
+        booking: DesiredBooking,
+        account: pwd.struct_passwd,
+        workdir: str,
+        launch_env: dict[str, str],
+    ) -> ContainerLaunch:
+        """The container launch of a booking that names an image (NoRuntime: none fits). The
+        launch script exports the booking's own variables before it execs the runtime, which
+        passes them in by name with the job's and the launch variables."""
+        return container_launch(
+            runtimes=self.container_runtimes,
+            booking_id=booking.booking_id,
+            image=booking.image or "",
+            command=booking.command or "",
+            device_uuids=list(booking.device_uuids),
+            uid=account.pw_uid,
+            gid=account.pw_gid,
+            env=_job_environment(booking, account)
+            | launch_env
+            | {var.name: var.value for var in booking.env},
+            workdir=workdir,
+            extra_args=self._container_args,
+        )
 
     def _session_workspaces(self, booking_id: int, account: pwd.struct_passwd) -> Path:
         directory = self._state_dir / "sessions" / f"booking-{booking_id}"
@@ -371,6 +479,18 @@ class Dispatcher:
         self._dirty = False
 
 
+def _output_source(job: Job) -> str:
+    # The job's own output file once it made one (its user's, no symlink), else the agent's
+    # log of the launch (where a working directory that cannot be entered says so).
+    if job.output_path and job.uid is not None:
+        return jobenv.owned_output(job.output_path, job.uid) or job.log_path
+    return job.log_path
+
+
+def _files(job: Job) -> jobenv.JobFiles:
+    return jobenv.JobFiles(Path(job.job_dir or ""), "", job.output_path or "")
+
+
 def _home(account: pwd.struct_passwd) -> str:
     return account.pw_dir if os.path.isdir(account.pw_dir) else "/"
 
@@ -398,7 +518,7 @@ def _identity(account: pwd.struct_passwd) -> dict:
 
 def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dict[str, str]:
     # A fresh environment: the agent's own (with the node token) must not leak into jobs.
-    return {
+    return _array_environment(booking) | {
         "CUDA_VISIBLE_DEVICES": ",".join(booking.device_uuids),
         "GPU_PORTAL_BOOKING_ID": str(booking.booking_id),
         "HOME": account.pw_dir,
@@ -406,6 +526,16 @@ def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dic
         "LOGNAME": account.pw_name,
         "SHELL": account.pw_shell or "/bin/sh",
         "PATH": "/usr/local/bin:/usr/bin:/bin",
+    }
+
+
+def _array_environment(booking: DesiredBooking) -> dict[str, str]:
+    """Slurm's SLURM_ARRAY_JOB_ID / SLURM_ARRAY_TASK_ID, under the portal's names."""
+    if booking.array_task_id is None:
+        return {}
+    return {
+        "GPU_PORTAL_ARRAY_JOB_ID": str(booking.array_job_id),
+        "GPU_PORTAL_ARRAY_TASK_ID": str(booking.array_task_id),
     }
 
 

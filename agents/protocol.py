@@ -68,6 +68,13 @@ MAX_READINGS = MAX_GPUS * (1 + MIG_SLICES)
 MAX_PROCESSES = 1024
 MAX_EVENTS = 500
 MAX_BOOKINGS = 4096
+# A batch job's environment (portal booking_bounds holds the same numbers; a portal test checks).
+WORKDIR_MAX = 1024
+ENV_NAME_MAX = 128
+ENV_VALUE_MAX = 4096
+# The signals a booking may ask for before its end or preemption (Slurm's --signal), by name
+# without the SIG prefix; KILL and STOP cannot be caught, so they warn nobody.
+WarnSignal = Literal["HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "ALRM", "URG", "CONT", "WINCH"]
 
 
 def bounded(
@@ -120,6 +127,21 @@ class ProtocolError(ValueError):
         self.reason = reason
 
 
+# Container runtimes an agent may report, in the order it prefers them for an OCI image.
+CONTAINER_RUNTIMES = ("podman", "docker", "apptainer", "singularity")
+IMAGE_MAX = 500
+_SIF_TRANSPORTS = ("oras://", "library://", "shub://")
+
+
+def image_runtimes(image: str) -> tuple[str, ...]:
+    """The runtimes that can run ``image``, preferred first: an Apptainer/Singularity image
+    (a ``.sif`` file, ``oras://``, ``library://``, ``shub://``) needs one of those two; an OCI
+    image (``docker://ref`` or a plain ``registry/name:tag``) runs on any of the four."""
+    if image.endswith(".sif") or image.startswith(_SIF_TRANSPORTS):
+        return ("apptainer", "singularity")
+    return CONTAINER_RUNTIMES
+
+
 @dataclass(frozen=True)
 class MigInventory:
     """One MIG instance as the node discovered it."""
@@ -150,6 +172,12 @@ class RegisterRequest:
     agent_version: str = bounded(max_length=VERSION_MAX)
     gpus: list[GpuInventory] = bounded(max_items=MAX_GPUS)
     protocol: int = PROTOCOL_VERSION
+    # The node's address on the site network (--address): multi-node jobs reach rank 0 there.
+    address: str | None = bounded(max_length=HOSTNAME_MAX, default=None)
+    # The container runtimes installed on the node (CONTAINER_RUNTIMES names).
+    container_runtimes: list[str] = field(
+        default_factory=list, metadata={"limits": {**_NO_LIMITS, "max_length": 32}}
+    )
 
 
 @dataclass(frozen=True)
@@ -198,8 +226,30 @@ class ReadingsRequest:
 
 
 @dataclass(frozen=True)
+class EnvVar:
+    """One environment variable a booking asked for its command."""
+
+    name: str = bounded(max_length=ENV_NAME_MAX)
+    value: str = bounded(max_length=ENV_VALUE_MAX)
+
+
+@dataclass(frozen=True)
+class NodePlace:
+    """One node of a booking, in rank order: its name, the address rank 0 is reached at, GPUs."""
+
+    hostname: str = bounded(max_length=HOSTNAME_MAX)
+    address: str = bounded(max_length=HOSTNAME_MAX)
+    slots: int = bounded(low=1, ints=SMALL_UINT)
+
+
+@dataclass(frozen=True)
 class DesiredBooking:
-    """A booking that holds devices on this node; `command` is launched when set."""
+    """A booking that holds devices on this node; `command` is launched when set.
+
+    A booking across several nodes lists them all in `nodes` (rank order) and says which one
+    this node is (`node_rank`); each node starts its own process, all reaching rank 0 at
+    `nodes[0].address`:`master_port` (docs/distributed.md).
+    """
 
     booking_id: int = bounded(low=0, ints=INT64)
     owner: str = bounded(max_length=USERNAME_MAX)
@@ -210,6 +260,25 @@ class DesiredBooking:
     # An interactive session to launch instead of a command, and its per-session secret.
     interactive: Interactive | None = None
     session_token: str | None = bounded(max_length=SESSION_TOKEN_MAX, default=None)
+    # The job's environment: working directory (None: the owner's home), extra variables.
+    workdir: str | None = bounded(max_length=WORKDIR_MAX, default=None)
+    env: list[EnvVar] = field(default_factory=list)
+    # Multi-node launch (empty `nodes`: this node alone).
+    nodes: list[NodePlace] = field(default_factory=list)
+    node_rank: int = bounded(low=0, ints=SMALL_UINT, default=0)
+    master_port: int | None = bounded(low=1, high=65535, ints=UINT, default=None)
+    # A signal `warn_before_s` seconds before the end (and at a stop before it), then SIGTERM,
+    # then SIGKILL `kill_wait_s` later (None: the agent's --grace).
+    warn_signal: WarnSignal | None = None
+    warn_before_s: int = bounded(low=0, ints=UINT, default=0)
+    kill_wait_s: int | None = bounded(low=0, ints=UINT, default=None)
+    # How many times the booking went back to the queue and started again.
+    restart_count: int = bounded(low=0, ints=UINT, default=0)
+    # A task of a job array: the array's id (its first task's booking id) and this task's index.
+    array_job_id: int | None = bounded(low=0, ints=INT64, default=None)
+    array_task_id: int | None = bounded(low=0, ints=UINT, default=None)
+    # Run the command in this container image (agents/containers.py).
+    image: str | None = bounded(max_length=IMAGE_MAX, default=None)
 
 
 @dataclass(frozen=True)
@@ -263,6 +332,13 @@ class PushMessage:
 
     type: Literal["desired_changed"]
     generation: int = bounded(low=0, ints=INT64)
+
+
+def output_file_name(booking_id: int, rank: int = 0) -> str:
+    """A batch job's stdout and stderr file in its working directory: gpu-portal-<id>.out, and
+    gpu-portal-<id>.<rank>.out for the other ranks of a multi-node job (a shared filesystem
+    must not mix the nodes' output)."""
+    return f"gpu-portal-{booking_id}.out" if rank == 0 else f"gpu-portal-{booking_id}.{rank}.out"
 
 
 def utcnow() -> datetime:

@@ -15,6 +15,7 @@ from portal.models import (
     ApiToken,
     AuditEvent,
     Booking,
+    DomainEvent,
     Gpu,
     GroupMappingRule,
     Membership,
@@ -271,6 +272,45 @@ class NodeAlertAdmin(admin.ModelAdmin):
     search_fields = ["node__hostname", "device_uuid", "user", "detail"]
     raw_id_fields = ["booking", "owner"]
     ordering = ["-time", "-id"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class _Undispatched(admin.SimpleListFilter):
+    title = "dispatch"
+    parameter_name = "dispatch"
+
+    def lookups(self, request, model_admin):
+        return [("waiting", "Not dispatched yet"), ("failed", "Failed at least once")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "waiting":
+            return queryset.filter(dispatched_at=None)
+        if self.value() == "failed":
+            return queryset.exclude(last_error="")
+        return queryset
+
+
+@admin.register(DomainEvent)
+class DomainEventAdmin(admin.ModelAdmin):
+    """The outbox's facts: what was dispatched, what is still waiting or was given up; read-only."""
+
+    list_display = [
+        "id",
+        "kind",
+        "booking_id",
+        "node_id",
+        "created_at",
+        "dispatched_at",
+        "attempts",
+    ]
+    list_filter = [_Undispatched, "kind"]
+    search_fields = ["last_error"]
+    ordering = ["-id"]
 
     def has_add_permission(self, request):
         return False

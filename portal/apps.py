@@ -33,6 +33,9 @@ def _subscribe() -> None:
     subscribe(events.BOOKING_CHANGED, agents.booking_fact_push)
     subscribe(events.BOOKING_CHANGED, events.booking_fact_pass_request)
     subscribe(events.NODE_DOWN, notifications.node_down_fact_notify)
+    subscribe(events.NODE_DOWN, events.node_fact_pass_request)
+    subscribe(events.NODE_CHANGED, events.node_fact_pass_request)
+    subscribe(events.QUEUE_CHANGED, live.queue_fact_broadcast)
 
 
 def _celery_enqueue(task_name: str):

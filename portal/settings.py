@@ -12,6 +12,7 @@ import dj_database_url
 
 from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks, envrange
 from portal.headers import policy_header
+from portal.job_env import port_range_parse, signal_parse
 from portal.notify_env import notify_settings
 from portal.policy_env import policy_env_names, policy_settings
 from portal.sso.config import sign_in_settings
@@ -296,6 +297,10 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Container images a booking may name (docs/containers.md): prefixes of allowed sources,
+# comma-separated, e.g. "docker://nvcr.io/nvidia/,/shared/images/". Empty: no images at all.
+CONTAINER_IMAGE_SOURCES = envlist("CONTAINER_IMAGE_SOURCES")
+
 # Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
 # comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.
 METRICS_TOKEN = env("METRICS_TOKEN")
@@ -347,6 +352,24 @@ if not 0 <= BOOKING_OUTPUT_MIN_INTERVAL_S <= 3600:
         f"not {BOOKING_OUTPUT_MIN_INTERVAL_S:g}."
     )
 REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
+# Batch jobs (docs/distributed.md): the signal a booking gets before its end when it names none
+# (Slurm's --signal, e.g. USR1@120; blank: none), the seconds from SIGTERM to SIGKILL (Slurm's
+# KillWait), and the ports the portal hands out as MASTER_PORT (keep them free on the nodes).
+JOB_SIGNAL_DEFAULT = env("JOB_SIGNAL_DEFAULT", "").strip()
+if JOB_SIGNAL_DEFAULT:
+    try:
+        signal_parse(JOB_SIGNAL_DEFAULT)
+    except ValueError as _exc:
+        raise SettingError(f"JOB_SIGNAL_DEFAULT={JOB_SIGNAL_DEFAULT!r}: {_exc}") from None
+JOB_KILL_WAIT_S = envint("JOB_KILL_WAIT_S", 30)
+if not 0 <= JOB_KILL_WAIT_S <= 3600:
+    raise SettingError(
+        f"JOB_KILL_WAIT_S must be between 0 and 3600 seconds, not {JOB_KILL_WAIT_S}."
+    )
+try:
+    JOB_MASTER_PORTS = port_range_parse(env("JOB_MASTER_PORTS", "29500-29999"))
+except ValueError as _exc:
+    raise SettingError(f"JOB_MASTER_PORTS={env('JOB_MASTER_PORTS')!r}: {_exc}") from None
 # Telemetry history: raw samples for hours, per-minute rollups for days.
 TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
 TELEMETRY_ROLLUP_RETENTION_D = envfloat("TELEMETRY_ROLLUP_RETENTION_D", 30.0)

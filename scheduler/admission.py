@@ -109,11 +109,11 @@ def _most_reserved(request: Request, devices: tuple[Device, ...]) -> int | None:
 def _most_for_one(request: Request, nodes: list[Node]) -> int:
     """The most matching devices one booking could hold: on one node, or on whole nodes."""
     one = max(
-        (n.need(request.mig_profile, request.gpu_model).bit_count() for n in nodes), default=0
+        (n.need(request.mig_profile, request.device_match).bit_count() for n in nodes), default=0
     )
     if request.mig_profile is not None:
         return one
-    whole = [n for n in nodes if n.whole and n.need(None, request.gpu_model) == n.full]
+    whole = [n for n in nodes if n.whole and n.need(None, request.device_match) == n.full]
     return max(one, sum(n.full.bit_count() for n in whole))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from scheduler.dependencies import dependency_verdicts
 from scheduler.placement import Finder, Fit, build_nodes, fit_horizon, fits_window, is_multi_node
 from scheduler.preemption import preempt_phase
 from scheduler.priority import (
@@ -21,9 +22,11 @@ from scheduler.priority import (
     request_size,
     site_scales,
 )
-from scheduler.quota import Quotas
+from scheduler.quota import ArrayLedger, Quotas
 from scheduler.timeline import NodeTimeline
 from scheduler.types import (
+    REASON_ARRAY_LIMIT,
+    REASON_DEPENDENCY,
     REASON_NEVER,
     REASON_NODE_DOWN,
     REASON_PREEMPTING,
@@ -65,7 +68,10 @@ class _Pass:
         self.where = {dev.id: (node, bit) for node in nodes for bit, dev in enumerate(node.devices)}
         self.fractions = profile_fractions(state.devices)
         self.capacity = sum(dev.fraction for node in self.nodes for dev in node.devices)
-        self.quotas = Quotas(state.user_quotas, state.project_quotas)
+        self.quotas = Quotas(state.user_quotas, state.project_quotas, self._array_ledgers())
+        # A booking waiting on a dependency is not eligible: it neither starts, nor holds a
+        # reservation, nor preempts.
+        self.waiting = dependency_verdicts(state.pending, state.outcomes)
         self._load_allocations()
         running = [
             a.end - a.start for a in state.allocations if a.running and a.start <= self.now < a.end
@@ -84,6 +90,14 @@ class _Pass:
         self.finder = Finder(self.nodes, state.now)
         self._why_cache: dict[tuple, tuple[float | None, float | None]] = {}
 
+    def _array_ledgers(self) -> dict[str, ArrayLedger]:
+        ledgers: dict[str, ArrayLedger] = {}
+        for request in self.state.pending:
+            if request.array and request.array_limit and request.array not in ledgers:
+                size = self.size(request)
+                ledgers[request.array] = ArrayLedger(request.array, request.array_limit, size)
+        return ledgers
+
     def _load_allocations(self) -> None:
         now = self.now
         for alloc in self.state.allocations:
@@ -100,6 +114,7 @@ class _Pass:
                 (max(alloc.start, now), alloc.end),
                 amount,
                 alloc.booking_id,
+                alloc.array,
             )
             for device_id in alloc.device_ids:
                 if device_id in self.where:
@@ -157,15 +172,20 @@ class _Pass:
     def run(self, starts_only: bool = False) -> Plan:
         """The whole pass."""
         ranked = self.ordered()
-        preemptions, preempting = preempt_phase(self, ranked)
+        eligible = [pair for pair in ranked if pair[0].booking_id not in self.waiting]
+        preemptions, preempting = preempt_phase(self, eligible)
         walk = _Walk(self, preempting)
         planned = []
         for position, (request, prio) in enumerate(ranked, 1):
             if starts_only and not self.free_now():
                 break
             planned.append(walk.place(position, request, prio))
+        never_met = tuple(bid for bid, verdict in self.waiting.items() if verdict.never)
         return Plan(
-            starts=tuple(walk.starts), planned=tuple(planned), preemptions=tuple(preemptions)
+            starts=tuple(walk.starts),
+            planned=tuple(planned),
+            preemptions=tuple(preemptions),
+            never_met=never_met,
         )
 
     def free_now(self) -> bool:
@@ -186,14 +206,17 @@ class _Pass:
         for index, mask in fit.parts:
             self.nodes[index].timeline.occupy(mask, fit.start, end)
         amount = self.size(request)
-        self.quotas.add(request.user, request.project, (fit.start, end), amount, request.booking_id)
-        for ledger in self.quotas.of(request.user, request.project):
+        span = (fit.start, end)
+        self.quotas.add(
+            request.user, request.project, span, amount, request.booking_id, request.array
+        )
+        for ledger in self.quotas.of(request.user, request.project, request.array):
             ledger.planned_hours += amount * request.duration_s / 3600.0
 
     def why(self, request: Request, multi: bool) -> tuple[str, str]:
         """Reason and detail for a booking that has a start later than now (quota aside)."""
         # Keyed by shape, not duration: one horizon per shape answers every duration.
-        key = (request.gpus, request.mig_profile, request.gpu_model, multi)
+        key = (request.gpus, request.mig_profile, request.device_match, multi)
         horizons = self._why_cache.get(key)
         if horizons is None:
             horizons = self._why_cache[key] = self._horizons(request, multi)
@@ -254,12 +277,15 @@ class _Walk:
             ids = run.device_ids(fit) if fit is not None else ()
             return Planned(request.booking_id, start, ids, position, reason, detail, prio)
 
+        waiting = run.waiting.get(request.booking_id)
+        if waiting is not None:
+            return planned(None, None, REASON_DEPENDENCY, waiting.detail)
         if request.booking_id in self.preempting:
             fit = self.preempting[request.booking_id]
             return planned(
                 run.now, fit, REASON_PREEMPTING, "lower-QOS bookings are being preempted"
             )
-        ledgers = run.quotas.of(request.user, request.project)
+        ledgers = run.quotas.of(request.user, request.project, request.array)
         amount = run.size(request)
         over = run.quotas.over_budget(ledgers, amount * request.duration_s / 3600.0)
         if over:
@@ -300,7 +326,7 @@ class _Walk:
             return True
         # Past the depth nothing more is reserved, only started: free devices only shrink, so a
         # request at least as wide and as long as one that did not fit now does not fit either.
-        failed = self.failed.setdefault((request.mig_profile, request.gpu_model, multi), {})
+        failed = self.failed.setdefault((request.mig_profile, request.device_match, multi), {})
         if any(g <= request.gpus and d <= request.duration_s for g, d in failed.items()):
             return True
         timelines = [node.timeline for node in run.nodes]
@@ -331,7 +357,12 @@ class _Walk:
 
     def _reason(self, request: Request, multi: bool, ledgers, amount: float) -> tuple[str, str]:
         run = self.run
-        blocked = run.quotas.blocking_now(ledgers, amount, run.now, request.duration_s)
+        quotas = [ledger for ledger in ledgers if not isinstance(ledger, ArrayLedger)]
+        blocked = run.quotas.blocking_now(quotas, amount, run.now, request.duration_s)
         if blocked:
             return REASON_QUOTA, blocked
+        arrays = [ledger for ledger in ledgers if isinstance(ledger, ArrayLedger)]
+        blocked = run.quotas.blocking_now(arrays, amount, run.now, request.duration_s)
+        if blocked:
+            return REASON_ARRAY_LIMIT, blocked
         return run.why(request, multi)

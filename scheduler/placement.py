@@ -36,19 +36,22 @@ class Node:
         self.full = (1 << len(devices)) - 1
         self.timeline = NodeTimeline(now, self.full)
         self.whole = all(device.profile is None for device in devices)
-        self._need: dict[tuple[str | None, str | None], int] = {}
+        self._need: dict[tuple, int] = {}
+        self.runtimes = frozenset(r for device in devices for r in device.runtimes)
         self.cool = self.heat(self.full)
 
-    def need(self, profile: str | None, model: str | None) -> int:
-        """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and model."""
-        key = (profile, model)
-        mask = self._need.get(key)
+    def need(self, profile: str | None, match: str | None | tuple) -> int:
+        """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and a
+        request's ``device_match``: a model (None: any), or (model, container runtimes)."""
+        mask = self._need.get((profile, match))
         if mask is None:
+            model, runtimes = match if isinstance(match, tuple) else (match, ())
             mask = 0
-            for bit, device in enumerate(self.devices):
-                if device.profile == profile and (model is None or device.model == model):
-                    mask |= 1 << bit
-            self._need[key] = mask
+            if not runtimes or self.runtimes.intersection(runtimes):
+                for bit, device in enumerate(self.devices):
+                    if device.profile == profile and (model is None or device.model == model):
+                        mask |= 1 << bit
+            self._need[(profile, match)] = mask
         return mask
 
     def heat(self, mask: int) -> tuple[float, float]:
@@ -102,7 +105,7 @@ def is_multi_node(request: Request, nodes: list[Node]) -> bool:
     """True when no single node has enough matching devices: the request takes whole nodes."""
     if request.mig_profile is not None:
         return False
-    return request.gpus > _largest(tuple(nodes), request.gpu_model)
+    return request.gpus > _largest(tuple(nodes), request.device_match)
 
 
 @lru_cache(maxsize=64)
@@ -133,7 +136,7 @@ class Finder:
         if multi:
             return self._find_whole_nodes(request, not_before)
         floor = _octave(request.duration_s)
-        shape = (request.gpus, request.mig_profile, request.gpu_model, floor)
+        shape = (request.gpus, request.mig_profile, request.device_match, floor)
         heap = self._heaps.get(shape)
         if heap is None:
             heap = self._heaps[shape] = self._scan(request, floor)
@@ -149,7 +152,7 @@ class Finder:
         return needs
 
     def _entry(self, node: Node, request: Request, duration: float, not_before: float):
-        need = node.need(request.mig_profile, request.gpu_model)
+        need = node.need(request.mig_profile, request.device_match)
         found = node.timeline.earliest(need, request.gpus, duration, not_before)
         if found is None:
             return None
@@ -159,7 +162,7 @@ class Finder:
     def _scan(self, request: Request, duration: float) -> list:
         entries = []
         for node in self.nodes:
-            if node.need(request.mig_profile, request.gpu_model).bit_count() >= request.gpus:
+            if node.need(request.mig_profile, request.device_match).bit_count() >= request.gpus:
                 entry = self._entry(node, request, duration, self.now)
                 if entry is not None:
                     entries.append(entry)
@@ -171,7 +174,7 @@ class Finder:
         """Pop nodes in order of their lower bound until none can beat the best exact start."""
         exact, kept, best = [], [], None
         nodes, count, duration = self.nodes, request.gpus, request.duration_s
-        needs = self._needs(request.mig_profile, request.gpu_model)
+        needs = self._needs(request.mig_profile, request.device_match)
         while heap and (best is None or max(heap[0][0], not_before) <= best):
             entry = heapq.heappop(heap)
             timeline = nodes[entry[2]].timeline
@@ -229,7 +232,7 @@ class Finder:
         they reach the top. When the nodes found start later than t, t moves there and the
         exact starts found so far become the new lower bounds.
         """
-        eligible = self.whole_nodes(request.gpu_model)
+        eligible = self.whole_nodes(request.device_match)
         if sum(n.full.bit_count() for n in eligible) < request.gpus:
             return None
         floor = _octave(request.duration_s)
@@ -284,12 +287,12 @@ def fits_window(
     if multi:
         total = 0
         for node, timeline in zip(nodes, timelines, strict=True):
-            if node.whole and node.need(None, request.gpu_model) == node.full:
+            if node.whole and node.need(None, request.device_match) == node.full:
                 if timeline.free_mask(start, end) == node.full:
                     total += node.full.bit_count()
         return total >= request.gpus
     for node, timeline in zip(nodes, timelines, strict=True):
-        need = node.need(request.mig_profile, request.gpu_model)
+        need = node.need(request.mig_profile, request.device_match)
         if (timeline.free_mask(start, end) & need).bit_count() >= request.gpus:
             return True
     return False
@@ -305,7 +308,7 @@ def fit_horizon(nodes: list[Node], timelines, request: Request, multi: bool, sta
     if multi:
         ends = []
         for node, timeline in zip(nodes, timelines, strict=True):
-            if node.whole and node.need(None, request.gpu_model) == node.full:
+            if node.whole and node.need(None, request.device_match) == node.full:
                 end = timeline.free_until(node.full, node.full.bit_count(), start)
                 if end is not None:
                     ends.append((end, node))
@@ -318,7 +321,7 @@ def fit_horizon(nodes: list[Node], timelines, request: Request, multi: bool, sta
         return None
     best = None
     for node, timeline in zip(nodes, timelines, strict=True):
-        need = node.need(request.mig_profile, request.gpu_model)
+        need = node.need(request.mig_profile, request.device_match)
         if need.bit_count() >= request.gpus:
             end = timeline.free_until(need, request.gpus, start)
             if end is not None and (best is None or end > best):

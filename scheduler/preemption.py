@@ -28,7 +28,7 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
     hopeless: dict[tuple, float] = {}
     for request, _ in ranked:
         level = policy.qos_level(request.qos)
-        shape = (request.gpus, request.mig_profile, request.gpu_model, level)
+        shape = (request.gpus, request.mig_profile, request.device_match, level)
         if level <= lowest or request.duration_s >= hopeless.get(shape, INF):
             continue
         if not _eligible(run, request, shape, fits_now):
@@ -67,7 +67,7 @@ def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
     now, duration = run.now, request.duration_s
     if now - request.submit_time < run.policy.preempt_grace_s:
         return False
-    ledgers = run.quotas.of(request.user, request.project)
+    ledgers = run.quotas.of(request.user, request.project, request.array)
     if ledgers and run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
         return False
     if shape not in fits_now:
@@ -87,7 +87,7 @@ def _best_whole_nodes(run, request: Request, level: int, by_node: dict[int, list
     now, end = run.now, run.now + request.duration_s
     candidates = []
     for node in run.nodes:
-        if not (node.up and node.whole and node.need(None, request.gpu_model) == node.full):
+        if not (node.up and node.whole and node.need(None, request.device_match) == node.full):
             continue
         free = node.timeline.free_mask(now, end)
         lower = [a for a in by_node.get(node.index, ()) if run.policy.qos_level(a.qos) < level]
@@ -114,7 +114,7 @@ def _best_victims(run, request: Request, level: int, by_node: dict[int, list[All
     best = None
     for index in sorted(by_node):
         node = run.nodes[index]
-        need = node.need(request.mig_profile, request.gpu_model)
+        need = node.need(request.mig_profile, request.device_match)
         if need.bit_count() < request.gpus:
             continue
         free = node.timeline.free_mask(now, end) & need
@@ -163,5 +163,5 @@ def _release(run, alloc: Allocation, by_node: dict[int, list[Allocation]]) -> No
         where = run.where.get(device_id)
         if where is not None and where[0].up:
             where[0].timeline.release(1 << where[1], run.now, alloc.end)
-    for ledger in run.quotas.of(alloc.user, alloc.project):
+    for ledger in run.quotas.of(alloc.user, alloc.project, alloc.array):
         ledger.remove(alloc.booking_id)

@@ -187,23 +187,52 @@ def _gpus(value: float) -> str:
     return f"{round(value, 2):g}"
 
 
-class Quotas:
-    """All ledgers of one pass, keyed ("user", name) and ("project", name)."""
+class ArrayLedger(Ledger):
+    """The running limit of one job array, as a concurrency limit of ``limit`` tasks of
+    ``task_size`` GPU-equivalents each (the tasks of an array have one shape)."""
 
-    def __init__(self, users: Mapping[str, Quota], projects: Mapping[str, Quota]) -> None:
+    def __init__(self, array: str, limit: int, task_size: float) -> None:
+        super().__init__(f"array {array}", Quota(max_gpus=limit * task_size))
+        self.limit, self.task_size = limit, task_size
+
+    def describe_now(self, now: float, amount: float) -> str:
+        """A sentence saying how many of the array's tasks hold devices now."""
+        tasks = round(self.peak(now, now + _EPS) / self.task_size) if self.task_size else 0
+        return f"{self.label}: {tasks} of at most {self.limit} tasks running"
+
+
+class Quotas:
+    """All ledgers of one pass, keyed ("user", name), ("project", name) and ("array", name)."""
+
+    def __init__(
+        self,
+        users: Mapping[str, Quota],
+        projects: Mapping[str, Quota],
+        arrays: Mapping[str, ArrayLedger] | None = None,
+    ) -> None:
         self.ledgers: dict[tuple[str, str], Ledger] = {}
         for kind, table in (("user", users), ("project", projects)):
             for name, quota in table.items():
                 self.ledgers[(kind, name)] = Ledger(f"{kind} {name}", quota)
+        for name, ledger in (arrays or {}).items():
+            self.ledgers[("array", name)] = ledger
 
-    def of(self, user: str, project: str) -> list[Ledger]:
-        """The ledgers that apply to a booking of ``user`` in ``project``."""
-        keys = (("user", user), ("project", project))
+    def of(self, user: str, project: str, array: str = "") -> list[Ledger]:
+        """The ledgers that apply to a booking of ``user`` in ``project`` (and ``array``)."""
+        keys = (("user", user), ("project", project), ("array", array))
         return [self.ledgers[key] for key in keys if key in self.ledgers]
 
-    def add(self, user: str, project: str, span: tuple[float, float], amount: float, bid: str):
-        """Count a booking's use over ``span`` against its user and project."""
-        for ledger in self.of(user, project):
+    def add(
+        self,
+        user: str,
+        project: str,
+        span: tuple[float, float],
+        amount: float,
+        bid: str,
+        array: str = "",
+    ):
+        """Count a booking's use over ``span`` against its user, project and array."""
+        for ledger in self.of(user, project, array):
             ledger.add(span[0], span[1], amount, bid)
 
     def earliest(self, ledgers: list[Ledger], amount: float, duration: float, t: float):

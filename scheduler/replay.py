@@ -3,6 +3,11 @@
     python -m scheduler.replay TRACE.csv --gpus N [--gpus-per-node 8] [--estimate-factor F]
         --policy fifo|easy|portal [--project-column vc]
 
+Optional trace columns: ``dependency`` (``afterok:JOB[:JOB],afterany:JOB``, as the portal's
+``--after``) and ``exit_code`` (non-zero: the job fails, for ``afterok``/``afternotok``). A job
+whose dependency can never be met never runs: it is counted in ``dependency_never`` and left out
+of the other metrics, as the portal ends such a booking.
+
 The loop calls the allocator only at events (submits and ends) with that instant as ``now``.
 "portal" is ``plan`` with ``PORTAL_POLICY``, the default the workers use; "fifo" and "easy" are
 the same function with ``backfill="none"`` / ``"easy"`` and all priority weights at zero, so the
@@ -24,8 +29,18 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from scheduler.allocator import plan
+from scheduler.dependencies import parse_dependency
 from scheduler.priority import carry_usage, decay_usage, predict_run
-from scheduler.types import Allocation, Device, Policy, Request, State
+from scheduler.types import (
+    OUTCOME_NOT_OK,
+    OUTCOME_OK,
+    Allocation,
+    Dependency,
+    Device,
+    Policy,
+    Request,
+    State,
+)
 
 PORTAL_POLICY = Policy()
 # Arrival order: every weight 0 and no protection (EASY's head reservation is its own).
@@ -58,6 +73,8 @@ class Job:
     duration: float
     walltime: float
     gpus: int
+    after: tuple[Dependency, ...] = ()
+    failed: bool = False
 
 
 def synthetic_user(job_id: str) -> str:
@@ -98,6 +115,10 @@ def load_jobs(
                     duration=duration,
                     walltime=walltime,
                     gpus=int(row["num_gpus"]),
+                    after=parse_dependency(row["dependency"], numeric=False)
+                    if row.get("dependency")
+                    else (),
+                    failed=bool(row.get("exit_code")) and int(row["exit_code"]) != 0,
                 )
             )
     jobs.sort(key=lambda job: (job.submit, job.job_id))
@@ -160,6 +181,8 @@ class Replay:
         )
         self.strict_fifo = policy.backfill == "none" and not any(weights)
         self.shown: dict[str, float | None] = {}
+        self.outcomes: dict[str, str] = {}
+        self.never_met: list[str] = []
 
     def run(self) -> None:
         """Replay every job to its end."""
@@ -196,6 +219,7 @@ class Replay:
             submit_time=job.submit,
             duration_s=predict_run(self.history.get(job.user, ()), job.walltime),
             gpus=job.gpus,
+            after=job.after,
         )
 
     def _finish_until(self, now: float) -> list[Allocation]:
@@ -205,6 +229,7 @@ class Replay:
             _, job_id = heapq.heappop(self.ends)
             finished.append(self.running.pop(job_id))
             job = self.by_id[job_id]
+            self.outcomes[job_id] = OUTCOME_NOT_OK if job.failed else OUTCOME_OK
             self.free += job.gpus
             if last:
                 runs = self.history.setdefault(job.user, deque(maxlen=last))
@@ -242,6 +267,7 @@ class Replay:
             pending=tuple(self.pending.values()),
             project_shares={project: 1.0 for project in self.projects},
             project_usage=self._running_usage(now) if self.policy.weight_fairshare else {},
+            outcomes=self.outcomes,
         )
         # Only the starts matter here, unless the planned starts shown are being measured.
         result = plan(state, self.policy, starts_only=not self.track_planned)
@@ -250,6 +276,11 @@ class Replay:
             for line in result.planned:
                 if line.booking_id in fresh:
                     self.shown[line.booking_id] = line.start
+        for booking_id in result.never_met:
+            # Ended by the portal; a job after it sees it as not ended successfully.
+            del self.pending[booking_id]
+            self.outcomes[booking_id] = OUTCOME_NOT_OK
+            self.never_met.append(booking_id)
         for start in result.starts:
             job = self.by_id[start.booking_id]
             request = self.pending.pop(job.job_id)
@@ -270,19 +301,18 @@ class Replay:
 
 def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | None) -> dict:
     """The JSON line: waits, job completion time, bounded slowdown, utilization, makespan."""
-    runs = [min(job.duration, job.walltime) for job in replay.jobs]
-    waits = [replay.started[job.job_id] - job.submit for job in replay.jobs]
+    jobs = [job for job in replay.jobs if job.job_id in replay.started]
+    runs = [min(job.duration, job.walltime) for job in jobs]
+    waits = [replay.started[job.job_id] - job.submit for job in jobs]
     jcts = [wait + run for wait, run in zip(waits, runs, strict=True)]
     bslds = [max(1.0, jct / max(run, BSLD_BOUND_S)) for jct, run in zip(jcts, runs, strict=True)]
-    busy = sum(job.gpus * run for job, run in zip(replay.jobs, runs, strict=True))
-    first = min((job.submit for job in replay.jobs), default=0.0)
-    makespan = max(
-        (job.submit + jct for job, jct in zip(replay.jobs, jcts, strict=True)), default=0.0
-    )
+    busy = sum(job.gpus * run for job, run in zip(jobs, runs, strict=True))
+    first = min((job.submit for job in jobs), default=0.0)
+    makespan = max((job.submit + jct for job, jct in zip(jobs, jcts, strict=True)), default=0.0)
     makespan -= first
     out = {
         "policy": policy_name,
-        "jobs": len(replay.jobs),
+        "jobs": len(jobs),
         "skipped": replay.skipped,
         "gpus": gpus,
         "mean_wait_s": _mean(waits),
@@ -300,14 +330,16 @@ def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | N
         # Jobs that did not start at their submission: |planned start shown then - real start|.
         errors = [
             abs(replay.shown[job.job_id] - replay.started[job.job_id])
-            for job in replay.jobs
+            for job in jobs
             if replay.shown.get(job.job_id) is not None and replay.shown[job.job_id] > job.submit
         ]
         out["planned_start_error_p50_s"] = _percentile(errors, 50)
         out["planned_start_error_p90_s"] = _percentile(errors, 90)
         out["planned_start_errors"] = len(errors)
     if project_column:
-        out["projects"] = _projects(replay.jobs, runs, waits)
+        out["projects"] = _projects(jobs, runs, waits)
+    if any(job.after for job in replay.jobs):
+        out["dependency_never"] = len(replay.never_met)
     return out
 
 

@@ -19,6 +19,8 @@ REASON_QUOTA = "quota"  # a user/project concurrency limit or GPU-hour budget ho
 REASON_NODE_DOWN = "node_down"  # it would fit now if down/draining nodes were up
 REASON_PREEMPTING = "preempting"  # lower-QOS bookings are being preempted to make room for it
 REASON_NEVER = "never"  # no set of up-or-down devices in the cluster can ever hold it
+REASON_DEPENDENCY = "dependency"  # a booking it depends on has not ended (or ended the wrong way)
+REASON_ARRAY_LIMIT = "array_limit"  # its array already runs as many tasks as the array allows
 REASONS = (
     REASON_STARTING,
     REASON_PRIORITY,
@@ -28,7 +30,18 @@ REASONS = (
     REASON_NODE_DOWN,
     REASON_PREEMPTING,
     REASON_NEVER,
+    REASON_DEPENDENCY,
+    REASON_ARRAY_LIMIT,
 )
+
+# Dependency kinds (Slurm's): start after the target ended successfully, in any way, or not
+# successfully. ``State.outcomes`` says how each ended target ended.
+AFTER_OK = "afterok"
+AFTER_ANY = "afterany"
+AFTER_NOT_OK = "afternotok"
+AFTER_KINDS = (AFTER_OK, AFTER_ANY, AFTER_NOT_OK)
+OUTCOME_OK = "ok"
+OUTCOME_NOT_OK = "notok"
 
 NODE_UP = "up"
 NODE_DOWN = "down"
@@ -52,6 +65,7 @@ class Device:
     temperature_c: float | None = None
     utilization: float | None = None
     parent: str = ""
+    runtimes: tuple[str, ...] = ()  # container runtimes of its node
 
 
 @dataclass(frozen=True)
@@ -70,11 +84,27 @@ class Allocation:
     qos: str = "normal"
     preemptible: bool = False
     running: bool = True
+    array: str = ""
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """Start only after booking ``booking_id`` ended: ``kind`` is one of ``AFTER_KINDS``."""
+
+    kind: str
+    booking_id: str
 
 
 @dataclass(frozen=True)
 class Request:
-    """A pending booking. With ``mig_profile`` set, ``gpus`` is 1 and means one MIG instance."""
+    """A pending booking. With ``mig_profile`` set, ``gpus`` is 1 and means one MIG instance.
+
+    ``after``: bookings that must end first (all of them, each the way its kind says).
+    ``array``: the array this booking is a task of ("": none); at most ``array_limit`` tasks of
+    one array hold devices at once (None: no limit). Tasks of one array have the same shape.
+    ``runtimes``: it runs in a container image, so only devices of nodes with one of these
+    container runtimes fit (empty: any node).
+    """
 
     booking_id: str
     user: str
@@ -86,6 +116,16 @@ class Request:
     gpu_model: str | None = None
     qos: str = "normal"
     preemptible: bool = False
+    after: tuple[Dependency, ...] = ()
+    array: str = ""
+    array_limit: int | None = None
+    runtimes: tuple[str, ...] = ()  # it runs in a container: its node needs one of these
+
+    @property
+    def device_match(self) -> str | None | tuple:
+        """What a device must match besides the MIG profile: the model, and with ``runtimes``
+        a node that has one of them. One value, so every cache keyed by it tells them apart."""
+        return (self.gpu_model, self.runtimes) if self.runtimes else self.gpu_model
 
 
 @dataclass(frozen=True)
@@ -255,6 +295,9 @@ class State:
     project_usage: Mapping[str, float] = field(default_factory=lambda: _frozen({}))
     user_quotas: Mapping[str, Quota] = field(default_factory=lambda: _frozen({}))
     project_quotas: Mapping[str, Quota] = field(default_factory=lambda: _frozen({}))
+    # How the ended targets of pending bookings' dependencies ended: OUTCOME_OK or
+    # OUTCOME_NOT_OK. A target not named here (and not pending) is taken as still running.
+    outcomes: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
 
 
 @dataclass(frozen=True)
@@ -311,3 +354,6 @@ class Plan:
     starts: tuple[Start, ...]
     planned: tuple[Planned, ...]
     preemptions: tuple[Preemption, ...]
+    # Pending bookings whose dependencies can never be met (their Planned line says why): the
+    # caller ends them.
+    never_met: tuple[str, ...] = ()

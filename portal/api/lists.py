@@ -8,12 +8,26 @@ GpuOutput (a test holds the two renderings equal).
 
 from collections import defaultdict
 
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from portal.api.serializers import allocation_shown, booking_window, iso, reading_json
-from portal.models import Allocation, MigInstance
+from portal.api.serializers import (
+    NODE_RUN_FIELDS,
+    allocation_shown,
+    booking_output_file,
+    booking_signal,
+    booking_window,
+    iso,
+    node_run_row,
+    reading_json,
+)
+from portal.models import Allocation, BookingDependency, MigInstance, NodeRun
 from portal.services.booking import fairshare
-from portal.services.booking.selectors import session_summary
+from portal.services.booking.selectors import (
+    array_view,
+    dependencies_by_booking,
+    session_summary,
+)
 from portal.services.inventory import telemetry_cache
 
 BOOKING_FIELDS = (
@@ -31,6 +45,7 @@ BOOKING_FIELDS = (
     "qos",
     "preemptible",
     "command",
+    "image",
     "submitted_at",
     "started_at",
     "ended_at",
@@ -41,13 +56,40 @@ BOOKING_FIELDS = (
     "exit_code",
     "log_tail",
     "interactive",
+    "workdir",
+    "env",
+    "restart_count",
     # Read for the `session` summary, not rendered as they are (the secret is never read).
     "session_state",
     "session_detail",
+    # Read for `signal`.
+    "signal_name",
+    "signal_before_s",
+    # Read for the `array` view.
+    "array_parent_id",
+    "array_task_id",
+    "array_spec",
 )
-# Read with the fields: which allocations are the booking's current run.
-BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at")
-_NOT_RENDERED = {"session_state", "session_detail"}
+# Read with the fields: which allocations are the booking's current run, and whether it has
+# dependencies to read (most pages have none: no query for them then).
+BOOKING_VALUES = (*BOOKING_FIELDS, "requeued_at", "has_dependencies")
+
+
+def booking_values(queryset):
+    """The `.values()` rows booking_rows renders."""
+    dependencies = BookingDependency.objects.filter(booking_id=OuterRef("pk"))
+    return queryset.annotate(has_dependencies=Exists(dependencies)).values(*BOOKING_VALUES)
+
+
+_NOT_RENDERED = {
+    "session_state",
+    "session_detail",
+    "signal_name",
+    "signal_before_s",
+    "array_parent_id",
+    "array_task_id",
+    "array_spec",
+}
 _BOOKING_TIMES = ("submitted_at", "started_at", "ended_at", "planned_start")
 _ALLOCATION_FIELDS = (
     "booking_id",
@@ -77,6 +119,9 @@ def booking_rows(page: list[dict]) -> list[dict]:
     """BookingOutput's JSON for a page of `.values(*BOOKING_VALUES)` rows, in one more query."""
     tz = timezone.get_current_timezone()
     devices = _devices_by_booking([row["id"] for row in page], tz)
+    runs = _node_runs_by_booking({row["id"]: row["restart_count"] for row in page})
+    with_dependencies = [row["id"] for row in page if row["has_dependencies"]]
+    dependencies = dependencies_by_booking(with_dependencies) if with_dependencies else {}
     out = []
     for row in page:
         held = [
@@ -105,8 +150,28 @@ def booking_rows(page: list[dict]) -> list[dict]:
             session_state=row["session_state"],
             session_detail=row["session_detail"],
         )
+        booking["signal"] = booking_signal(row["signal_name"], row["signal_before_s"])
+        booking["output_file"] = booking_output_file(row["id"], row["command"])
+        booking["nodes"] = runs.get(row["id"], [])
+        booking["array"] = array_view(
+            parent_id=row["array_parent_id"], task_id=row["array_task_id"], spec=row["array_spec"]
+        )
+        booking["dependencies"] = dependencies.get(row["id"], [])
         out.append(booking)
     return out
+
+
+def _node_runs_by_booking(restarts: dict[int, int]) -> dict[int, list[dict]]:
+    found = defaultdict(list)
+    rows = (
+        NodeRun.objects.filter(booking_id__in=restarts)
+        .order_by("restart", "rank", "id")
+        .values("booking_id", "restart", *NODE_RUN_FIELDS)
+    )
+    for row in rows:
+        if row["restart"] == restarts[row["booking_id"]]:
+            found[row["booking_id"]].append(node_run_row(row, row["node__hostname"]))
+    return found
 
 
 def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:

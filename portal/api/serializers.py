@@ -11,9 +11,19 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
-from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
+from agents.protocol import output_file_name
+from portal.models import (
+    ApiToken,
+    Booking,
+    BookingDependency,
+    Gpu,
+    MigInstance,
+    Node,
+    NodeRun,
+    Qos,
+)
 from portal.services.booking import booking_bounds, fairshare
-from portal.services.booking.selectors import session_view
+from portal.services.booking.selectors import array_view, dependencies_by_booking, session_view
 from portal.services.fleet.telemetry import SAMPLE_VALUES
 
 MAX_SECONDS = 10 * 365 * 86400
@@ -126,6 +136,50 @@ class BookingCreateInput(StrictSerializer):
         required=False,
         help_text="Run JupyterLab or a terminal on the booked devices, opened through the portal.",
     )
+    workdir = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="The batch job's working directory, an absolute path on the nodes (default: "
+        "the owner's home); its output goes to gpu-portal-<id>.out there.",
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text=f"Environment variables for the command, NAME: value (at most "
+        f"{booking_bounds.ENV_VARS_MAX}; the launch variables the portal sets cannot be set).",
+    )
+    node_count = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=1024,
+        help_text="Run on this many whole nodes, one process each (docs/distributed.md); gpus "
+        "is then the nodes' GPUs, worked out when all nodes are one size.",
+    )
+    signal = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        help_text="A signal before the end or an early stop, Slurm's --signal: NAME[@SECONDS], "
+        "e.g. USR1@120 (default: the site's JOB_SIGNAL_DEFAULT).",
+    )
+    image = serializers.CharField(
+        required=False,
+        max_length=500,
+        help_text="Run the command in this container image (docker://..., a .sif path, "
+        "oras://...), from a source the site allows (CONTAINER_IMAGE_SOURCES).",
+    )
+    array = serializers.CharField(
+        required=False,
+        max_length=200,
+        help_text="A job array: task ids and an optional running limit, e.g. 0-99%10. One "
+        "booking per task (each with GPU_PORTAL_ARRAY_TASK_ID); the response is the first task.",
+    )
+    after = serializers.CharField(
+        required=False,
+        max_length=2000,
+        help_text="Start only after other bookings end: afterok:41 (finished), afternotok:41 "
+        "(ended any other way), afterany:41; several as afterok:41:42,afterany:43.",
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -197,6 +251,59 @@ class SessionOutput(serializers.Serializer):
     url = serializers.CharField()
 
 
+class NodeRunOutput(serializers.Serializer):
+    node = serializers.CharField()
+    rank = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=NodeRun.State.choices)
+    exit_code = serializers.IntegerField(allow_null=True)
+    log_tail = serializers.CharField()
+    detail = serializers.CharField()
+
+
+def node_runs_shown():
+    """The per-node runs a booking's API rows show (prefetched with the booking)."""
+    return NodeRun.objects.select_related("node").order_by("restart", "rank", "id")
+
+
+NODE_RUN_FIELDS = ("node__hostname", "rank", "state", "exit_code", "log_tail", "detail")
+
+
+def node_run_rows(booking) -> list[dict]:
+    """Each node's process of the booking's current run (the prefetched node_runs)."""
+    return [
+        node_run_row({f: getattr(run, f) for f in NODE_RUN_FIELDS[1:]}, run.node.hostname)
+        for run in booking.node_runs.all()
+        if run.restart == booking.restart_count
+    ]
+
+
+def node_run_row(values: dict, hostname: str) -> dict:
+    return {"node": hostname, **{f: values[f] for f in NODE_RUN_FIELDS[1:]}}
+
+
+def booking_signal(signal_name: str, signal_before_s: int | None) -> str:
+    return f"{signal_name}@{signal_before_s}" if signal_name else ""
+
+
+def booking_output_file(booking_id: int, command: str) -> str:
+    return output_file_name(booking_id) if command else ""
+
+
+class ArrayOutput(serializers.Serializer):
+    job_id = serializers.IntegerField(help_text="the array's first task, which names the array")
+    task_id = serializers.IntegerField()
+    spec = serializers.CharField()
+
+
+class DependencyOutput(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=BookingDependency.Kind.choices)
+    booking = serializers.IntegerField()
+
+
+def _array(obj) -> dict | None:
+    return array_view(parent_id=obj.array_parent_id, task_id=obj.array_task_id, spec=obj.array_spec)
+
+
 class BookingOutput(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username")
     project = serializers.CharField(source="project.slug")
@@ -213,6 +320,20 @@ class BookingOutput(serializers.ModelSerializer):
         "what fair share charges (allocated, measured or blend; SCHEDULER_FAIRSHARE_CHARGE)."
     )
     session = serializers.SerializerMethodField()
+    signal = serializers.SerializerMethodField(help_text="NAME@SECONDS, or blank: the site's")
+    output_file = serializers.SerializerMethodField(
+        help_text="the batch job's stdout+stderr file in its working directory, on each node"
+    )
+    nodes = serializers.SerializerMethodField(
+        help_text="each node's process of the current run, rank order: node, rank, state, "
+        "exit_code, log_tail (its last 4 KiB), detail"
+    )
+    array = serializers.SerializerMethodField(
+        help_text="An array task's array (job_id: its first task), task_id and spec; else null."
+    )
+    dependencies = serializers.SerializerMethodField(
+        help_text="Bookings this one starts after: [{kind, booking}]."
+    )
 
     class Meta:
         model = Booking
@@ -231,6 +352,7 @@ class BookingOutput(serializers.ModelSerializer):
             "qos",
             "preemptible",
             "command",
+            "image",
             "submitted_at",
             "started_at",
             "ended_at",
@@ -242,6 +364,14 @@ class BookingOutput(serializers.ModelSerializer):
             "log_tail",
             "interactive",
             "session",
+            "workdir",
+            "env",
+            "signal",
+            "output_file",
+            "restart_count",
+            "nodes",
+            "array",
+            "dependencies",
             "devices",
             "cuda_visible_devices",
         ]
@@ -276,6 +406,21 @@ class BookingOutput(serializers.ModelSerializer):
     def get_session(self, obj) -> SessionOutput(allow_null=True):
         return session_view(obj)
 
+    def get_signal(self, obj) -> str:
+        return booking_signal(obj.signal_name, obj.signal_before_s)
+
+    def get_output_file(self, obj) -> str:
+        return booking_output_file(obj.pk, obj.command)
+
+    def get_nodes(self, obj) -> NodeRunOutput(many=True):
+        return node_run_rows(obj)
+
+    def get_array(self, obj) -> ArrayOutput(allow_null=True):
+        return _array(obj)
+
+    def get_dependencies(self, obj) -> DependencyOutput(many=True):
+        return dependencies_by_booking([obj.pk]).get(obj.pk, [])
+
     def to_representation(self, obj):
         live = self._live(obj)
         tz = timezone.get_current_timezone()
@@ -295,6 +440,7 @@ class BookingOutput(serializers.ModelSerializer):
             "qos": obj.qos,
             "preemptible": obj.preemptible,
             "command": obj.command,
+            "image": obj.image,
             "submitted_at": iso(obj.submitted_at, tz),
             "started_at": iso(obj.started_at, tz),
             "ended_at": iso(obj.ended_at, tz),
@@ -306,6 +452,14 @@ class BookingOutput(serializers.ModelSerializer):
             "log_tail": obj.log_tail,
             "interactive": obj.interactive,
             "session": session_view(obj),
+            "workdir": obj.workdir,
+            "env": obj.env,
+            "signal": booking_signal(obj.signal_name, obj.signal_before_s),
+            "output_file": booking_output_file(obj.pk, obj.command),
+            "restart_count": obj.restart_count,
+            "nodes": node_run_rows(obj),
+            "array": _array(obj),
+            "dependencies": dependencies_by_booking([obj.pk]).get(obj.pk, []),
             "devices": [allocation_row(a, tz) for a in live],
             "cuda_visible_devices": ",".join(a.device_uuid for a in live),
         }

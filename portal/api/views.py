@@ -18,6 +18,7 @@ from portal.api import lists
 from portal.api import serializers as s
 from portal.api.csv_renderer import CsvRenderer
 from portal.api.pagination import OrderedPagination
+from portal.api.serializers import node_runs_shown
 from portal.errors import NotAllowed, NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
@@ -256,13 +257,13 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return (
             booking_selectors.visible_bookings(self.request.user)
             .select_related("owner", "project")
-            .prefetch_related(allocations)
+            .prefetch_related(allocations, Prefetch("node_runs", queryset=node_runs_shown()))
             .order_by("-submitted_at", "-id")
         )
 
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(
-            self.filter_queryset(self.get_queryset()).values(*lists.BOOKING_VALUES)
+            lists.booking_values(self.filter_queryset(self.get_queryset()))
         )
         return self.get_paginated_response(lists.booking_rows(page))
 

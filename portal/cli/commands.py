@@ -39,10 +39,24 @@ def _booking_body(args) -> dict:
         body["qos"] = args.qos
     if args.preemptible:
         body["preemptible"] = True
+    if args.image:
+        body["image"] = args.image
+    if args.array:
+        body["array"] = args.array
+    if args.after:
+        body["after"] = ",".join(args.after)
     command = _command(args.command)
     if command:
         body["command"] = command
-    if args.gpus is None and not args.mig:
+    if args.nodes is not None:
+        body["node_count"] = args.nodes
+    if args.workdir:
+        body["workdir"] = args.workdir
+    if args.env:
+        body["env"] = dict(args.env)
+    if args.signal:
+        body["signal"] = args.signal
+    if args.gpus is None and not args.mig and args.nodes is None:
         body["gpus"] = 1
     return body
 
@@ -210,6 +224,14 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
             ("Started", when(booking.get("started_at"))),
             ("Ends", when(_end(booking))),
             ("Command", booking.get("command")),
+            ("Working directory", booking.get("workdir")),
+            ("Output file", booking.get("output_file")),
+            ("Environment", " ".join(f"{k}={v}" for k, v in (booking.get("env") or {}).items())),
+            ("Signal", booking.get("signal")),
+            ("Restarts", booking.get("restart_count") or None),
+            ("Image", booking.get("image")),
+            ("Array", _array(booking.get("array"))),
+            ("After", _after(booking.get("dependencies"))),
             ("Exit code", booking.get("exit_code")),
             ("CUDA_VISIBLE_DEVICES", booking.get("cuda_visible_devices")),
         ]
@@ -219,6 +241,21 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
         print()
         rows = [[d["device"], d["uuid"], when(d["start"]), when(d["end"])] for d in devices]
         print(table(["DEVICE", "UUID", "FROM", "TO"], rows))
+    runs = booking.get("nodes") or []
+    if len(runs) > 1:  # a multi-node job: each node's process (its output: --json)
+        print()
+        rows = [[r["rank"], r["node"], r["state"], r["exit_code"]] for r in runs]
+        print(table(["RANK", "NODE", "STATE", "EXIT"], rows))
+
+
+def _array(array: dict | None) -> str | None:
+    if not array:
+        return None
+    return f"task {array['task_id']} of array {array['job_id']} ({array['spec']})"
+
+
+def _after(dependencies: list[dict] | None) -> str | None:
+    return ", ".join(f"{d['kind']}:{d['booking']}" for d in dependencies or []) or None
 
 
 def _pairs(rows) -> None:

@@ -38,7 +38,40 @@ def _booking_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--end", help="reservation end (with --start)")
     parser.add_argument("-q", "--qos", help="quality of service, e.g. normal, high, low")
     parser.add_argument("--preemptible", action="store_true", help="may be preempted")
+    parser.add_argument(
+        "-N", "--nodes", type=int, metavar="N", help="on N whole nodes, one process each"
+    )
+    parser.add_argument("--workdir", metavar="DIR", help="the job's working directory (absolute)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME=VALUE",
+        type=_env_pair,
+        help="an environment variable for the command (repeatable)",
+    )
+    parser.add_argument(
+        "--signal", metavar="SIG[@S]", help="a signal S seconds before the end, e.g. USR1@120"
+    )
+    parser.add_argument(
+        "--image", help="run the command in this container image, e.g. docker://nvcr.io/..."
+    )
+    parser.add_argument(
+        "--array", metavar="SPEC", help="a job array: 0-99%%10 (100 tasks, at most 10 at once)"
+    )
+    parser.add_argument(
+        "--after",
+        action="append",
+        metavar="DEP",
+        help="start after: afterok:41, afternotok:41, afterany:41:42 (repeatable)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="batch command (after --)")
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: write NAME=VALUE")
+    return name, value
 
 
 def build_parser() -> argparse.ArgumentParser:

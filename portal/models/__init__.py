@@ -2,7 +2,7 @@
 re-exported here so callers import from portal.models."""
 
 from portal.models.audit import AuditEvent
-from portal.models.bookings import Allocation, Booking, Qos
+from portal.models.bookings import Allocation, Booking, BookingDependency, Qos
 from portal.models.inventory import Gpu, MigInstance, Node, mig_fraction
 from portal.models.notifications import (
     ActionUse,
@@ -17,6 +17,7 @@ from portal.models.notifications import (
 )
 from portal.models.outbox import DomainEvent
 from portal.models.projects import Membership, Project, Quota
+from portal.models.runs import NodeRun
 from portal.models.sso import GroupMappingRule
 from portal.models.telemetry import NodeAlert, ProcessUsage, Sample, SampleMinute
 from portal.models.tokens import ApiToken
@@ -36,12 +37,14 @@ __all__ = [
     "ApiToken",
     "AuditEvent",
     "Booking",
+    "BookingDependency",
     "Gpu",
     "GroupMappingRule",
     "Membership",
     "MigInstance",
     "Node",
     "NodeAlert",
+    "NodeRun",
     "ProcessUsage",
     "Project",
     "Qos",

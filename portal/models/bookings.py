@@ -114,9 +114,39 @@ class Booking(models.Model):
     session_port = models.PositiveIntegerField(null=True, blank=True)
     session_token = models.CharField(max_length=128, blank=True)
 
+    # A batch job's environment (docs/distributed.md): where it runs (blank: the owner's home),
+    # its own variables ({name: value}), the signal it gets `signal_before_s` seconds before its
+    # end or at an early stop (blank: the site's JOB_SIGNAL_DEFAULT), the port its ranks meet
+    # on while it runs, and how many times it went back to the queue and started again.
+    workdir = models.CharField(max_length=1024, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    signal_name = models.CharField(max_length=8, blank=True)
+    signal_before_s = models.PositiveIntegerField(null=True, blank=True)
+    master_port = models.PositiveIntegerField(null=True, blank=True)
+    restart_count = models.PositiveIntegerField(default=0)
+    # A task of a job array (docs/distributed.md): every task is a booking of its own, all
+    # pointing at the array's first task (itself included), which names the array. The spec
+    # ("0-99%10") is kept on every task: its running limit is read by each pass.
+    array_parent = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="array_tasks"
+    )
+    array_task_id = models.PositiveIntegerField(null=True, blank=True)
+    array_spec = models.CharField(max_length=200, blank=True)
+    # Run the command in this container image on the node's runtime (docs/containers.md).
+    image = models.CharField(max_length=500, blank=True)
+
     class Meta:
         ordering = ["-submitted_at", "-id"]
         constraints = [
+            models.UniqueConstraint(
+                fields=["array_parent", "array_task_id"],
+                name="%(app_label)s_%(class)s_array_task_once",
+            ),
+            models.CheckConstraint(
+                condition=Q(array_parent__isnull=True, array_task_id__isnull=True, array_spec="")
+                | Q(array_parent__isnull=False, array_task_id__isnull=False) & ~Q(array_spec=""),
+                name="%(app_label)s_%(class)s_array_task_whole",
+            ),
             models.UniqueConstraint(
                 fields=["owner", "idempotency_key"],
                 condition=~Q(idempotency_key=""),
@@ -163,6 +193,43 @@ class Booking(models.Model):
             else f"MIG {self.mig_profile}"
         )
         return what + (f" {self.gpu_model}" if self.gpu_model else "")
+
+
+class BookingDependency(models.Model):
+    """The booking may start only after ``target`` ended the way ``kind`` says (Slurm's
+    ``--dependency``): afterok (successfully: finished), afternotok (any other end) or
+    afterany. The allocator plans it (pending reason "dependency"); one that can never be met
+    ends the booking."""
+
+    class Kind(models.TextChoices):
+        """How the target must end; the names are Slurm's."""
+
+        AFTER_OK = "afterok", "after it finished successfully"
+        AFTER_ANY = "afterany", "after it ended"
+        AFTER_NOT_OK = "afternotok", "after it ended unsuccessfully"
+
+    booking = models.ForeignKey(Booking, on_delete=models.CASCADE, related_name="dependencies")
+    target = models.ForeignKey(Booking, on_delete=models.PROTECT, related_name="dependents")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+
+    class Meta:
+        ordering = ["booking", "target"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["booking", "target"], name="%(app_label)s_%(class)s_once"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=["afterok", "afterany", "afternotok"]),
+                name="%(app_label)s_%(class)s_kind_known",
+            ),
+            models.CheckConstraint(
+                condition=~Q(booking=models.F("target")),
+                name="%(app_label)s_%(class)s_not_itself",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"booking {self.booking_id} {self.kind}:{self.target_id}"
 
 
 class Allocation(models.Model):

@@ -8,6 +8,11 @@ def mig_fraction(slices: int) -> float:
     return slices / MIG_SLICES_PER_GPU
 
 
+def runtimes_of(text: str) -> tuple[str, ...]:
+    """A node's stored container runtimes ("podman,apptainer") as names."""
+    return tuple(text.split(",")) if text else ()
+
+
 class Node(models.Model):
     """A GPU server running the portal's agent. Only nodes that are up get new work."""
 
@@ -21,6 +26,12 @@ class Node(models.Model):
     state_reason = models.CharField(max_length=300, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
+    # The node's address on the site network, as its agent reports it (--address); blank: the
+    # hostname. The other nodes of a multi-node job reach rank 0 there (MASTER_ADDR).
+    address = models.CharField(max_length=253, blank=True)
+    # The container runtimes its agent reported, comma-separated (agents.protocol's
+    # CONTAINER_RUNTIMES names): text, so the allocation pass reads it without decoding JSON.
+    container_runtimes = models.CharField(max_length=100, blank=True)
     # The client address its agent last registered from (not what it reports): the one address
     # the session proxy connects to on this node (docs/interactive.md).
     registered_from = models.GenericIPAddressField(
@@ -28,6 +39,7 @@ class Node(models.Model):
         blank=True,
         help_text="Where the agent last registered from; the portal reaches its sessions there.",
     )
+
     # sha256 of the agent token; the token itself is shown once by `manage.py agent_token`.
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     created = models.DateTimeField(auto_now_add=True)
@@ -37,6 +49,10 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.hostname
+
+    def runtimes(self) -> tuple[str, ...]:
+        """The container runtimes its agent reported."""
+        return runtimes_of(self.container_runtimes)
 
 
 class Gpu(models.Model):

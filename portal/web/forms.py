@@ -123,6 +123,47 @@ class BookForm(AccessibleForm):
         label="Interactive session",
         help_text="JupyterLab or a terminal on the booked devices, opened from the booking page.",
     )
+    workdir = forms.CharField(
+        required=False,
+        max_length=booking_bounds.WORKDIR_MAX,
+        label="Working directory",
+        help_text="An absolute path on the nodes (default: your home); the job's output goes to "
+        "gpu-portal-<id>.out there.",
+    )
+    env = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+        label="Environment variables",
+        help_text="NAME=value, one per line, for the command.",
+    )
+    signal = forms.CharField(
+        required=False,
+        max_length=32,
+        label="Signal before the end",
+        help_text="e.g. USR1@120: SIGUSR1 two minutes before the end or a preemption, to "
+        "checkpoint (default: the site's).",
+    )
+    image = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Container image",
+        help_text="Optional, with a command: run it in this image, e.g. "
+        "docker://nvcr.io/nvidia/pytorch:24.05-py3 or /shared/images/torch.sif.",
+    )
+    array = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Job array",
+        help_text="Optional, with a command: task ids and a running limit, e.g. 0-99%10 "
+        "(each task gets GPU_PORTAL_ARRAY_TASK_ID).",
+    )
+    after = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Start after",
+        help_text="Optional: bookings that must end first, e.g. afterok:41 (finished), "
+        "afternotok:41, afterany:41:42.",
+    )
 
     def __init__(self, *args, projects: list[str], **kwargs):
         super().__init__(*args, **kwargs)
@@ -162,7 +203,21 @@ class BookForm(AccessibleForm):
             for name in ("start", "end"):
                 if not data.get(name) and name not in self.errors:
                     self.add_error(name, "Required for a fixed window.")
+        data["env"] = self._env(data.get("env") or "")
         return data
+
+    def _env(self, text: str) -> dict[str, str]:
+        # NAME=value lines; the values' bounds are the service's (booking.job_env).
+        env = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            name, equals, value = line.partition("=")
+            if not equals:
+                self.add_error("env", f"Line {number}: write NAME=value.")
+                return {}
+            env[name.strip()] = value
+        return env
 
     def submit_kwargs(self) -> dict:
         """The booking_submit arguments this form stands for."""
@@ -174,6 +229,12 @@ class BookForm(AccessibleForm):
             "preemptible": data["preemptible"],
             "command": data.get("command") or "",
             "interactive": data.get("interactive") or None,
+            "workdir": data.get("workdir") or None,
+            "env": data.get("env") or None,
+            "signal": data.get("signal") or None,
+            "image": data.get("image") or None,
+            "array": data.get("array") or None,
+            "after": data.get("after") or None,
         }
         if data["kind"] == "mig":
             kwargs["mig_profile"] = data["mig_profile"]
@@ -206,8 +267,10 @@ def add_service_errors(form: forms.Form, error: ApplicationError) -> None:
     placed = False
     for name, reason in error.fields.items():
         field = SERVICE_TO_FORM_FIELD.get(name, name)
-        if field in form.fields:
-            form.add_error(field, reason[:1].upper() + reason[1:])
+        head, _, part = field.partition(".")  # env.LR: the env field, about LR
+        if head in form.fields:
+            said = reason[:1].upper() + reason[1:]
+            form.add_error(head, f"{part}: {said}" if part else said)
             placed = True
     if not placed:
         form.add_error(None, error.message)

@@ -21,6 +21,7 @@ def queue_rows(*, user) -> list[Booking]:
         visible_bookings(user)
         .filter(state=Booking.State.PENDING)
         .select_related("owner", "project")
+        .prefetch_related("dependencies")
         .order_by(
             F("queue_position").asc(nulls_last=True),
             F("planned_start").asc(nulls_last=True),

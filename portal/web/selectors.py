@@ -8,7 +8,16 @@ from datetime import datetime, timedelta
 
 from django.db.models import Prefetch
 
-from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert, ProcessUsage
+from portal.models import (
+    Allocation,
+    Booking,
+    Gpu,
+    MigInstance,
+    Node,
+    NodeAlert,
+    NodeRun,
+    ProcessUsage,
+)
 from portal.services.booking.selectors import visible_bookings
 from portal.services.inventory import selectors as inventory
 from portal.services.inventory.telemetry_cache import latest_by_uuid
@@ -27,6 +36,8 @@ PENDING_REASONS = {
     "quota": "Your project is at a quota limit; it starts when usage drops.",
     "priority": "Requests with a higher priority are ahead in the queue.",
     "node_down": "The nodes that could run it are down or draining.",
+    "dependency": "It starts after other bookings end (its dependencies).",
+    "array_limit": "Its array already runs as many tasks at once as the array allows.",
 }
 
 
@@ -434,3 +445,12 @@ def device_labels(uuids: set[str]) -> dict[str, str]:
     for m in MigInstance.objects.filter(uuid__in=uuids).select_related("gpu__node"):
         labels[m.uuid] = f"{m.gpu.node.hostname}/gpu{m.gpu.index}/{m.profile}"
     return labels
+
+
+def node_runs_current(*, booking) -> list:
+    """Each node's process of the booking's current run, in rank order (docs/distributed.md)."""
+    return list(
+        NodeRun.objects.filter(booking=booking, restart=booking.restart_count)
+        .select_related("node")
+        .order_by("rank", "id")
+    )

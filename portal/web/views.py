@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404, render
 from django.templatetags.static import static
 from django.utils import timezone
 
-from agents.protocol import LOG_TAIL_BYTES
+from agents.protocol import LOG_TAIL_BYTES, output_file_name
 from portal.models import Allocation, Booking, Gpu, Node, Project
 from portal.services.access import permissions
 from portal.services.booking.quotas import quota_position, usage_current
@@ -115,6 +115,8 @@ def booking_detail(request, booking_id: int):
         "session": session_view(booking) if booking.owner_id == request.user.pk else None,
         "now": now,
         "log_tail_kib": LOG_TAIL_BYTES // 1024,
+        "node_runs": selectors.node_runs_current(booking=booking) if booking.command else [],
+        "output_file": output_file_name(booking.pk),
     }
     fragments = {"booking": "portal/_booking_state.html", "output": "portal/_booking_output.html"}
     return render_page(request, "portal/booking_detail.html", context, fragments)

@@ -30,6 +30,7 @@
     if (value("project")) body.project = value("project");
     if (value("gpu_model")) body.gpu_model = value("gpu_model");
     if (value("command")) body.command = value("command");
+    if (value("image")) body.image = value("image");
     if (value("kind") === "mig") {
       if (!value("mig_profile")) return null;
       body.mig_profile = value("mig_profile");
@@ -46,6 +47,8 @@
       var hours = parseFloat(value("duration_hours"));
       if (!hours) return null;
       body.duration_s = Math.round(hours * 3600);
+      if (value("array")) body.array = value("array");
+      if (value("after")) body.after = value("after");
     }
     return body;
   }

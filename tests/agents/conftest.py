@@ -45,6 +45,9 @@ class StandInPortal:
         self.desired = {"generation": 1, "bookings": []}
         self.received: list[tuple[str, str, object]] = []
         self.status_override: int | None = None
+        # Where the suite user's batch jobs run (and write gpu-portal-<id>.out) unless a test
+        # says otherwise: never the home directory of the user running the suite.
+        self.workdir: str | None = None
         self._server: ThreadingHTTPServer | None = None
 
     @property
@@ -73,6 +76,8 @@ class StandInPortal:
 
     def book(self, booking_id, owner, uuids, command=None, minutes=60, generation=None, **more):
         now = protocol.utcnow()
+        if command and self.workdir and owner == pwd.getpwuid(os.geteuid()).pw_name:
+            more.setdefault("workdir", self.workdir)
         self.desired["bookings"].append(
             {
                 "booking_id": booking_id,
@@ -130,8 +135,10 @@ def _handler(portal: StandInPortal):
 
 
 @pytest.fixture
-def portal():
+def portal(tmp_path):
     stand_in = StandInPortal()
+    stand_in.workdir = str(tmp_path / "work")
+    os.makedirs(stand_in.workdir)
     stand_in.start()
     yield stand_in
     try:

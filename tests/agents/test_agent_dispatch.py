@@ -57,6 +57,17 @@ def test_it_launches_a_command_and_reports_its_exit_code_and_log_tail(
     assert _kinds(portal) == [("started", 1), ("exited", 1)]  # never relaunched
 
 
+def test_it_gives_an_array_task_its_array_and_task_ids(portal, make_agent, cycle_until, me):
+    agent = make_agent()
+    gpu0, _ = _gpu_uuids(agent)
+    show = "sh -c 'echo job=$GPU_PORTAL_ARRAY_JOB_ID task=$GPU_PORTAL_ARRAY_TASK_ID'"
+    portal.book(7, me, [gpu0], command=show, array_job_id=5, array_task_id=2)
+    portal.book(8, me, [gpu0], command=show)
+    cycle_until(agent, lambda: {("exited", 7), ("exited", 8)} <= set(_kinds(portal)))
+    assert _event(portal, "exited", 7).log_tail == "job=5 task=2\n"
+    assert _event(portal, "exited", 8).log_tail == "job= task=\n"  # not a task: unset
+
+
 def test_it_reports_a_running_jobs_output_as_it_grows(
     portal, make_agent, cycle_until, me, tmp_path
 ):

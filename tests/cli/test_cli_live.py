@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.models import Booking, Gpu, MigInstance
+from portal.models import Booking, Gpu, MigInstance, Node
 from portal.services.booking.bookings import booking_cancel
 from portal.services.inventory.telemetry_cache import latest_store
 from tests.cli.conftest import token_for
@@ -275,3 +275,46 @@ def test_it_follows_a_running_bookings_output_until_it_ends(site, cli):
     )
     out, _ = follow.communicate(timeout=30)
     assert follow.returncode == 0 and out == "step 3\ndone\n"
+
+
+def test_it_submits_an_array_after_another_booking_and_shows_both(site, cli):
+    token = token_for(site["alice"])
+    first = _json(cli("submit", "--json", "-g", "1", "-t", "1h", "--", "train", token=token))
+    result = cli(
+        "submit", "-g", "1", "-t", "30m", "--array", "0-5%2", "--after", f"afterok:{first['id']}",
+        "--", "python", "eval.py", token=token,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    tasks = Booking.objects.exclude(pk=first["id"]).order_by("array_task_id")
+    parent = tasks[0].pk
+    assert [t.array_task_id for t in tasks] == list(range(6))
+    assert _field(result.stdout, "Array") == f"task 0 of array {parent} (0-5%2)"
+    assert _field(result.stdout, "After") == f"afterok:{first['id']}"
+    shown = cli("show", str(tasks[3].pk), token=token).stdout
+    assert _field(shown, "Pending reason") == "dependency"
+    assert _field(shown, "Detail") == f"waits for afterok:{first['id']}"
+    refused = cli("submit", "-g", "1", "-t", "30m", "--array", "9-1", "--", "x", token=token)
+    assert refused.returncode != 0 and "array" in refused.stderr
+
+
+def test_it_submits_a_command_in_a_container_image(site, cli, settings):
+    settings.CONTAINER_IMAGE_SOURCES = ["docker://nvcr.io/"]
+    Node.objects.filter(pk=site["node"].pk).update(container_runtimes="podman")
+    token = token_for(site["alice"])
+    image = "docker://nvcr.io/nvidia/pytorch:24.05-py3"
+    result = cli(
+        "submit", "-g", "1", "-t", "30m", "--image", image, "--", "python", "t.py", token=token
+    )
+    assert result.returncode == 0, result.stderr
+    assert _field(result.stdout, "Image") == image
+    refused = cli("submit", "-t", "1h", "--image", "docker://elsewhere/x:1", "--", "x", token=token)
+    assert refused.returncode != 0 and "not from an allowed source" in refused.stderr
+
+
+def _field(stdout: str, label: str) -> str:
+    """The value of a 'Label:   value' line of `show`."""
+    return next(
+        line.split(":", 1)[1].strip()
+        for line in stdout.splitlines()
+        if line.startswith(f"{label}:")
+    )

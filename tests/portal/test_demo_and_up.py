@@ -204,6 +204,34 @@ def test_it_runs_a_queued_batch_booking_on_a_simulated_node_end_to_end(embedded_
     assert done["log_tail"].count("GPU-") == 2
 
 
+def test_it_runs_a_rendezvous_across_two_demo_nodes(embedded_portal):
+    """The demo's 16-GPU booking on two simulated nodes: both ranks meet and finish."""
+    base, _ = embedded_portal
+    login = {"username": "bob", "password": DEMO_PASSWORD}
+    token = _json(f"{base}/api/v1/auth/token/", login)["token"]
+    _wait(
+        lambda: (
+            sum(n["state"] == "up" for n in _json(f"{base}/api/v1/nodes/", token=token)["results"])
+            == 3
+        ),
+        60,
+        "the simulated nodes",
+    )
+    rendezvous = ROOT / "docs" / "examples" / "rendezvous.py"
+    body = {"node_count": 2, "duration_s": 600, "command": f"{sys.executable} {rendezvous}"}
+    booking = _json(f"{base}/api/v1/bookings/", body, token)
+    url = f"{base}/api/v1/bookings/{booking['id']}/"
+    done = _wait(
+        lambda: (b := _json(url, token=token))["state"] in ("finished", "failed") and b,
+        90,
+        "both ranks to meet and exit",
+    )
+    assert (done["state"], done["state_detail"]) == ("finished", "all 2 nodes exited with code 0")
+    assert [(n["rank"], n["exit_code"]) for n in done["nodes"]] == [(0, 0), (1, 0)]
+    for node in done["nodes"]:
+        assert node["log_tail"] == f"rank {node['rank']} of 2 nodes (16 GPUs) met ranks 0,1\n"
+
+
 def test_it_stops_on_sigterm_while_a_request_is_in_flight(embedded_portal):
     """The server stops its event loop while a request thread still needs it: `up` must exit."""
     base, log_path = embedded_portal

@@ -60,7 +60,8 @@ def test_it_runs_a_pass_again_when_the_worker_process_running_it_is_killed(worke
         assert booking.status_code == 201, booking.content
         waiting = _wait(  # the pass has begun and waits for the node lock the test holds
             lambda: admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE %s",
                 ["%portal_node%FOR UPDATE%"],
             ).fetchone(),
             60,

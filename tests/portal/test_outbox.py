@@ -152,14 +152,16 @@ def test_it_retries_a_failed_subscriber_without_sending_the_others_twice(
     user, project, cluster, flaky
 ):
     booking = _reserve(user, project, timezone.now())
-    assert outbox_sweep(now=_later()) == 0
+    first_try = _later()
+    assert outbox_sweep(now=first_try) == 0
     fact = DomainEvent.objects.get()
     assert fact.dispatched_at is None and fact.attempts == 1
     assert "redis unreachable" in fact.last_error
     assert "portal.services.notify.notifications.booking_fact_notify" in fact.done
     assert Notification.objects.filter(booking=booking).count() == 1
     deliveries = Delivery.objects.count()
-    assert outbox_sweep(now=_later()) == 1
+    assert outbox_sweep(now=first_try + timedelta(seconds=outbox.RETRY_BASE_S - 1)) == 0  # waits
+    assert outbox_sweep(now=first_try + timedelta(seconds=outbox.RETRY_BASE_S + 1)) == 1
     assert flaky == [fact.pk, fact.pk]
     assert Notification.objects.filter(booking=booking).count() == 1
     assert Delivery.objects.count() == deliveries
@@ -223,3 +225,117 @@ def test_it_forgets_dispatched_facts_after_a_week_and_keeps_undispatched_ones(
     DomainEvent.objects.filter(pk=second.pk).update(claimed_until=week_later)  # held elsewhere
     outbox_sweep(now=week_later)
     assert list(DomainEvent.objects.values_list("pk", flat=True)) == [second.pk]
+
+
+@pytest.fixture
+def broken():
+    """A subscriber that always fails, as a bug in it would."""
+    calls = []
+
+    def broken_subscriber(fact):
+        calls.append(fact.pk)
+        raise ValueError("a bug in the subscriber")
+
+    outbox.subscribe(events.BOOKING_CHANGED, broken_subscriber)
+    yield calls
+    outbox.unsubscribe(events.BOOKING_CHANGED, broken_subscriber)
+
+
+@pytest.mark.both_databases
+def test_it_backs_off_a_failing_fact_and_gives_up_after_max_attempts(
+    user, project, cluster, broken
+):
+    _reserve(user, project, timezone.now())
+    at = _later()
+    waits = []
+    for attempt in range(1, outbox.MAX_ATTEMPTS + 3):
+        outbox_sweep(now=at)
+        fact = DomainEvent.objects.get()
+        assert fact.dispatched_at is None
+        if attempt <= outbox.MAX_ATTEMPTS:
+            assert fact.attempts == attempt and len(broken) == attempt
+            waits.append((fact.claimed_until - at).total_seconds())
+        else:  # given up: the sweep no longer runs it, its last error stays for an admin
+            assert fact.attempts == outbox.MAX_ATTEMPTS and len(broken) == outbox.MAX_ATTEMPTS
+            assert "a bug in the subscriber" in fact.last_error
+        at = max(at, fact.claimed_until) + timedelta(seconds=1)
+    assert waits[:3] == [outbox.RETRY_BASE_S, 2 * outbox.RETRY_BASE_S, 4 * outbox.RETRY_BASE_S]
+    assert max(waits) == outbox.RETRY_MAX_S
+
+
+@pytest.mark.both_databases
+def test_it_records_node_changes_as_facts_that_ask_for_a_pass(
+    django_capture_on_commit_callbacks, monkeypatch
+):
+    from django.contrib.auth import get_user_model
+
+    from portal.models import Node
+    from portal.services.fleet.nodes import node_drain, node_return_to_service
+
+    asked = []
+    monkeypatch.setattr(events, "request_allocation_pass", lambda: asked.append(1))
+    admin = get_user_model().objects.create(username="root", is_staff=True, is_superuser=True)
+    node = make_node("gpu-drain", gpus=1)
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert node_drain(node_ids=[node.pk], actor=admin) == 1
+    assert asked == []  # nothing asked inside the command
+    (fact,) = DomainEvent.objects.filter(kind=events.NODE_CHANGED)
+    assert (fact.node_id, fact.payload["change"]) == (node.pk, "drain")
+    for callback in callbacks:
+        callback()
+    assert asked == [1]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert node_return_to_service(node_ids=[node.pk], actor=admin) == 1
+    assert asked == [1, 1]
+    assert Node.objects.get(pk=node.pk).state == Node.State.UP
+    changes = DomainEvent.objects.filter(kind=events.NODE_CHANGED).order_by("id")
+    assert [f.payload["change"] for f in changes] == ["drain", "return"]
+
+
+@pytest.mark.parametrize(
+    ("staff_cell", "superuser_cell", "told"),
+    [
+        ("all", "all", {"staff", "root"}),
+        ("no", "all", {"root"}),
+        ("all", "no", {"staff"}),
+    ],
+)
+def test_it_tells_site_events_to_whom_the_roles_table_grants_them(
+    monkeypatch, staff_cell, superuser_cell, told
+):
+    from django.contrib.auth import get_user_model
+
+    from portal.models import Node
+    from portal.services.access import permissions
+    from portal.services.fleet.nodes import nodes_heartbeat_check
+
+    label, cells = permissions.CAN["notify.site_events"]
+    cells = {**cells, "staff": staff_cell, "superuser": superuser_cell}
+    monkeypatch.setitem(permissions.CAN, "notify.site_events", (label, cells))
+    users = get_user_model().objects
+    users.create(username="staff", email="staff@example.org", is_staff=True)
+    users.create(username="root", email="root@example.org", is_superuser=True)
+    users.create(username="member", email="member@example.org")
+    node = make_node("gpu-silent", gpus=1)
+    Node.objects.filter(pk=node.pk).update(last_seen=timezone.now() - timedelta(hours=1))
+    nodes_heartbeat_check(now=timezone.now())
+    outbox.facts_dispatch(fact_ids=DomainEvent.objects.values_list("pk", flat=True))
+    mailed = set(
+        Delivery.objects.filter(notification__event="node_down", channel="email").values_list(
+            "recipient", flat=True
+        )
+    )
+    assert mailed == {f"{name}@example.org" for name in told}
+
+
+def test_it_shows_failed_facts_to_admins_in_the_admin(client, user, project, cluster, broken):
+    from django.contrib.auth import get_user_model
+
+    _reserve(user, project, timezone.now())
+    outbox_sweep(now=_later())
+    root = get_user_model().objects.create(username="root", is_staff=True, is_superuser=True)
+    client.force_login(root)
+    page = client.get("/admin/portal/domainevent/?dispatch=failed")
+    assert page.status_code == 200
+    assert b"booking_changed" in page.content and b"1 domain event" in page.content
+    assert client.get("/admin/portal/domainevent/add/").status_code == 403

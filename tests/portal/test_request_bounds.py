@@ -76,6 +76,15 @@ def test_it_keeps_the_protocol_bounds_equal_to_the_table():
     assert protocol.COMMAND_MAX >= bounds.command_max
 
 
+def test_it_keeps_the_job_environment_bounds_equal_on_the_wire():
+    from portal.services.booking import booking_bounds
+
+    assert protocol.WORKDIR_MAX == booking_bounds.WORKDIR_MAX
+    assert booking_bounds.WORKDIR_MAX == Booking._meta.get_field("workdir").max_length
+    assert protocol.ENV_NAME_MAX == booking_bounds.ENV_NAME_MAX
+    assert protocol.ENV_VALUE_MAX == booking_bounds.ENV_VALUE_MAX
+
+
 @override_settings(BOOKING_MAX_GPUS_PER_REQUEST=8)
 def test_it_refuses_too_many_gpus_in_the_service_too(user, project, cluster):
     with pytest.raises(ValidationFailed) as refused:

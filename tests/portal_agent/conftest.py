@@ -95,8 +95,10 @@ def real_agents(live_server, tmp_path):
 
     made: list = []
     tokens: dict[str, str] = {}
+    workdir = tmp_path / "work"
+    workdir.mkdir()
 
-    def make(hostname: str, spec: str):
+    def make(hostname: str, spec: str, **options):
         if hostname not in tokens:  # issuing another would revoke the first agent's
             tokens[hostname] = node_token_issue(hostname=hostname)
         token = tokens[hostname]
@@ -105,13 +107,16 @@ def real_agents(live_server, tmp_path):
             token,
             SimulatedBackend(spec, hostname, seed=1),
             hostname=hostname,
-            state_dir=tmp_path / "state",
+            state_dir=tmp_path / "state" / hostname,  # each node its own
             user_map={"alice": getpass.getuser()},
             report_interval_s=0.2,
             sync_interval_s=0.2,
             grace_s=1.0,
             push=False,
             min_uid=0,  # jobs run as whoever runs the suite, root included
+            default_workdir=str(workdir),  # their gpu-portal-<id>.out: not in the home
+            address="127.0.0.1",  # every simulated node is this machine (MASTER_ADDR)
+            **options,
         )
         agent.start()
         made.append(agent)

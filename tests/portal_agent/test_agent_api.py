@@ -154,6 +154,15 @@ def test_it_updates_inventory_on_a_second_register(node_a, agent_a):
     assert Gpu.objects.get(uuid="GPU-new-1").memory_mib == 40960
 
 
+def test_it_keeps_the_container_runtimes_the_agent_reports(node_a, agent_a):
+    body = {**REGISTER, "container_runtimes": ["apptainer", "podman", "lxc"]}
+    assert agent_a.post(protocol.REGISTER_PATH, body).status_code == 200
+    # Known names only, in the portal's order; an agent that reports none offers none.
+    assert Node.objects.get(pk=node_a[0].pk).runtimes() == ("podman", "apptainer")
+    assert agent_a.post(protocol.REGISTER_PATH, REGISTER).status_code == 200
+    assert Node.objects.get(pk=node_a[0].pk).runtimes() == ()
+
+
 def _register_with(path: list, value) -> dict:
     body = json.loads(json.dumps(REGISTER))
     target = body

@@ -12,7 +12,16 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from agents import protocol
-from portal.models import Booking, Gpu, MigInstance, Node, NodeAlert, ProcessUsage, Sample
+from portal.models import (
+    Booking,
+    Gpu,
+    MigInstance,
+    Node,
+    NodeAlert,
+    NodeRun,
+    ProcessUsage,
+    Sample,
+)
 from tests.conftest import error_of
 from tests.portal_agent.conftest import reading
 
@@ -31,6 +40,8 @@ COLUMNS = {
     ("RegisterRequest", "hostname"): (Node, "hostname"),
     ("RegisterRequest", "agent_version"): (Node, "agent_version"),
     ("RegisterRequest", "protocol"): None,  # compared to PROTOCOL_VERSION, not stored
+    ("RegisterRequest", "address"): (Node, "address"),
+    ("RegisterRequest", "container_runtimes"): None,  # stored as the known names among them
     ("ProcessReading", "pid"): (ProcessUsage, "pid"),
     ("ProcessReading", "user"): (ProcessUsage, "user"),
     ("ProcessReading", "used_memory_mib"): (ProcessUsage, "peak_memory_mib"),
@@ -49,6 +60,20 @@ COLUMNS = {
     ("DesiredBooking", "device_uuids"): (Gpu, "uuid"),
     ("DesiredBooking", "command"): (Booking, "command"),
     ("DesiredBooking", "session_token"): (Booking, "session_token"),
+    ("DesiredBooking", "workdir"): (Booking, "workdir"),
+    ("DesiredBooking", "node_rank"): (NodeRun, "rank"),
+    ("DesiredBooking", "master_port"): (Booking, "master_port"),
+    ("DesiredBooking", "warn_before_s"): (Booking, "signal_before_s"),
+    ("DesiredBooking", "kill_wait_s"): None,  # the site's JOB_KILL_WAIT_S, not stored
+    ("DesiredBooking", "restart_count"): (Booking, "restart_count"),
+    ("EnvVar", "name"): None,  # a key of Booking.env (JSON), bounded at submit
+    ("EnvVar", "value"): None,  # a value of Booking.env (JSON), bounded at submit
+    ("NodePlace", "hostname"): (Node, "hostname"),
+    ("NodePlace", "address"): (Node, "address"),
+    ("NodePlace", "slots"): None,  # a count of allocations, not stored
+    ("DesiredBooking", "array_job_id"): (Booking, "id"),  # the array's first task
+    ("DesiredBooking", "array_task_id"): (Booking, "array_task_id"),
+    ("DesiredBooking", "image"): (Booking, "image"),
     ("DesiredState", "generation"): None,  # the portal's own counter, read by the agent only
     ("Event", "detail"): (NodeAlert, "detail"),  # Booking.state_detail takes it cut to 300
     ("Event", "booking_id"): (Booking, "id"),
@@ -68,6 +93,8 @@ MESSAGES = [
     protocol.ProcessReading,
     protocol.DeviceReading,
     protocol.ReadingsRequest,
+    protocol.EnvVar,
+    protocol.NodePlace,
     protocol.DesiredBooking,
     protocol.DesiredState,
     protocol.Event,

@@ -98,7 +98,8 @@ def test_it_closes_with_try_again_later_when_the_database_fails_during_connect()
     def cancel_the_heartbeat() -> bool:
         # A real database error on the consumer's own query (as a statement timeout would be).
         row = admin.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE %s",
             ['%UPDATE "portal_node"%'],
         ).fetchone()
         return bool(row) and admin.execute("SELECT pg_cancel_backend(%s)", [row[0]]).fetchone()[0]

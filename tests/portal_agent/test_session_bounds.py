@@ -117,7 +117,9 @@ def test_it_forwards_nothing_to_a_stored_target_outside_the_rule(alice, node_a, 
     settings.SESSION_PORTS = (upstream.port + 1, 65535)
     refused = _http(alice, f"/sessions/{booking.pk}/lab")
     assert refused["status"] == 410 and b"does not connect there" in refused["body"]
-    Node.objects.filter(pk=node_a[0].pk).update(registered_from="10.20.0.7")  # registered elsewhere now
+    Node.objects.filter(pk=node_a[0].pk).update(
+        registered_from="10.20.0.7"
+    )  # registered elsewhere now
     settings.SESSION_PORTS = (1024, 65535)
     assert _http(alice, f"/sessions/{booking.pk}/lab")["status"] == 410
     settings.SESSION_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # a site network for sessions

@@ -187,6 +187,30 @@ def test_it_books_a_reservation_from_the_form(client_in, project, cluster):
     assert booking.allocations.count() == 2
 
 
+def test_it_books_an_array_after_another_booking_from_the_form(client_in, user, project, cluster):
+    first = BookingFactory(owner=user, project=project, state=Booking.State.ACTIVE)
+    form = {"project": "vision", "kind": "gpus", "gpus": "1", "when": "asap", "qos": "normal"}
+    response = client_in.post(
+        "/book/",
+        {
+            **form,
+            "duration_hours": "1",
+            "command": "python sweep.py",
+            "array": "0-3%2",
+            "after": f"afterany:{first.pk}",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    tasks = Booking.objects.exclude(pk=first.pk).order_by("array_task_id")
+    assert [t.array_task_id for t in tasks] == [0, 1, 2, 3]
+    assert {t.state for t in tasks} == {Booking.State.PENDING}
+    assert all(t.dependencies.get().target_id == first.pk for t in tasks)
+    refused = client_in.post("/book/", {**form, "duration_hours": "1", "array": "0-3"})
+    assert refused.status_code == 400
+    field = refused.content.decode().split('data-field="array"', 1)[1].split('data-field="', 1)[0]
+    assert "command per task" in field
+
+
 def test_it_shows_form_errors_at_the_field(client_in, project, cluster):
     response = client_in.post(
         "/book/",

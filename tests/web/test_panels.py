@@ -118,3 +118,20 @@ def test_it_serves_a_favicon_at_the_usual_address(client, db):
     assert response.status_code == 302
     assert response["Location"].startswith("/static/portal/icon")
     assert response["Location"].endswith(".svg")
+
+
+def test_it_shows_an_array_task_and_its_dependencies_on_the_queue_page(client, user, project):
+    from portal.models import Booking, BookingDependency
+
+    client.force_login(user)
+    first = _pending(user, project, 1)
+    Booking.objects.filter(pk=first.pk).update(pending_reason="dependency", state_detail="")
+    Booking.objects.filter(pk=first.pk).update(
+        array_parent_id=first.pk, array_task_id=0, array_spec="0-9%2"
+    )
+    target = BookingFactory(owner=user, project=project, state=Booking.State.ACTIVE)
+    BookingDependency.objects.create(booking=first, target=target, kind="afterok")
+    body = client.get("/queue/").content.decode()
+    assert f"array #{first.pk} task 0 (0-9%2)" in body
+    assert f'after afterok:<a href="/bookings/{target.pk}/">#{target.pk}</a>' in body
+    assert "It starts after other bookings end" in body

@@ -200,6 +200,7 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
         state_dir.mkdir(parents=True, exist_ok=True)
         # Demo JupyterLab sessions keep their notebooks here, not in the home of whoever runs up.
         (state_dir / "notebooks").mkdir(exist_ok=True)
+        (state_dir / "work").mkdir(exist_ok=True)
         env = {**os.environ, "GPU_PORTAL_TOKEN": token}
         command = [
             sys.executable,
@@ -221,6 +222,12 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             str(os.geteuid()),
             "--session-dir",
             str(state_dir / "notebooks"),
+            # Batch jobs (and their gpu-portal-<id>.out) too; every demo node is this machine,
+            # so rank 0 of a multi-node job listens on loopback (docs/distributed.md).
+            "--default-workdir",
+            str(state_dir / "work"),
+            "--address",
+            "127.0.0.1",
             # Stopping up stops the demo's jobs and sessions too, not only their agents.
             "--stop-jobs-on-exit",
             str(_AGENT_JOBS_GRACE_S),

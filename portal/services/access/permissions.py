@@ -179,6 +179,19 @@ def visible_filter(user, action: str, *, owner_field: str | None, project_field:
     return match
 
 
+def site_wide_users_filter(action: str) -> Q:
+    """A filter on users for whom `action` reaches everything by role alone (no project, no
+    owner): the recipients of a site event. "perm" cells are left out (a model permission is not
+    a role), and so are member and manager cells, which need a project to mean anything."""
+    cells = CAN[action][1]
+    match = Q(pk__in=[])
+    if cells["superuser"] == "all":
+        match |= Q(is_superuser=True)
+    if cells["staff"] == "all":
+        match |= Q(is_staff=True)
+    return match
+
+
 def table_markdown() -> str:
     """The table as Markdown, as docs/roles.md shows it."""
     lines = [

@@ -30,7 +30,6 @@ from portal.services.booking.reservations import reservations_start_due
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch
 from portal.services.core.locking import advisory_unlock, try_session_advisory_lock
-from portal.services.realtime import live
 
 log = logging.getLogger(__name__)
 State = Booking.State
@@ -47,6 +46,7 @@ class PassResult:
     preempted: int = 0
     pending: int = 0
     skipped: int = 0  # starts whose devices changed since the snapshot (retried next pass)
+    never_met: int = 0  # pending bookings ended because a dependency can never be met
     stored: int = 0  # pending bookings whose planned start, position or reason changed
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -85,6 +85,7 @@ def _run(now: datetime) -> PassResult:
         return result
     plan = scheduler.plan(snap.state, scheduler_policy())
     clock.lap("plan")
+    result.never_met = _end_never_met(plan, now)
     result.preempted = _apply_preemptions(plan, now)
     started, skipped = _apply_starts(plan, snap, now)
     result.started += started
@@ -125,6 +126,19 @@ def _finish_ended(now: datetime) -> int:
     return count
 
 
+def _end_never_met(plan, now: datetime) -> int:
+    """Cancel the pending bookings whose dependencies can never be met, saying why."""
+    details = {line.booking_id: line.detail for line in plan.planned}
+    count = 0
+    for booking_id in plan.never_met:
+        with transaction.atomic(durable=True):
+            detail = details[booking_id][:300]
+            if booking_transition(int(booking_id), to=State.CANCELLED, now=now, detail=detail):
+                events.booking_changed(Booking(pk=int(booking_id)), "cancelled")
+                count += 1
+    return count
+
+
 def _apply_preemptions(plan, now: datetime) -> int:
     count = 0
     for preemption in plan.preemptions:
@@ -153,7 +167,7 @@ def _apply_starts(plan, snap: Snapshot, now: datetime) -> tuple[int, int]:
 
 def _store_plans(plan, snap: Snapshot, now: datetime) -> int:
     """Write each pending booking's planned start, position, reason and priority where changed."""
-    started = {s.booking_id for s in plan.starts}
+    started = {s.booking_id for s in plan.starts} | set(plan.never_met)
     changed = []
     for planned in plan.planned:
         if planned.booking_id in started:
@@ -166,9 +180,7 @@ def _store_plans(plan, snap: Snapshot, now: datetime) -> int:
             changed.append((stored.pk, *values))
     _bulk_store(changed)
     if changed:
-        transaction.on_commit(
-            lambda: live.group_send(live.QUEUE_GROUP, {"type": "queue.changed"}), robust=True
-        )
+        events.queue_changed(changed=len(changed))
     return len(changed)
 
 

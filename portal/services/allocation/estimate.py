@@ -23,6 +23,9 @@ from portal.services.allocation.snapshot import (
 )
 from portal.services.booking import bookings as booking_services
 from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.containers import image_check
+from portal.services.booking.dependencies import after_check, array_check, queued_only_check
+from portal.services.booking.job_env import job_env_check, node_count_gpus
 from portal.services.booking.sessions import session_request_check
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch
@@ -43,10 +46,33 @@ class Estimate:
 def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     """Validate like a submission (same refusals), then plan it without writing anything."""
     interactive = fields.pop("interactive", None)
+    job = {name: fields.pop(name, None) for name in ("workdir", "env", "signal")}
+    fields["gpus"] = node_count_gpus(
+        node_count=fields.pop("node_count", None),
+        gpus=fields.get("gpus"),
+        gpu_model=fields.get("gpu_model"),
+        mig_profile=fields.get("mig_profile"),
+    )
+    spec, after = array_check(fields.pop("array", None)), fields.pop("after", None)
+    image = fields.pop("image", None)
     request = check_request(user=user, now=now, **_request_fields(fields))
-    session_request_check(interactive=interactive, command=request.command)
+    kind = session_request_check(interactive=interactive, command=request.command)
+    job_env_check(command=request.command, **job)
+    image = image_check(
+        image=image,
+        command=request.command,
+        interactive=kind,
+        gpu_model=request.gpu_model,
+        mig_profile=request.mig_profile,
+    )
+    deps = after_check(user=user, after=after)
+    queued_only_check(
+        request, command=request.command, interactive=interactive, array=spec, after=deps
+    )
+    if deps.waiting:
+        return Estimate(planned_start=None, pending_reason="dependency", state_detail=deps.waiting)
     if request.start is not None:
-        return _estimate_reservation(user, request, now)
+        return _estimate_reservation(user, request, now, image)
     return _estimate_queued(user, request, now)
 
 
@@ -66,9 +92,9 @@ def _request_fields(fields: dict) -> dict:
     return {**defaults, **fields}
 
 
-def _estimate_reservation(user, request: BookingRequest, now: datetime) -> Estimate:
+def _estimate_reservation(user, request: BookingRequest, now: datetime, image: str) -> Estimate:
     try:
-        booking_services.check_reservation(user, request, now)
+        booking_services.check_reservation(user, request, now, image=image)
     except ApplicationError as exc:
         return Estimate(planned_start=None, pending_reason=exc.code, state_detail=exc.message)
     return Estimate(

@@ -16,8 +16,11 @@ from django.db.models import Max, TextField
 from django.db.models.functions import Cast
 
 import scheduler
+from agents.protocol import image_runtimes
 from portal.models import Allocation, Booking, mig_fraction
+from portal.models.inventory import runtimes_of
 from portal.services.booking import fairshare
+from portal.services.booking.dependencies import array_limit, pending_dependencies
 from portal.services.booking.quotas import QuotaAsk, quota_positions
 from portal.services.core.clock import EpochSeconds, to_epoch
 from portal.services.inventory import selectors as inventory
@@ -92,6 +95,9 @@ _PENDING_FIELDS = (
     "pending_reason",
     "state_detail",
     "priority_text",
+    "array_parent_id",
+    "array_spec",
+    "image",
 )
 
 
@@ -114,9 +120,11 @@ def snapshot_take(*, now: datetime) -> Snapshot:
             .order_by("submitted_at", "id")
             .values_list(*_PENDING_FIELDS)
         )
-        requests = [_request_row(row) for row in rows]
+        after, outcomes = pending_dependencies()
+        requests = [_request_row(row, after.get(row[0], ())) for row in rows]
         keys = {(row[3], row[1]): (row[4], row[2]) for row in rows}
         state, devices, recent = _state(now, requests, keys)
+        state = replace(state, outcomes=outcomes)
     pending = {
         row[0]: PendingRow(
             row[0], row[3], row[6], (_whole(row[12]), row[13], row[14], row[15], row[16])
@@ -130,7 +138,7 @@ def _whole(ts: float | None) -> int | None:
     return None if ts is None else round(ts)
 
 
-def _request_row(row: tuple):
+def _request_row(row: tuple, after: tuple):
     return scheduler.Request(
         booking_id=str(row[0]),
         user=f"{row[2]}@{row[4]}",
@@ -142,7 +150,16 @@ def _request_row(row: tuple):
         gpu_model=row[9] or None,
         qos=row[10],
         preemptible=row[11],
+        after=after,
+        array=str(row[17] or ""),
+        array_limit=array_limit(row[18]),
+        runtimes=_runtimes(row[19]),
     )
+
+
+def _runtimes(image: str) -> tuple[str, ...]:
+    # A booking in a container needs a node with a runtime that can run its image.
+    return image_runtimes(image) if image else ()
 
 
 def snapshot_plus(snap: Snapshot, *, now: datetime, bookings: list[Booking]):
@@ -219,7 +236,13 @@ def _devices() -> dict[str, tuple]:
     # scheduler's own objects.
     gpus = list(
         inventory.gpus_bookable().values_list(
-            "pk", "uuid", "model", "node_id", "node__hostname", "node__state"
+            "pk",
+            "uuid",
+            "model",
+            "node_id",
+            "node__hostname",
+            "node__state",
+            "node__container_runtimes",
         )
     )
     migs = inventory.mig_instances_bookable().values_list(
@@ -231,10 +254,11 @@ def _devices() -> dict[str, tuple]:
         "gpu__node_id",
         "gpu__node__hostname",
         "gpu__node__state",
+        "gpu__node__container_runtimes",
     )
     readings = latest_by_uuid([row[1] for row in gpus])
     devices: dict[str, tuple] = {}
-    for pk, uuid, model, node_id, hostname, node_state in gpus:
+    for pk, uuid, model, node_id, hostname, node_state, runtimes in gpus:
         reading = readings.get(uuid, {})
         devices[f"gpu:{pk}"] = (
             scheduler.Device(
@@ -245,10 +269,11 @@ def _devices() -> dict[str, tuple]:
                 node_state=node_state,
                 temperature_c=reading.get("temperature_c"),
                 utilization=reading.get("utilization_gpu"),
+                runtimes=runtimes_of(runtimes),
             ),
             DeviceRow(node_id, pk, None, 1.0),
         )
-    for pk, profile, slices, gpu_id, model, node_id, hostname, node_state in migs:
+    for pk, profile, slices, gpu_id, model, node_id, hostname, node_state, runtimes in migs:
         fraction = mig_fraction(slices)
         devices[f"mig:{pk}"] = (
             scheduler.Device(
@@ -259,6 +284,7 @@ def _devices() -> dict[str, tuple]:
                 fraction=fraction,
                 node_state=node_state,
                 parent=f"gpu:{gpu_id}",
+                runtimes=runtimes_of(runtimes),
             ),
             DeviceRow(node_id, gpu_id, pk, fraction),
         )
@@ -281,6 +307,7 @@ def _allocations(now: datetime) -> tuple:
             "booking__qos",
             "booking__preemptible",
             "booking__state",
+            "booking__array_parent_id",
         )
     )
     for row in live_rows:
@@ -299,6 +326,7 @@ def _allocations(now: datetime) -> tuple:
                 qos=first[7],
                 preemptible=first[8],
                 running=first[9] == State.ACTIVE,
+                array=str(first[10] or ""),
             )
         )
     return tuple(sorted(out, key=lambda a: a.booking_id))
@@ -340,4 +368,5 @@ def _request(booking: Booking):
         gpu_model=booking.gpu_model or None,
         qos=booking.qos,
         preemptible=booking.preemptible,
+        runtimes=_runtimes(booking.image),
     )

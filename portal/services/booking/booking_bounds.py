@@ -14,6 +14,12 @@ PROJECT_MAX = 64  # a project slug
 PROFILE_MAX = 32  # a MIG profile name ("3g.40gb"); MigInstance.profile
 MODEL_MAX = 64  # a GPU model name; Gpu.model
 DURATION_MIN_S = 60
+# A batch job's environment (agents/protocol.py keeps the same numbers for the wire).
+WORKDIR_MAX = 1024  # Booking.workdir
+ENV_VARS_MAX = 64
+ENV_NAME_MAX = 128
+ENV_VALUE_MAX = 4096
+ENV_TOTAL_MAX = 65536  # characters of all names and values together
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,26 @@ from django.db.models import F, Max, Min
 from django.db.models.functions import Least
 
 import scheduler
+from agents.protocol import image_runtimes
 from portal.errors import (
     InvalidState,
     NoCapacity,
     QuotaExceeded,
     ValidationFailed,
 )
-from portal.models import Allocation, Booking
+from portal.models import Allocation, Booking, BookingDependency
 from portal.services.access.audit import SYSTEM, Source, audit_booking, booking_state
 from portal.services.booking import events, fairshare
 from portal.services.booking.booking_bounds import request_bounds
 from portal.services.booking.booking_rules import BookingRequest, check_request
+from portal.services.booking.containers import image_check
+from portal.services.booking.dependencies import (
+    after_check,
+    array_check,
+    array_save,
+    queued_only_check,
+)
+from portal.services.booking.job_env import job_env_apply, job_env_check, node_count_gpus
 from portal.services.booking.quotas import quota_position
 from portal.services.booking.selectors import booking_get_for_change
 from portal.services.booking.sessions import session_prepare, session_request_check
@@ -55,14 +64,31 @@ def booking_submit(
     idempotency_key: str = "",
     request_digest: str = "",
     interactive: str | None = None,
+    workdir: str | None = None,
+    env: dict | None = None,
+    signal: str | None = None,
+    node_count: int | None = None,
+    array: str | None = None,
+    after: str | list[str] | None = None,
+    image: str | None = None,
 ) -> Booking:
     """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
 
     With an idempotency key (see booking/idempotency.py) the booking row claims it: a second
     booking with the key fails on the owner+key unique constraint (IntegrityError).
-    `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active.
+    `interactive` ("jupyterlab", "terminal") asks for a session the node runs while it is active;
+    `workdir`, `env` and `signal` ("USR1@120") are a batch job's environment (booking.job_env);
+    `node_count` asks for that many whole nodes (booking.job_env.node_count_gpus).
+    `array` ("0-99%10") queues one booking per task and returns the first; `after`
+    ("afterok:41") holds each until its dependencies are met (booking/dependencies.py);
+    `image` runs the command in that container image (booking/containers.py).
     """
+    gpus = node_count_gpus(
+        node_count=node_count, gpus=gpus, gpu_model=gpu_model, mig_profile=mig_profile
+    )
     interactive = session_request_check(interactive=interactive, command=command)
+    job = job_env_check(command=command, workdir=workdir, env=env, signal=signal)
+    spec, deps = array_check(array), after_check(user=user, after=after)
     request = check_request(
         user=user,
         now=now,
@@ -77,9 +103,19 @@ def booking_submit(
         preemptible=preemptible,
         command=command,
     )
+    queued_only_check(request, command=command, interactive=interactive, array=spec, after=deps)
+    image = image_check(
+        image=image,
+        command=request.command,
+        interactive=interactive,
+        gpu_model=request.gpu_model,
+        mig_profile=request.mig_profile,
+    )
     state = State.PENDING if request.start is None else State.PLANNED
     booking = booking_from_request(user, request, now, state)
+    booking.image = image
     session_prepare(booking, interactive=interactive)
+    job_env_apply(booking, job)
     booking.planned_start = request.start
     booking.idempotency_key, booking.request_digest = idempotency_key, request_digest
     # Validated before the transaction: the model's checks read nothing the booking locks protect,
@@ -87,10 +123,13 @@ def booking_submit(
     # The key's uniqueness is the database's to check, in the transaction that claims it.
     booking.full_clean(exclude=["idempotency_key"])
     with transaction.atomic(durable=True):
-        if request.start is None:
-            booking.save()
-        else:
+        if request.start is not None:
             _reserve(booking, request, now)
+        elif spec is None:
+            booking.save()
+            BookingDependency.objects.bulk_create(deps.rows(booking))
+        else:
+            array_save(booking, array.strip(), spec.task_ids, deps)
         audit_booking(action="booking.submit", booking=booking, actor=user, source=source)
         events.booking_changed(booking, "submitted", cause="owner")
     return booking
@@ -123,7 +162,7 @@ def _reserve(booking: Booking, request: BookingRequest, now: datetime) -> None:
     lock_nodes(
         inventory.candidate_node_ids(gpu_model=request.gpu_model, mig_profile=request.mig_profile)
     )
-    devices = check_reservation(booking.owner, request, now)
+    devices = check_reservation(booking.owner, request, now, image=booking.image)
     booking.save()
     if not allocations_write(
         booking=booking, devices=devices, start=request.start, end=request.end
@@ -156,10 +195,12 @@ def allocations_write(
     return True
 
 
-def check_reservation(user, request: BookingRequest, now: datetime) -> list[Slot]:
+def check_reservation(
+    user, request: BookingRequest, now: datetime, *, image: str = ""
+) -> list[Slot]:
     """The devices a reservation would get now, or the refusal (quota, no capacity). Reads only."""
     _check_window_quota(user, request, now)
-    return _place(request)
+    return _place(request, image)
 
 
 def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
@@ -203,8 +244,9 @@ def _quota_exceeded(
     return QuotaExceeded(f"Quota gpu_hours_budget: {reason}", fields={budget: reason}, extra=extra)
 
 
-def _place(request: BookingRequest) -> list[Slot]:
+def _place(request: BookingRequest, image: str) -> list[Slot]:
     devices, free = placement.devices_for_window(
+        runtimes=image_runtimes(image) if image else (),
         start=request.start,
         end=request.end,
         gpus=request.gpus,
@@ -329,6 +371,9 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
             requeued_at=now,
             exit_code=None,
             log_tail="",
+            # The next run is a restart (GPU_PORTAL_RESTART_COUNT) and meets on a new port.
+            restart_count=F("restart_count") + 1,
+            master_port=None,
             state_detail=f"{detail}; requeued",
         )
     booking.refresh_from_db()

@@ -26,6 +26,10 @@ from portal.services.core.outbox import fact_record
 
 BOOKING_CHANGED = "booking_changed"
 NODE_DOWN = "node_down"
+# A node came up, was drained or returned, or registered its devices: the queue may move.
+NODE_CHANGED = "node_changed"
+# The pass stored new planned starts or positions: open queue pages refresh.
+QUEUE_CHANGED = "queue_changed"
 
 # Events after which the queue may move: ask for an allocation pass.
 _QUEUE_EVENTS = {
@@ -58,6 +62,23 @@ def booking_changed(booking, event: str, *, cause: str = "site") -> None:
         booking_id=booking.pk,
         payload={"event": event, "cause": _cause.get() or cause},
     )
+
+
+def node_changed(*, node_id: int, change: str) -> None:
+    """Record that node `node_id` changed in a way that may move the queue (`change`: "up",
+    "drain", "return" or "registered"), in the caller's transaction."""
+    fact_record(kind=NODE_CHANGED, node_id=node_id, payload={"change": change, "cause": "site"})
+
+
+def queue_changed(*, changed: int) -> None:
+    """Record that the pass stored `changed` new plans (planned starts, positions, reasons)."""
+    fact_record(kind=QUEUE_CHANGED, payload={"changed": changed, "cause": "site"})
+
+
+def node_fact_pass_request(fact) -> None:
+    """Subscriber: a node that came up, went down, was drained, returned or registered asks for
+    an allocation pass (what fits where may have changed)."""
+    request_allocation_pass()
 
 
 def booking_fact_pass_request(fact) -> None:

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from agents.protocol import image_runtimes
 from portal.errors import Busy
 from portal.models import Allocation, Booking, Node
 from portal.services.booking import events
@@ -105,6 +106,7 @@ def _move(booking: Booking, now: datetime, detail: str) -> bool:
             gpus=booking.gpus,
             mig_profile=booking.mig_profile,
             gpu_model=booking.gpu_model,
+            runtimes=image_runtimes(booking.image) if booking.image else (),
         )
         if not devices or not allocations_write(
             booking=booking, devices=devices, start=start, end=booking.end

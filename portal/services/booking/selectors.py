@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from django.db.models import OuterRef, Subquery
 
 from portal.errors import NotAllowed, NotFound
-from portal.models import Allocation, Booking
+from portal.models import Allocation, Booking, BookingDependency
 from portal.services.access import permissions
 from portal.services.booking.sessions import (
     Interactive,
@@ -150,3 +150,23 @@ def session_summary(
         "detail": detail,
         "url": url if state == SessionState.RUNNING else "",
     }
+
+
+def dependencies_by_booking(booking_ids: list[int]) -> dict[int, list[dict]]:
+    """Each booking's dependencies as the API shows them ({"kind", "booking"}), in one query."""
+    found: dict[int, list[dict]] = {}
+    rows = (
+        BookingDependency.objects.filter(booking_id__in=booking_ids)
+        .order_by("booking_id", "target_id")
+        .values_list("booking_id", "kind", "target_id")
+    )
+    for booking_id, kind, target_id in rows:
+        found.setdefault(booking_id, []).append({"kind": kind, "booking": target_id})
+    return found
+
+
+def array_view(*, parent_id: int | None, task_id: int | None, spec: str) -> dict | None:
+    """A task's place in its array as the API shows it (None: not an array task)."""
+    if parent_id is None:
+        return None
+    return {"job_id": parent_id, "task_id": task_id, "spec": spec}

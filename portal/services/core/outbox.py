@@ -26,6 +26,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from portal.models import DomainEvent
+from portal.services.core import counters
 from portal.services.core.jobs import job_enqueue
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ SWEEP_GRACE_S = 10
 SWEEP_BATCH = 500
 # Dispatched facts are kept this long for whoever looks into what was sent, then deleted.
 KEEP_DAYS = 7
+# A fact whose subscriber keeps failing is retried with a growing wait (RETRY_BASE_S doubled per
+# attempt, at most RETRY_MAX_S), and after MAX_ATTEMPTS no more: it stays undispatched, with
+# its last error, for an admin to look at (/admin/ Domain events, the gpu_portal_outbox_given_up_total counter on /metrics).
+RETRY_BASE_S = 30
+RETRY_MAX_S = 3600
+MAX_ATTEMPTS = 12
 
 _subscribers: dict[str, list[tuple[str, Handler]]] = {}
 
@@ -100,11 +107,16 @@ def outbox_sweep(*, now: datetime) -> int:
     DomainEvent.objects.filter(dispatched_at__lt=now - timedelta(days=KEEP_DAYS)).delete()
     left = (
         DomainEvent.objects.filter(dispatched_at=None, created_at__lt=now - _seconds(SWEEP_GRACE_S))
-        .filter(Q(claimed_until=None) | Q(claimed_until__lt=now))
+        .filter(Q(claimed_until=None) | Q(claimed_until__lt=now), attempts__lt=MAX_ATTEMPTS)
         .order_by("id")
         .values_list("pk", flat=True)[:SWEEP_BATCH]
     )
     return facts_dispatch(fact_ids=list(left), now=now)
+
+
+def retry_wait_s(attempts: int) -> float:
+    """How long a fact waits after its `attempts`-th failed dispatch before the sweep tries again."""
+    return min(RETRY_BASE_S * 2 ** (attempts - 1), RETRY_MAX_S)
 
 
 def _seconds(s: float) -> timedelta:
@@ -137,9 +149,16 @@ def _dispatch_one(fact_id: int, now: datetime) -> bool:
             log.exception("subscriber %s failed on fact %s", name, fact_id)
             failed = failed or f"{name}: {exc}"[:300]
     if failed:
+        # The claim becomes the wait before the next try: the sweep skips a fact until then.
+        attempts = fact.attempts + 1
         DomainEvent.objects.filter(pk=fact_id).update(
-            claimed_until=None, attempts=F("attempts") + 1, last_error=failed
+            claimed_until=now + _seconds(retry_wait_s(attempts)),
+            attempts=F("attempts") + 1,
+            last_error=failed,
         )
+        if attempts >= MAX_ATTEMPTS:
+            counters.counter_add("outbox_given_up")
+            log.error("fact %s given up after %s attempts: %s", fact_id, attempts, failed)
         return False
     DomainEvent.objects.filter(pk=fact_id).update(
         dispatched_at=timezone.now(), claimed_until=None, attempts=F("attempts") + 1

@@ -29,7 +29,15 @@ from portal.services.booking.bookings import booking_transition
 from portal.services.booking.sessions import session_event_apply
 from portal.services.core.jobs import job_enqueue
 from portal.services.fleet.nodes import node_check_hostname, node_inventory_update
-from portal.services.fleet.selectors import agent_desired
+from portal.services.fleet.runs import (
+    agent_desired_dispatch,
+    booking_is_multi_node,
+    gang_outcome,
+    node_run_end,
+    node_run_output,
+    node_run_started,
+)
+from portal.services.fleet.selectors import booking_node_places
 from portal.services.fleet.telemetry import node_device_uuids, node_devices_forget
 from portal.services.realtime import live
 
@@ -97,10 +105,14 @@ def agent_register(
     _check_devices_not_elsewhere(node, request)
     with transaction.atomic():
         node_inventory_update(node=node, gpus=[protocol.to_json(g) for g in request.gpus])
+        runtimes = [r for r in protocol.CONTAINER_RUNTIMES if r in request.container_runtimes]
         Node.objects.filter(pk=node.pk).update(
-            agent_version=request.agent_version, registered_from=_ip_or_none(address)
+            agent_version=request.agent_version,
+            address=request.address or "",
+            container_runtimes=",".join(runtimes),
+            registered_from=_ip_or_none(address),
         )
-        booking_events.request_allocation_pass()  # the inventory may have grown
+        booking_events.node_changed(node_id=node.pk, change="registered")  # devices may differ
     node_devices_forget(node_id=node.pk)
     return RegisterResponse(
         node=node.hostname,
@@ -166,7 +178,7 @@ def booking_fact_push(fact) -> None:
 def desired_push(*, node_ids) -> None:
     """Tell these nodes' agents (websocket group) their desired state changed. After commit only."""
     for node_id in sorted(set(node_ids)):
-        generation = agent_desired(node_id=node_id).generation
+        generation = agent_desired_dispatch(node_id=node_id).generation
         live.group_send(
             live.agent_group(node_id), {"type": "desired.changed", "generation": generation}
         )
@@ -224,6 +236,7 @@ def _apply(node: Node, event: Event, now: datetime) -> None:
         Booking.objects.filter(
             pk=event.booking_id, state=Booking.State.ACTIVE, started_at__isnull=True
         ).update(started_at=event.time)
+        node_run_started(booking_id=event.booking_id, node_id=node.pk, when=event.time)
     elif event.kind in ("exited", "stopped"):
         _record_exit(node, event, min(event.time, now))
     elif event.kind == "output":
@@ -243,9 +256,13 @@ def _record_output(node: Node, event: Event) -> None:
         gpu__node=node,
         booking__state=Booking.State.ACTIVE,
     ).exists()
-    throttle = f"booking-output:{event.booking_id}"
+    throttle = f"booking-output:{event.booking_id}:{node.pk}"
     if not running_here or not cache.add(throttle, 1, settings.BOOKING_OUTPUT_MIN_INTERVAL_S):
         return
+    node_run_output(booking_id=event.booking_id, node_id=node.pk, log_tail=event.log_tail)
+    booking = Booking.objects.get(pk=event.booking_id)
+    if booking_is_multi_node(booking) and not _is_rank0(booking, node):
+        return  # the booking shows rank 0's output; each node's is on its run
     Booking.objects.filter(pk=event.booking_id).update(log_tail=event.log_tail)
     owner_id = Booking.objects.values_list("owner_id", flat=True).get(pk=event.booking_id)
     transaction.on_commit(
@@ -267,6 +284,10 @@ def _record_exit(node: Node, event: Event, when: datetime) -> None:
         # Requeued: pending again, or already running elsewhere; the old run's exit is no news.
         log.info("ignoring %s of booking %s: it was requeued", event.kind, booking.pk)
         return
+    run = node_run_end(booking=booking, node_id=node.pk, event=event, when=when)
+    if booking_is_multi_node(booking):
+        _record_gang_exit(booking, run, event, when)
+        return
     fields = {"log_tail": event.log_tail, "exit_code": event.exit_code}
     fields = {name: value for name, value in fields.items() if value is not None}
     if fields:
@@ -276,6 +297,33 @@ def _record_exit(node: Node, event: Event, when: datetime) -> None:
     to, what, detail = _outcome(event)
     if booking_transition(booking.pk, to=to, now=when, detail=detail[:300]):
         booking_events.booking_changed(booking, what)
+
+
+def _record_gang_exit(booking: Booking, run, event: Event, when: datetime) -> None:
+    # Only the exit that decides writes the booking's exit code and output; a node stopped
+    # after the booking ended has its say on its own run.
+    if event.kind != "exited" or booking.state != Booking.State.ACTIVE:
+        return
+    outcome = gang_outcome(booking, run)
+    if outcome is None:
+        return
+    to, what, detail = outcome
+    if booking_transition(booking.pk, to=to, now=when, detail=detail[:300]):
+        shown = (
+            run
+            if to == Booking.State.FAILED
+            else booking.node_runs.filter(restart=booking.restart_count).order_by("rank").first()
+        )
+        Booking.objects.filter(pk=booking.pk).update(
+            exit_code=run.exit_code if to == Booking.State.FAILED else 0,
+            log_tail=shown.log_tail if shown else "",
+        )
+        booking_events.booking_changed(booking, what)
+
+
+def _is_rank0(booking: Booking, node: Node) -> bool:
+    nodes = booking_node_places(booking_ids=[booking.pk])[booking.pk]
+    return bool(nodes) and nodes[0].node_id == node.pk
 
 
 def _outcome(event: Event) -> tuple[str, str, str]:

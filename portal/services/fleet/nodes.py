@@ -236,7 +236,7 @@ def node_mark_seen(*, node: Node, agent_version: str = "") -> bool:
         state=Node.State.UP, state_reason=""
     )
     if came_up:
-        events.request_allocation_pass()
+        events.node_changed(node_id=node.pk, change="up")
     return bool(came_up)
 
 
@@ -283,7 +283,6 @@ def _node_down(node_id: int, hostname: str, cutoff: datetime, now: datetime) -> 
             payload={"hostname": hostname, "reason": reason, "at": now.isoformat()},
             now=now,
         )
-        events.request_allocation_pass()
     return True
 
 
@@ -326,7 +325,6 @@ def _node_set_state(node_ids, state, reason, action, actor, source, *, only=None
                 before={"state": node.state, "state_reason": node.state_reason},
                 after={"state": state, "state_reason": reason},
             )
+            events.node_changed(node_id=node.pk, change=action.split(".")[1])
             changed += 1
-    if changed:
-        events.request_allocation_pass()
     return changed

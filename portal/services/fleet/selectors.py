@@ -4,14 +4,17 @@ a node's desired state, a device's reading history (writes live in `agents`, `no
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
 
 from agents import protocol
-from agents.protocol import DesiredBooking, DesiredState
+from agents.protocol import DesiredBooking, DesiredState, EnvVar, NodePlace
 from portal.errors import ValidationFailed
+from portal.job_env import signal_parse
 from portal.models import Allocation, Booking, Node, Sample, SampleMinute
 from portal.models.tokens import hash_token
 from portal.services.fleet.telemetry import SAMPLE_VALUES, floor_minute
@@ -47,6 +50,7 @@ def _desired_bookings(node_id: int) -> list[DesiredBooking]:
     grouped: dict[int, list[Allocation]] = {}
     for allocation in allocations:
         grouped.setdefault(allocation.booking_id, []).append(allocation)
+    places = booking_node_places(booking_ids=list(grouped))
     return [
         DesiredBooking(
             booking_id=booking_id,
@@ -56,6 +60,10 @@ def _desired_bookings(node_id: int) -> list[DesiredBooking]:
             end=max(a.end for a in held),
             command=held[0].booking.command or None,
             **_session_fields(held[0].booking),
+            **_job_fields(held[0].booking, places[booking_id], node_id),
+            array_job_id=held[0].booking.array_parent_id,
+            array_task_id=held[0].booking.array_task_id,
+            image=held[0].booking.image or None,
         )
         for booking_id, held in grouped.items()
     ]
@@ -65,6 +73,55 @@ def _session_fields(booking: Booking) -> dict:
     if booking.interactive == Booking.Interactive.NONE:
         return {}
     return {"interactive": booking.interactive, "session_token": booking.session_token}
+
+
+@dataclass(frozen=True)
+class BookingNode:
+    """One node of a running booking: its rank (nodes in hostname order) and its place."""
+
+    node_id: int
+    rank: int
+    place: NodePlace
+
+
+def booking_node_places(*, booking_ids: list[int]) -> dict[int, list[BookingNode]]:
+    """The nodes each booking holds live devices on, in rank order (by hostname).
+
+    The one rank rule: desired state, rendezvous ports and per-node exits all ask here.
+    """
+    rows = (
+        Allocation.objects.filter(booking_id__in=booking_ids, live=True)
+        .values("booking_id", "gpu__node_id", "gpu__node__hostname", "gpu__node__address")
+        .annotate(slots=Count("id"))
+        .order_by("booking_id", "gpu__node__hostname")
+    )
+    found: dict[int, list[BookingNode]] = {booking_id: [] for booking_id in booking_ids}
+    for row in rows:
+        nodes = found[row["booking_id"]]
+        hostname = row["gpu__node__hostname"]
+        place = NodePlace(hostname, row["gpu__node__address"] or hostname, row["slots"])
+        nodes.append(BookingNode(row["gpu__node_id"], len(nodes), place))
+    return found
+
+
+def _job_fields(booking: Booking, nodes: list[BookingNode], node_id: int) -> dict:
+    if not booking.command:
+        return {}
+    signal_name, before = booking.signal_name, booking.signal_before_s
+    if not signal_name and settings.JOB_SIGNAL_DEFAULT:
+        signal_name, before = signal_parse(settings.JOB_SIGNAL_DEFAULT)
+    return {
+        "workdir": booking.workdir or None,
+        "env": [EnvVar(name, value) for name, value in sorted(booking.env.items())],
+        "nodes": [node.place for node in nodes],
+        "node_rank": next(node.rank for node in nodes if node.node_id == node_id),
+        # One node picks a free port itself; several meet on the one the portal handed out.
+        "master_port": booking.master_port if len(nodes) > 1 else None,
+        "warn_signal": signal_name or None,
+        "warn_before_s": before or 0,
+        "kill_wait_s": settings.JOB_KILL_WAIT_S,
+        "restart_count": booking.restart_count,
+    }
 
 
 def history_resolution(*, since: datetime, resolution: str = "auto") -> str:

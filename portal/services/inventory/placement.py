@@ -21,9 +21,14 @@ def devices_for_window(
     mig_profile: str = "",
     gpu_model: str = "",
     allowed_models: tuple[str, ...] = (),
+    runtimes: tuple[str, ...] = (),
 ) -> tuple[list[Slot] | None, int]:
-    """Devices for a fixed window by the placement rules, or None; and how many matched free."""
+    """Devices for a fixed window by the placement rules, or None; and how many matched free.
+    With ``runtimes`` (a booking in a container) only nodes with one of them count."""
     slots = _slots(mig_profile=mig_profile, gpu_model=gpu_model, allowed_models=allowed_models)
+    if runtimes:
+        able = set(inventory.node_ids_with_runtime(runtimes))
+        slots = tuple(slot for slot in slots if slot.node in able)
     wanted = Wanted(
         gpus=gpus,
         start=to_epoch(start),

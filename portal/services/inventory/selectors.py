@@ -12,6 +12,7 @@ from django.db.models import Count, QuerySet
 
 import scheduler
 from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
+from portal.models.inventory import runtimes_of
 
 
 def gpus_live() -> QuerySet:
@@ -70,8 +71,8 @@ def admission_devices() -> tuple[scheduler.Device, ...]:
     return tuple(devices)
 
 
-def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[int]:
-    """Up nodes that could hold the request at all: the rows the booking path locks."""
+def _devices_like(gpu_model: str, mig_profile: str) -> tuple[QuerySet, str]:
+    """Bookable devices of the kind a request asks for, and the name of their node's id."""
     if mig_profile:
         devices = mig_instances_bookable().filter(profile=mig_profile)
         node, model = "gpu__node_id", "gpu__model"
@@ -79,8 +80,31 @@ def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[in
         devices, node, model = gpus_bookable(), "node_id", "model"
     if gpu_model:
         devices = devices.filter(**{model: gpu_model})
+    return devices, node
+
+
+def candidate_node_ids(*, gpu_model: str = "", mig_profile: str = "") -> list[int]:
+    """Up nodes that could hold the request at all: the rows the booking path locks."""
+    devices, node = _devices_like(gpu_model, mig_profile)
     up = Node.objects.filter(state=Node.State.UP).values("id")
     return sorted(set(devices.filter(**{f"{node}__in": up}).values_list(node, flat=True)))
+
+
+def node_container_runtimes(
+    *, gpu_model: str = "", mig_profile: str = ""
+) -> dict[str, tuple[str, ...]]:
+    """The container runtimes of each node that has devices such a request could get (up or
+    not: a node down for a moment still counts), by hostname."""
+    devices, node = _devices_like(gpu_model, mig_profile)
+    nodes = Node.objects.filter(pk__in=devices.values(node)).order_by("hostname")
+    rows = nodes.values_list("hostname", "container_runtimes")
+    return {hostname: runtimes_of(text) for hostname, text in rows}
+
+
+def node_ids_with_runtime(runtimes: tuple[str, ...]) -> list[int]:
+    """Nodes whose agent reported one of these container runtimes."""
+    rows = Node.objects.exclude(container_runtimes="").values_list("pk", "container_runtimes")
+    return [pk for pk, text in rows if set(runtimes_of(text)) & set(runtimes)]
 
 
 def _held_now(now: datetime) -> QuerySet:

@@ -31,6 +31,7 @@ from portal.models import (
     NotificationPreference,
     ProjectNotificationSettings,
 )
+from portal.services.access import permissions
 from portal.services.core.jobs import job_enqueue
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,8 @@ def _targets(notification, booking, users, admins) -> list[tuple]:
     if booking is not None:
         people.append(booking.owner)
     if admins:
-        people += list(get_user_model().objects.filter(is_staff=True, is_active=True))
+        site_wide = permissions.site_wide_users_filter("notify.site_events")
+        people += list(get_user_model().objects.filter(site_wide, is_active=True).order_by("pk"))
     config = (
         _read(
             ("project", booking.project_id),

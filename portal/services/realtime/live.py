@@ -45,3 +45,8 @@ def booking_output_broadcast(*, booking_id: int, owner_id: int, log_tail: str) -
     """Send a running booking's latest output tail to its owner's open pages."""
     message = {"type": "booking.output", "booking_id": booking_id, "log_tail": log_tail}
     group_send(user_group(owner_id), message)
+
+
+def queue_fact_broadcast(fact) -> None:
+    """Subscriber: the pass stored new plans; open queue pages refresh their queue view."""
+    group_send(QUEUE_GROUP, {"type": "queue.changed"})

@@ -186,6 +186,8 @@ COUNTERS = {
     "readings_ingested": "Device readings stored from node agents.",
     "estimate_snapshots": "Copies of the queue read for start estimates (one serves "
     "ESTIMATE_SNAPSHOT_TTL_S seconds of them).",
+    "outbox_given_up": "Domain facts whose subscribers kept failing and are no longer retried "
+    "(outbox.MAX_ATTEMPTS).",
     "notification_failures:email": "Notifications that could not be sent, by channel.",
     "notification_failures:slack": "Notifications that could not be sent, by channel.",
 }
@@ -207,6 +209,11 @@ def _counter_metrics():
         "gpu_portal_estimate_snapshots",
         COUNTERS["estimate_snapshots"],
         value=stored.get("estimate_snapshots", 0),
+    )
+    yield CounterMetricFamily(
+        "gpu_portal_outbox_given_up",
+        COUNTERS["outbox_given_up"],
+        value=stored.get("outbox_given_up", 0),
     )
     failures = CounterMetricFamily(
         "gpu_portal_notification_failures",

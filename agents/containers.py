@@ -1,0 +1,136 @@
+"""Running a booking's command in a container image: the node's runtimes and their launch lines.
+
+A booking that names an image runs ``/bin/sh -c COMMAND`` inside it through one of the node's
+runtimes, with only the booked devices visible and the same user, working directory,
+environment and signals as a plain job:
+
+- Podman and Docker get the devices through CDI (``--device nvidia.com/gpu=<UUID>``; the node
+  generates its CDI spec with ``nvidia-ctk cdi generate --device-name-strategy=uuid``), run the
+  command as the job's uid:gid (Podman rootless keeps it with ``--userns=keep-id``), bind the
+  working directory, forward the environment by name (values never on the command line), and
+  put an init in the container (``--init``) so the SIGTERM the agent sends the runtime's
+  client reaches the command, not a PID 1 that ignores it.
+- Apptainer and Singularity run as the job's user already; ``--nv --nvccli`` with
+  ``NVIDIA_VISIBLE_DEVICES`` mounts the booked GPUs only, ``--cleanenv`` keeps the host's
+  environment out and ``APPTAINERENV_``/``SINGULARITYENV_`` variables carry the job's in.
+
+Which runtimes may run which image is ``protocol.image_runtimes`` (shared with the portal, which
+refuses at submit an image no node can run).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from agents.protocol import CONTAINER_RUNTIMES, image_runtimes
+
+SHELL = "/bin/sh"
+log = logging.getLogger(__name__)
+
+
+def detect_runtimes(which=shutil.which) -> list[str]:
+    """The container runtimes installed on this node, in the portal's order."""
+    return [name for name in CONTAINER_RUNTIMES if which(name)]
+
+
+@dataclass(frozen=True)
+class ContainerLaunch:
+    """The runtime's command line and the variables it needs in its own environment."""
+
+    runtime: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    # [runtime, container name] for a runtime whose container outlives a killed client.
+    handle: list[str] | None = None
+
+
+class NoRuntime(OSError):
+    """No runtime of this node can run the image; the message says which would."""
+
+
+def container_launch(
+    *,
+    runtimes: Iterable[str],
+    booking_id: int,
+    image: str,
+    command: str,
+    device_uuids: list[str],
+    uid: int,
+    gid: int,
+    env: Mapping[str, str],
+    workdir: str,
+    extra_args: Mapping[str, list[str]] | None = None,
+) -> ContainerLaunch:
+    """The launch of ``command`` in ``image`` on the first runtime of ``runtimes`` that can run
+    it. ``env`` is the job's environment (it goes into the container); ``extra_args`` are the
+    site's own options per runtime (e.g. podman's ``--runtime``), placed before the image."""
+    have = list(runtimes)
+    usable = [name for name in image_runtimes(image) if name in have]
+    if not usable:
+        wanted = " or ".join(image_runtimes(image))
+        raise NoRuntime(
+            f"image {image!r} needs {wanted}; this node has {', '.join(have) or 'none'}"
+        )
+    runtime = usable[0]
+    extra = list((extra_args or {}).get(runtime, ()))
+    if runtime in ("podman", "docker"):
+        argv = _oci_argv(runtime, booking_id, image, device_uuids, uid, gid, env, workdir, extra)
+        handle = [runtime, f"gpu-portal-{booking_id}"]
+        return ContainerLaunch(runtime, argv + [SHELL, "-c", command], handle=handle)
+    argv, runtime_env = _apptainer(runtime, image, device_uuids, env, workdir, extra)
+    return ContainerLaunch(runtime, argv + [SHELL, "-c", command], runtime_env)
+
+
+def container_remove(handle: list[str] | None, unix_user: str) -> None:
+    """Remove a stopped job's container: Podman's and Docker's keep running under their
+    monitor when the client is killed (SIGKILL after the grace), holding the GPUs."""
+    if not handle:
+        return
+    runtime, name = handle
+    as_user = {}
+    if os.geteuid() == 0 and unix_user != "root" and runtime == "podman":
+        account = pwd.getpwnam(unix_user)  # rootless Podman: the user's own containers
+        as_user = {"user": account.pw_uid, "group": account.pw_gid}
+    try:
+        subprocess.run(
+            [runtime, "rm", "--force", name],
+            capture_output=True,
+            timeout=30,
+            check=False,
+            **as_user,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("could not remove container %s: %s", name, exc)
+
+
+def _oci_argv(runtime, booking_id, image, device_uuids, uid, gid, env, workdir, extra):
+    argv = [runtime, "run", "--rm", "--init", "--name", f"gpu-portal-{booking_id}"]
+    argv += ["--user", f"{uid}:{gid}"]
+    if runtime == "podman" and os.geteuid() != 0:
+        argv.append("--userns=keep-id")  # rootless: the job's uid inside is the user's own
+    argv += ["--workdir", workdir, "--volume", f"{workdir}:{workdir}"]
+    for name in sorted(env):
+        if name != "PATH":  # the image's own PATH finds its programs
+            argv += ["--env", name]
+    for uuid in device_uuids:
+        argv += ["--device", f"nvidia.com/gpu={uuid}"]
+    return argv + extra + [_oci_reference(image)]
+
+
+def _oci_reference(image: str) -> str:
+    # Podman and Docker name images without a transport.
+    return image.removeprefix("docker://")
+
+
+def _apptainer(runtime, image, device_uuids, env, workdir, extra):
+    prefix = "APPTAINERENV_" if runtime == "apptainer" else "SINGULARITYENV_"
+    runtime_env = {f"{prefix}{name}": value for name, value in env.items()}
+    runtime_env["NVIDIA_VISIBLE_DEVICES"] = ",".join(device_uuids) or "void"
+    argv = [runtime, "exec", "--nv", "--nvccli", "--cleanenv", "--pwd", workdir]
+    return argv + extra + [image], runtime_env
