@@ -61,6 +61,13 @@ UINT = (0, 2**31 - 1)  # PositiveIntegerField
 FLOAT_LIMIT = 1e9
 # How much of a batch job's output (its last bytes) events carry; the booking page says so.
 LOG_TAIL_BYTES = 4096
+# Items one request may carry (a 400 naming the list and the limit beyond): a node's GPUs, its
+# devices' readings (each GPU and MIG instance), processes per device, events per batch.
+MAX_GPUS = 64
+MAX_READINGS = MAX_GPUS * (1 + MIG_SLICES)
+MAX_PROCESSES = 1024
+MAX_EVENTS = 500
+MAX_BOOKINGS = 4096
 # A batch job's environment (portal booking_bounds holds the same numbers; a portal test checks).
 WORKDIR_MAX = 1024
 ENV_NAME_MAX = 128
@@ -76,14 +83,39 @@ def bounded(
     low: float | None = None,
     high: float | None = None,
     ints: tuple[int, int] = INT32,
+    max_items: int | None = None,
+    text: bool | None = None,
     default: Any = dataclasses.MISSING,
+    default_factory: Any = dataclasses.MISSING,
 ) -> Any:
-    """A message field with bounds: strings up to `max_length`, numbers in [low, high]."""
-    limits = {"max_length": max_length, "low": low, "high": high, "ints": ints}
+    """A message field with bounds: strings up to `max_length`, numbers in [low, high], lists
+    of at most `max_items`. A `text` string (free text: the long ones by default, such as a
+    detail or a log tail) may hold tabs and line breaks; any other string (a name, a UUID, a
+    model) refuses every control character, so a CR/LF cannot reach a mail header or a page."""
+    limits = {
+        "max_length": max_length,
+        "low": low,
+        "high": high,
+        "ints": ints,
+        "max_items": max_items,
+        "text": max_length >= STRING_MAX if text is None else text,
+    }
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata={"limits": limits})
     return field(default=default, metadata={"limits": limits})
 
 
-_NO_LIMITS = {"max_length": STRING_MAX, "low": None, "high": None, "ints": INT32}
+_NO_LIMITS = {
+    "max_length": STRING_MAX,
+    "low": None,
+    "high": None,
+    "ints": INT32,
+    "max_items": None,
+    "text": True,
+}
+# Control characters: none in a name; in free text only tab, line feed and carriage return.
+_CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
+_TEXT_CONTROL = _CONTROL - {"\t", "\n", "\r"} - {"\x1b"}  # and ESC: job output has colours
 
 
 class ProtocolError(ValueError):
@@ -129,7 +161,7 @@ class GpuInventory:
     model: str = bounded(max_length=MODEL_MAX)
     memory_total_mib: int = bounded(low=0, ints=UINT)
     mig_mode: bool = bounded()
-    mig_instances: list[MigInventory] = field(default_factory=list)
+    mig_instances: list[MigInventory] = bounded(max_items=MIG_SLICES, default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -138,7 +170,7 @@ class RegisterRequest:
 
     hostname: str = bounded(max_length=HOSTNAME_MAX)
     agent_version: str = bounded(max_length=VERSION_MAX)
-    gpus: list[GpuInventory] = bounded()
+    gpus: list[GpuInventory] = bounded(max_items=MAX_GPUS)
     protocol: int = PROTOCOL_VERSION
     # The node's address on the site network (--address): multi-node jobs reach rank 0 there.
     address: str | None = bounded(max_length=HOSTNAME_MAX, default=None)
@@ -179,7 +211,7 @@ class DeviceReading:
     memory_total_mib: int | None = bounded(low=0)
     temperature_c: float | None = bounded()
     power_w: float | None = bounded(low=0)
-    processes: list[ProcessReading] = field(default_factory=list)
+    processes: list[ProcessReading] = bounded(max_items=MAX_PROCESSES, default_factory=list)
     # Energy used since the driver loaded (NVML's total energy counter), in millijoules.
     energy_mj: int | None = bounded(low=0, ints=INT64, default=None)
 
@@ -190,7 +222,7 @@ class ReadingsRequest:
 
     hostname: str = bounded(max_length=HOSTNAME_MAX)
     time: datetime = bounded()
-    readings: list[DeviceReading] = bounded()
+    readings: list[DeviceReading] = bounded(max_items=MAX_READINGS)
 
 
 @dataclass(frozen=True)
@@ -254,7 +286,7 @@ class DesiredState:
     """GET DESIRED_PATH: the active bookings on this node, versioned by `generation`."""
 
     generation: int = bounded(low=0, ints=INT64)
-    bookings: list[DesiredBooking] = bounded()
+    bookings: list[DesiredBooking] = bounded(max_items=MAX_BOOKINGS)
 
 
 @dataclass(frozen=True)
@@ -284,7 +316,7 @@ class Event:
 class EventsRequest:
     """POST EVENTS_PATH: a batch of events, oldest first."""
 
-    events: list[Event]
+    events: list[Event] = bounded(max_items=MAX_EVENTS)
 
 
 @dataclass(frozen=True)
@@ -389,6 +421,9 @@ def _decode(hint: Any, value: Any, where: str, limits: dict, strict: bool) -> An
     if origin is list:
         if not isinstance(value, list):
             raise ProtocolError(where, "must be a list")
+        most = limits.get("max_items")
+        if most is not None and len(value) > most:
+            raise ProtocolError(where, f"has {len(value)} items; at most {most} per request")
         (inner,) = typing.get_args(hint)
         return [
             _decode(inner, item, f"{where}[{i}]", limits, strict) for i, item in enumerate(value)
@@ -406,6 +441,10 @@ def _check_bounds(value: Any, where: str, limits: dict) -> Any:
             raise ProtocolError(where, f"longer than {limits['max_length']} characters")
         if "\x00" in value:
             raise ProtocolError(where, "must not contain NUL characters")
+        if not _CONTROL.isdisjoint(value) and (
+            not limits.get("text", True) or not _TEXT_CONTROL.isdisjoint(value)
+        ):
+            raise ProtocolError(where, "must not contain control characters")
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         return value

@@ -4,14 +4,13 @@ Quota, membership and node changes, drains, token revocations and logins are aud
 (portal/admin_audit.py); the audit log itself is read-only here, with a CSV export.
 """
 
-import csv
-
 from django.contrib import admin, messages
 from django.db.models import F
 from django.http import HttpResponse
 from django.utils import timezone
 
 from portal.admin_audit import AuditedAdminMixin
+from portal.csv_cells import csv_dict_writer
 from portal.models import (
     Allocation,
     ApiToken,
@@ -266,8 +265,7 @@ class AuditEventAdmin(admin.ModelAdmin):
     def export_csv(self, request, queryset):
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = 'attachment; filename="gpu-portal-audit.csv"'
-        writer = csv.DictWriter(response, fieldnames=CSV_COLUMNS, lineterminator="\n")
-        writer.writeheader()
+        writer = csv_dict_writer(response, CSV_COLUMNS)
         for event in queryset.order_by("-at", "-id").iterator():
             writer.writerow(audit_row(event, text=True))
         return response

@@ -17,7 +17,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from portal.middleware import AdmissionLimit  # noqa: E402
+from portal.middleware import AdmissionLimit, DependencyDownAsgi  # noqa: E402
 from portal.routing import (  # noqa: E402
     SESSION_HTTP_PREFIX,
     agent_websocket_urlpatterns,
@@ -33,10 +33,14 @@ _agent_websockets = URLRouter(agent_websocket_urlpatterns)
 _AGENT_PATHS = {"/" + str(p.pattern) for p in agent_websocket_urlpatterns}
 
 
-async def _websockets(scope, receive, send):
+async def _route_websockets(scope, receive, send):
     # Agents carry a node token and no Origin header: the origin check is for cookie sessions.
     app = _agent_websockets if scope["path"] in _AGENT_PATHS else _browser_websockets
     return await app(scope, receive, send)
+
+
+# PostgreSQL or Redis away during a handshake (the session lookup, the channel layer): 503.
+_websockets = DependencyDownAsgi(_route_websockets)
 
 
 _http = AdmissionLimit(
@@ -44,7 +48,7 @@ _http = AdmissionLimit(
     limit=settings.WEB_MAX_INFLIGHT,
     retry_after_s=settings.WEB_RETRY_AFTER_S,
 )
-_sessions = AuthMiddlewareStack(session_http_app)
+_sessions = DependencyDownAsgi(AuthMiddlewareStack(session_http_app))
 
 
 async def _http_or_sessions(scope, receive, send):

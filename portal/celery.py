@@ -3,9 +3,17 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["portal"])
+
+
+@worker_ready.connect
+def _heartbeat(sender, **kwargs) -> None:
+    from portal.worker_heartbeat import heartbeat_start
+
+    heartbeat_start([queue.name for queue in sender.task_consumer.queues])

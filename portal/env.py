@@ -5,6 +5,7 @@ expected: a typo (``DEBUG=ture``) stops the start instead of quietly meaning som
 Unset or empty (a compose file's ``${NAME:-}``) means the default.
 """
 
+import ipaddress
 import math
 import os
 
@@ -77,3 +78,30 @@ def envfloat(name: str, default: float) -> float:
 def envlist(name: str, default: str = "") -> list[str]:
     """$NAME as a comma-separated list, blanks dropped."""
     return [item.strip() for item in env(name, default).split(",") if item.strip()]
+
+
+def envnetworks(name: str, default: str = "") -> list[str]:
+    """$NAME as a comma-separated list of networks (CIDR, or one address); a value that is not
+    a network is a SettingError naming it."""
+    networks = envlist(name, default)
+    for net in networks:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError as exc:
+            raise SettingError(f"{name}: {net!r} is not a network: {exc}") from None
+    return networks
+
+
+def envrange(name: str, default: str, *, low: int, high: int) -> tuple[int, int]:
+    """$NAME as "FIRST-LAST", two whole numbers with low <= FIRST <= LAST <= high."""
+    value = env(name, default).strip() or default
+    first, sep, last = value.partition("-")
+    try:
+        bounds = (int(first), int(last)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not low <= bounds[0] <= bounds[1] <= high:
+        raise SettingError(
+            f"{name}={value!r}: expected FIRST-LAST within {low}-{high}, e.g. {default}"
+        )
+    return bounds

@@ -122,3 +122,51 @@ class AdmissionLimit:
         ]
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class DependencyDownAsgi:
+    """ASGI wrapper for what Django's middleware does not see (the session proxy, websockets):
+    PostgreSQL or Redis failing before an answer started is 503 + Retry-After, never a 500.
+    A websocket handshake is refused with an HTTP 503 where the server can send one (the ASGI
+    `websocket.http.response` extension), else closed with 1013 ("try again later")."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            return await self.app(scope, receive, tracking_send)
+        except _DOWN as exc:
+            log.warning("dependency down during %s %s: %s", scope["type"], scope.get("path"), exc)
+            if started:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1013})
+                return None
+            await _busy_asgi(scope, send)
+
+
+async def _busy_asgi(scope, send) -> None:
+    body, content_type = _PAGE.encode(), b"text/html; charset=utf-8"
+    if scope.get("path", "").startswith("/api/"):
+        message = "A service the portal depends on is not answering; retry in a few seconds."
+        body, content_type = json.dumps(error_body("busy", message)).encode(), b"application/json"
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(RETRY_AFTER_S).encode()),
+    ]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    elif "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": 503, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1013})

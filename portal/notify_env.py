@@ -1,7 +1,7 @@
 """Notification and idle-reclaim settings, read from the environment and validated (see
 docs/notifications.md). portal.settings assigns each by name; one place reads and checks them all."""
 
-from portal.env import SettingError, env, envbool, envfloat, envint, envlist
+from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks
 
 EVENTS = (
     "queued",
@@ -44,6 +44,10 @@ def notify_settings() -> dict:
         "IDLE_MINUTES": envint("IDLE_MINUTES", 60),
         "IDLE_GRACE_MINUTES": envint("IDLE_GRACE_MINUTES", 30),
         "IDLE_MEMORY_MIB": envint("IDLE_MEMORY_MIB", 512),
+        # User-set destinations (portal/outbound.py): https only unless this; never a
+        # loopback, private or link-local address unless inside one of these networks.
+        "NOTIFY_ALLOW_HTTP": envbool("NOTIFY_ALLOW_HTTP", "False"),
+        "NOTIFY_ALLOWED_NETWORKS": envnetworks("NOTIFY_ALLOWED_NETWORKS"),
     }
     _check(values)
     return values

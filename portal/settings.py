@@ -5,13 +5,12 @@ cache and an in-process scheduler loop. With DATABASE_URL and REDIS_URL set: Pos
 channel layer, cache and Celery broker.
 """
 
-import ipaddress
 import re
 from pathlib import Path
 
 import dj_database_url
 
-from portal.env import SettingError, env, envbool, envfloat, envint, envlist
+from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks, envrange
 from portal.headers import policy_header
 from portal.job_env import port_range_parse, signal_parse
 from portal.notify_env import notify_settings
@@ -232,6 +231,8 @@ IDLE_UTIL_THRESHOLD = _notify["IDLE_UTIL_THRESHOLD"]
 IDLE_MINUTES = _notify["IDLE_MINUTES"]
 IDLE_GRACE_MINUTES = _notify["IDLE_GRACE_MINUTES"]
 IDLE_MEMORY_MIB = _notify["IDLE_MEMORY_MIB"]
+NOTIFY_ALLOW_HTTP = _notify["NOTIFY_ALLOW_HTTP"]
+NOTIFY_ALLOWED_NETWORKS = _notify["NOTIFY_ALLOWED_NETWORKS"]
 
 # Celery: with REDIS_URL a worker and beat run the allocator; without, `manage.py up` runs the
 # same pass in-process (CELERY_TASK_ALWAYS_EAGER keeps .delay() calls synchronous).
@@ -241,6 +242,11 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0)
+# The allocation pass has a queue of its own, served by a worker of its own (`manage.py up`
+# starts one): a flood of notification work never stands in front of a pass.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_PASS_QUEUE = env("CELERY_PASS_QUEUE", "allocation")
+CELERY_TASK_ROUTES = {"portal.tasks.allocation_pass": {"queue": CELERY_PASS_QUEUE}}
 # Changes ask for a pass at most once per this many seconds (a burst of submissions gives a few
 # passes, each seeing all of them); 0 runs one pass per change.
 SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0)
@@ -298,13 +304,16 @@ CONTAINER_IMAGE_SOURCES = envlist("CONTAINER_IMAGE_SOURCES")
 # Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
 # comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.
 METRICS_TOKEN = env("METRICS_TOKEN")
-METRICS_ALLOWED_NETWORKS = envlist("METRICS_ALLOWED_NETWORKS")
-for _net in METRICS_ALLOWED_NETWORKS:
-    try:
-        ipaddress.ip_network(_net, strict=False)
-    except ValueError as _exc:
-        raise SettingError(f"METRICS_ALLOWED_NETWORKS: {_net!r} is not a network: {_exc}") from None
+METRICS_ALLOWED_NETWORKS = envnetworks("METRICS_ALLOWED_NETWORKS")
 READY_PASS_MAX_AGE_S = envfloat("READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S))
+# /readyz in server mode: a worker consuming CELERY_PASS_QUEUE has said so this recently.
+READY_WORKER_MAX_AGE_S = envfloat("READY_WORKER_MAX_AGE_S", SCHEDULER_PASS_INTERVAL_S)
+
+# Interactive sessions (docs/interactive.md): the proxy connects only to the address a node
+# registered from (or these networks) and to ports in SESSION_PORTS, the range agents pick
+# session ports from (the kernel's ephemeral range, net.ipv4.ip_local_port_range, by default).
+SESSION_ALLOWED_NETWORKS = envnetworks("SESSION_ALLOWED_NETWORKS")
+SESSION_PORTS = envrange("SESSION_PORTS", "32768-60999", low=1, high=65535)
 
 # Node agents: what the portal tells them at register, and when a silent node counts as down.
 AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0)
@@ -313,6 +322,12 @@ AGENT_ENFORCEMENT = env("AGENT_ENFORCEMENT", "report")  # report | warn | kill
 if AGENT_ENFORCEMENT not in ("report", "warn", "kill"):
     raise SettingError(f"AGENT_ENFORCEMENT={AGENT_ENFORCEMENT!r}: expected report, warn or kill")
 NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0)
+# Times in readings and events more than this far ahead of the portal's clock are refused (400
+# naming the field); old ones are kept (an agent sends what it queued while the portal was away)
+# and pruned by the telemetry retention like any.
+AGENT_CLOCK_SKEW_S = envfloat("AGENT_CLOCK_SKEW_S", 300.0)
+# One message per node and alert kind at most this often; the other alerts are rows to read.
+NODE_ALERT_COALESCE_S = envfloat("NODE_ALERT_COALESCE_S", 300.0)
 # A booked device is "in use" (not just "booked") from a reading at or above IN_USE_UTIL_ON %
 # utilization until one at or below IN_USE_UTIL_OFF %, over its readings of the last
 # IN_USE_WINDOW_S seconds (hysteresis: idle noise around a few percent does not flip it).

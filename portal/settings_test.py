@@ -37,6 +37,8 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Tests run tasks eagerly; a test that starts a real worker sets CELERY_WORKER_EAGER=0 for it.
 CELERY_TASK_ALWAYS_EAGER = os.environ.get("CELERY_WORKER_EAGER", "1") == "1"
 CELERY_TASK_DEFAULT_QUEUE = f"portal-test-{TEST_RUN_ID}"
+CELERY_PASS_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-pass"
+CELERY_TASK_ROUTES = {"portal.tasks.allocation_pass": {"queue": CELERY_PASS_QUEUE}}
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 WHITENOISE_USE_FINDERS = True
 STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405

@@ -177,6 +177,9 @@ def make_agent_node(hostname: str, *, gpus: int = 2, mig_gpus: int = 0) -> tuple
     node = make_node(hostname, gpus=gpus)
     for index in range(gpus, gpus + mig_gpus):
         make_mig_gpu(node, index)
+    # As if its agent had registered from loopback, where the tests' agents run.
+    Node.objects.filter(pk=node.pk).update(registered_from="127.0.0.1")
+    node.registered_from = "127.0.0.1"
     return node, node_token_issue(hostname=hostname)
 
 

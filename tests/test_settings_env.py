@@ -130,6 +130,11 @@ def _start(**env: str) -> subprocess.CompletedProcess:
         ("TOKEN_CACHE_S", "-5", {}),
         ("ESTIMATE_RATE", "lots", {}),
         ("DB_POOL_TIMEOUT_S", "90", {}),
+        ("NOTIFY_ALLOW_HTTP", "sure", {}),
+        ("NOTIFY_ALLOWED_NETWORKS", "10.0.0.0/33", {}),
+        ("SESSION_ALLOWED_NETWORKS", "intranet", {}),
+        ("SESSION_PORTS", "60999-32768", {}),
+        ("SESSION_PORTS", "8888", {}),
     ],
 )
 def test_it_stops_the_start_with_one_line_naming_the_variable(name, value, others):

@@ -22,10 +22,10 @@ def celery_worker(settings, **extra_env):
         "CELERY_WORKER_EAGER": "0",
         **extra_env,
     }
-    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    queues = f"{settings.CELERY_TASK_DEFAULT_QUEUE},{settings.CELERY_PASS_QUEUE}"
     argv = ["-m", "celery", "-A", "portal", "worker", "--pool", "prefork", "--concurrency", "1"]
     process = subprocess.Popen(
-        [sys.executable, *argv, "--loglevel", "WARNING", "--queues", queue],
+        [sys.executable, *argv, "--loglevel", "WARNING", "--queues", queues],
         cwd=settings.BASE_DIR,
         env=env,
     )

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from agents import protocol
 from portal.api.auth import authorization_key
 from portal.models import Node
+from portal.services.access.login_throttle import client_address
 from portal.services.fleet import agents as agent_services
 from portal.services.fleet.nodes import node_mark_seen
 from portal.services.fleet.runs import agent_desired_dispatch
@@ -65,7 +66,9 @@ class RegisterView(AgentView):
     @extend_schema(request=None, responses={200: None})
     def post(self, request):
         message = self.parse(protocol.RegisterRequest)
-        answer = agent_services.agent_register(node=request.auth, request=message)
+        answer = agent_services.agent_register(
+            node=request.auth, request=message, address=client_address(request)
+        )
         return Response(protocol.to_json(answer))
 
 

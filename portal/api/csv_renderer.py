@@ -1,9 +1,10 @@
 """text/csv for list answers (`?format=csv` or `Accept: text/csv`), e.g. the accounting report."""
 
-import csv
 import io
 
 from rest_framework.renderers import BaseRenderer
+
+from portal.csv_cells import csv_dict_writer
 
 
 class CsvRenderer(BaseRenderer):
@@ -21,7 +22,5 @@ class CsvRenderer(BaseRenderer):
             return json.dumps(data).encode()
         out = io.StringIO()
         if rows:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(rows)
+            csv_dict_writer(out, rows[0]).writerows(rows)
         return out.getvalue().encode()

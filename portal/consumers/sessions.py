@@ -49,6 +49,13 @@ _UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=5.0)
 _WS_MAX_MESSAGE = 64 * 1024 * 1024
 
 
+def _bad_path(scope) -> bool:
+    """A path or query with a control character (a CR/LF that would split the upstream
+    request, a NUL): refused with 400, never forwarded."""
+    text = scope.get("path", "") + scope.get("query_string", b"").decode("latin-1")
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def _booking_id(scope) -> int | None:
     match = PATH_RE.match(scope.get("path", ""))
     return int(match["booking_id"]) if match else None
@@ -132,6 +139,8 @@ class SessionHttpProxy(AsyncHttpConsumer):
     channel_layer_alias = _NO_CHANNEL_LAYER
 
     async def handle(self, body: bytes) -> None:
+        if _bad_path(self.scope):
+            return await self._answer(400, "Bad request", "The address is not valid.", None)
         target = await _target(self.scope)
         if target is None:
             if not await _signed_in(self.scope):
@@ -161,6 +170,8 @@ class SessionHttpProxy(AsyncHttpConsumer):
                     await self._relay(response)
                 finally:
                     await response.aclose()
+        except httpx.InvalidURL:
+            await self._answer(400, "Bad request", "The address is not valid.", target.booking_id)
         except httpx.HTTPError as exc:
             log.warning("session %s: upstream %s failed: %s", target.booking_id, url, exc)
             await self._answer(
@@ -217,7 +228,7 @@ class SessionWebsocketProxy(AsyncWebsocketConsumer):
     pump: asyncio.Task | None = None
 
     async def connect(self):
-        target = await _target(self.scope)
+        target = None if _bad_path(self.scope) else await _target(self.scope)
         if target is None or not target.running:
             await self.close()  # before accept: the handshake is refused, the same for all
             return
@@ -231,7 +242,7 @@ class SessionWebsocketProxy(AsyncWebsocketConsumer):
                 max_size=_WS_MAX_MESSAGE,
                 open_timeout=10,
             )
-        except (TimeoutError, OSError, websockets.WebSocketException) as exc:
+        except (TimeoutError, OSError, ValueError, websockets.WebSocketException) as exc:
             log.warning("session %s: upstream websocket failed: %s", target.booking_id, exc)
             await self.close()
             return

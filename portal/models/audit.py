@@ -22,6 +22,8 @@ class AuditEvent(models.Model):
         WEB = "web", "Web page"
         API = "api", "API"
         ADMIN = "admin", "Admin"
+        LINK = "link", "One-click link (email)"
+        SLACK = "slack", "Slack button"
         SYSTEM = "system", "System"
 
     at = models.DateTimeField(default=timezone.now, db_index=True)

@@ -31,6 +31,13 @@ class Node(models.Model):
     # The container runtimes its agent reported, comma-separated (agents.protocol's
     # CONTAINER_RUNTIMES names): text, so the allocation pass reads it without decoding JSON.
     container_runtimes = models.CharField(max_length=100, blank=True)
+    # The client address its agent last registered from (not what it reports): the one address
+    # the session proxy connects to on this node (docs/interactive.md).
+    registered_from = models.GenericIPAddressField(
+        null=True,
+        blank=True,
+        help_text="Where the agent last registered from; the portal reaches its sessions there.",
+    )
 
     # sha256 of the agent token; the token itself is shown once by `manage.py agent_token`.
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)

@@ -3,11 +3,23 @@ what where (NotificationPreference, NotificationContact, ProjectNotificationSett
 action links used (ActionUse) and idle bookings warned and reclaimed (IdleReclaim)."""
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from portal.models.bookings import Booking
 from portal.models.projects import Project
+from portal.outbound import destination_problem
+
+
+def _destinations_clean(record, names: tuple[str, ...]) -> None:
+    """Refuse a destination the portal may not contact (portal/outbound.py), naming the field."""
+    problems = {
+        name: destination_problem(getattr(record, name)) for name in names if getattr(record, name)
+    }
+    problems = {name: problem for name, problem in problems.items() if problem}
+    if problems:
+        raise ValidationError(problems)
 
 
 class Event(models.TextChoices):
@@ -144,6 +156,9 @@ class NotificationContact(models.Model):
     def __str__(self) -> str:
         return f"contact of {self.user}"
 
+    def clean(self) -> None:
+        _destinations_clean(self, ("slack_webhook_url", "webhook_url"))
+
 
 class ProjectNotificationSettings(models.Model):
     """A project's channel (Slack, webhook), its members' default choices and its idle policy."""
@@ -183,6 +198,9 @@ class ProjectNotificationSettings(models.Model):
 
     def __str__(self) -> str:
         return f"notifications of {self.project}"
+
+    def clean(self) -> None:
+        _destinations_clean(self, ("slack_webhook_url", "webhook_url"))
 
 
 class ActionUse(models.Model):

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from portal.errors import ApplicationError
 from portal.models import Channel
+from portal.services.access.audit import Via, source_of
 from portal.services.notify.booking_links import ACTIONS, action_check, action_perform
 from portal.services.notify.preferences import preferences_set
 from portal.services.notify.selectors import preferences_get
@@ -31,7 +32,7 @@ def booking_action(request, token: str):
         check = action_check(token=token)
         return _page(request, check, done=False)
     try:
-        check = action_perform(token=token, now=timezone.now())
+        check = action_perform(token=token, now=timezone.now(), source=source_of(request, Via.LINK))
     except ApplicationError as error:
         check = action_check(token=token)
         return _page(request, check, done=False, error=error.message, status=409)
@@ -68,7 +69,11 @@ def slack_interactivity(request):
     if pressed.get("action_id") == "open":
         return HttpResponse(status=200)
     try:
-        check = action_perform(token=str(pressed.get("value", "")), now=timezone.now())
+        check = action_perform(
+            token=str(pressed.get("value", "")),
+            now=timezone.now(),
+            source=source_of(request, Via.SLACK),
+        )
     except ApplicationError as error:
         return JsonResponse({"response_type": "ephemeral", "text": error.message})
     text = (

@@ -25,6 +25,7 @@ from portal.models import Node
 from portal.services.access.login_throttle import client_address
 from portal.services.core import counters
 from portal.services.reporting import metrics
+from portal.worker_heartbeat import heartbeat_age
 
 
 def _metrics_allowed(request) -> bool:
@@ -79,9 +80,10 @@ def readyz(request):
         "database": _check(_database),
         "redis": _check(_redis),
         "allocation_pass": _check(_allocation_pass),
+        "worker": _check(_worker),
         "agents": _check(_agents),
     }
-    ready = all(checks[name]["ok"] for name in ("database", "redis", "allocation_pass"))
+    ready = all(checks[name]["ok"] for name in ("database", "redis", "allocation_pass", "worker"))
     response = JsonResponse(
         {"status": "ready" if ready else "not ready", "checks": checks},
         status=200 if ready else 503,
@@ -122,6 +124,19 @@ def _allocation_pass() -> tuple[bool, str]:
     age = time.time() - last
     limit = settings.READY_PASS_MAX_AGE_S
     return age <= limit, f"last pass {age:.0f} s ago (limit {limit:.0f} s)"
+
+
+def _worker() -> tuple[bool, str]:
+    if not settings.REDIS_URL:
+        return True, "embedded mode: the pass runs in-process"
+    age = heartbeat_age(settings.CELERY_PASS_QUEUE)
+    limit = settings.READY_WORKER_MAX_AGE_S
+    if age is None:
+        return False, f"no worker consumes the queue {settings.CELERY_PASS_QUEUE!r}"
+    return (
+        age <= limit,
+        f"a worker on {settings.CELERY_PASS_QUEUE!r} {age:.0f} s ago (limit {limit:.0f} s)",
+    )
 
 
 def _agents() -> tuple[bool, str]:

@@ -45,6 +45,7 @@ class Receiver:
         self.fail_first = 0
         self.delay_s = 0.0
         self.answer = b"ok"
+        self.redirect_to = ""  # answer 307 to there instead
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,6 +55,11 @@ class Receiver:
                 if receiver.fail_first > 0:
                     receiver.fail_first -= 1
                     self.send_response(500)
+                    self.end_headers()
+                    return
+                if receiver.redirect_to:
+                    self.send_response(307)
+                    self.send_header("Location", receiver.redirect_to)
                     self.end_headers()
                     return
                 time.sleep(receiver.delay_s)
@@ -75,6 +81,18 @@ class Receiver:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def loopback_receivers_allowed(settings):
+    """These tests' receivers listen on loopback over plain http: the site's own receivers,
+    let through as a site would (tests/notifications/test_outbound.py takes this away)."""
+    settings.NOTIFY_ALLOW_HTTP = True
+    settings.NOTIFY_ALLOWED_NETWORKS = ["127.0.0.1/32"]
+
+
+# The same for a Celery worker started by a test (tests/workers.py passes these on).
+LOOPBACK_RECEIVERS_ENV = {"NOTIFY_ALLOW_HTTP": "true", "NOTIFY_ALLOWED_NETWORKS": "127.0.0.1/32"}
 
 
 @pytest.fixture

@@ -5,17 +5,26 @@ import html
 import re
 
 
+def _decoded(text: str) -> str:
+    # Slack's three entities, as Slack shows them (after links and code are found, as Slack does).
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
 def _mrkdwn(text: str) -> str:
     parts = re.split(r"```(.*?)```", text, flags=re.S)
     out = []
     for i, part in enumerate(parts):
         if i % 2:
-            out.append(f'<pre class="code">{html.escape(part)}</pre>')
+            out.append(f'<pre class="code">{html.escape(_decoded(part))}</pre>')
             continue
-        escaped = html.escape(part)
-        escaped = re.sub(r"\*(.+?)\*", r"<b>\1</b>", escaped)
-        escaped = re.sub(r"&lt;(https?://[^|&]+)\|(.+?)&gt;", r'<a href="\1">\2</a>', escaped)
-        out.append(escaped.replace("\n", "<br>"))
+        for j, piece in enumerate(re.split(r"<(https?://[^|>]+\|[^>]+)>", part)):
+            if j % 2:
+                url, label = piece.split("|", 1)
+                out.append(f'<a href="{html.escape(url)}">{html.escape(_decoded(label))}</a>')
+                continue
+            escaped = html.escape(_decoded(piece))
+            escaped = re.sub(r"\*(.+?)\*", r"<b>\1</b>", escaped)
+            out.append(escaped.replace("\n", "<br>"))
     return "".join(out)
 
 

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from portal.models import ActionUse, Allocation, Booking
+from portal.models import ActionUse, Allocation, AuditEvent, Booking
 from portal.services.notify.booking_links import action_token
 from portal.services.notify.slack_requests import slack_signature
 from tests.factories import make_active_booking, make_node
@@ -131,3 +131,57 @@ def test_it_keeps_an_idle_booking_from_the_link(booking):
     token = action_token(booking=booking, action="keep")
     assert Client().post(f"/actions/{token}/").status_code == 200
     assert IdleReclaim.objects.get().state == "kept"
+
+
+@pytest.mark.parametrize("timestamp", ["4" * 400, "9" * 5000, "²", "-1", "1e9", ""])
+def test_it_answers_401_to_a_slack_request_with_a_malformed_timestamp(booking, settings, timestamp):
+    settings.SLACK_SIGNING_SECRET = "slack-secret"
+    body = _button(booking, "release")
+    answer = Client().post(
+        "/slack/interactivity/",
+        body,
+        content_type="application/x-www-form-urlencoded",
+        headers={"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": "v0=00"},
+    )
+    assert answer.status_code == 401
+    assert Booking.objects.get(pk=booking.pk).state == "active"
+
+
+def test_it_answers_401_to_a_slack_signature_that_is_not_ascii(booking, settings):
+    settings.SLACK_SIGNING_SECRET = "slack-secret"
+    answer = Client().post(
+        "/slack/interactivity/",
+        _button(booking, "release"),
+        content_type="application/x-www-form-urlencoded",
+        headers={"X-Slack-Request-Timestamp": str(int(time.time())), "X-Slack-Signature": "v0=é"},
+    )
+    assert answer.status_code == 401
+
+
+def test_it_audits_a_link_action_as_via_link_with_the_clients_address(booking):
+    client = Client()
+    url = f"/actions/{action_token(booking=booking, action='cancel')}/"
+    assert client.post(url, REMOTE_ADDR="198.51.100.23").status_code == 200
+    (event,) = AuditEvent.objects.filter(action="booking.cancel")
+    assert (event.via, event.address, event.actor_id) == ("link", "198.51.100.23", booking.owner_id)
+
+
+def test_it_audits_a_slack_button_as_via_slack_with_the_clients_address(booking, settings):
+    settings.SLACK_SIGNING_SECRET = "slack-secret"
+    body = _button(booking, "release")
+    timestamp = str(int(time.time()))
+    answer = Client().post(
+        "/slack/interactivity/",
+        body,
+        content_type="application/x-www-form-urlencoded",
+        headers={
+            "X-Slack-Request-Timestamp": timestamp,
+            "X-Slack-Signature": slack_signature(
+                secret="slack-secret", timestamp=timestamp, body=body
+            ),
+        },
+        REMOTE_ADDR="203.0.113.9",
+    )
+    assert answer.status_code == 200
+    (event,) = AuditEvent.objects.filter(action="booking.release")
+    assert (event.via, event.address) == ("slack", "203.0.113.9")

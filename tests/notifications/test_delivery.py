@@ -231,3 +231,65 @@ def test_it_records_a_booking_event_in_a_few_queries(started, django_assert_max_
     NotificationContact.objects.create(user=started.owner, webhook_url="https://example.org/h")
     with transaction.atomic(), django_assert_max_num_queries(6):
         assert booking_event_record(booking_id=started.pk, event="started") == 2
+
+
+EVIL_LOG = (
+    "training...\n```\n<!channel> your session expired, "
+    "<http://evil.example/login|Extend by an hour>\n&amp; more"
+)
+
+
+def test_it_keeps_a_log_tail_inside_its_slack_code_block_and_mentions_nobody(
+    receiver, started, project, django_capture_on_commit_callbacks
+):
+    from portal.models import Booking
+
+    Booking.objects.filter(pk=started.pk).update(
+        state="failed", exit_code=1, log_tail=EVIL_LOG, state_detail="<!here> exited <@U1>"
+    )
+    ProjectNotificationSettings.objects.create(
+        project=project, slack_webhook_url=f"{receiver.url}/channel", channel_events=["failed"]
+    )
+    _record(started, "failed", django_capture_on_commit_callbacks)
+    payload = receiver.json()
+    texts = [payload["text"]] + [
+        t["text"]
+        for block in payload["blocks"]
+        for t in [block.get("text") or {}, *block.get("fields", [])]
+        if t.get("type") == "mrkdwn"
+    ]
+    every = "\n".join(texts)
+    # No mention, no link of Slack's syntax: only escaped text.
+    assert "<!channel>" not in every and "<!here>" not in every and "<@U1>" not in every
+    assert "<http" not in every and "&lt;!channel&gt;" in every
+    assert "&amp;amp; more" in every  # the log's own "&amp;" shows as typed
+    (code,) = [t for t in texts if "```" in t]
+    assert code.count("```") == 2 and code.endswith("```")  # opened once, closed at the end
+    buttons = [e for b in payload["blocks"] if b["type"] == "actions" for e in b["elements"]]
+    assert [b["text"]["text"] for b in buttons] == ["Open in the portal"]
+
+
+def test_it_escapes_a_node_alerts_detail_and_a_gpu_model_in_slack():
+    from portal.services.notify.messages import Message, slack_payload
+
+    message = Message(
+        "GPU alert", "pid 7 <!channel> on <http://x|y>", facts=[("Devices", "A100 <!everyone>")]
+    )
+    payload = slack_payload(message)
+    assert payload["blocks"][1]["text"]["text"] == "pid 7 &lt;!channel&gt; on &lt;http://x|y&gt;"
+    assert payload["blocks"][2]["fields"][0]["text"] == "*Devices*\nA100 &lt;!everyone&gt;"
+
+
+def test_it_mails_about_a_gpu_whose_stored_model_has_a_line_break(
+    smtp, started, django_capture_on_commit_callbacks
+):
+    from portal.models import Gpu
+
+    # Stored before the protocol refused control characters in names.
+    Gpu.objects.filter(node__hostname="gpu-a").update(model="H100\r\nBcc: all@example.org")
+    Booking = type(started)
+    Booking.objects.filter(pk=started.pk).update(state="failed", state_detail="x\r\ny")
+    _record(started, "failed", django_capture_on_commit_callbacks)
+    (mail,) = smtp
+    assert "\n" not in mail["Subject"] and mail["Bcc"] is None
+    assert Delivery.objects.get(channel="email").status == "sent"

@@ -14,13 +14,14 @@ from django.utils import timezone
 from portal.models import Delivery, NotificationContact
 from portal.services.notify.notifications import booking_event_record
 from tests.factories import make_active_booking, make_node
+from tests.notifications.conftest import LOOPBACK_RECEIVERS_ENV
 from tests.workers import celery_worker
 from tests.workers import wait_until as _wait
 
 
 @pytest.fixture
 def worker(settings):
-    with celery_worker(settings, NOTIFY_RETRY_BACKOFF_S="1") as process:
+    with celery_worker(settings, NOTIFY_RETRY_BACKOFF_S="1", **LOOPBACK_RECEIVERS_ENV) as process:
         yield process
 
 

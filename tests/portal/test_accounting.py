@@ -187,3 +187,16 @@ def test_it_refuses_a_bad_period_or_grouping_naming_the_field(api, params, field
     response = api.get("/api/v1/accounting/", params)
     assert response.status_code == 400
     assert field in response.json()["error"]["fields"]
+
+
+def test_it_neutralises_a_node_model_that_is_a_formula_in_the_csv(ledger):
+    t0, staff, _ = ledger
+    Gpu = Allocation._meta.get_field("gpu").related_model
+    Gpu.objects.filter(node__hostname="acct-a").update(
+        model='=HYPERLINK("http://evil.example","x")'
+    )
+    client = Client()
+    client.force_login(staff)
+    response = client.get("/api/v1/accounting/", _query(t0, format="csv", group_by="model"))
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert rows and {r["model"] for r in rows} == {'\'=HYPERLINK("http://evil.example","x")'}

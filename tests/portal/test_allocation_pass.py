@@ -229,7 +229,7 @@ def test_it_runs_the_pass_in_a_real_celery_worker_against_postgresql(settings):
             "--loglevel",
             "WARNING",
             "--queues",
-            settings.CELERY_TASK_DEFAULT_QUEUE,
+            f"{settings.CELERY_TASK_DEFAULT_QUEUE},{settings.CELERY_PASS_QUEUE}",
         ],
         cwd=settings.BASE_DIR,
         env=env,

@@ -316,3 +316,23 @@ def test_it_records_an_admins_node_edit_without_its_agent_token(admin_client, cl
     assert change.before["state"] == "up" and change.after["state"] == "down"
     assert change.after["state_reason"] == "maintenance"
     assert "agent_token_hash" not in change.before
+
+
+FORMULA = '=HYPERLINK("http://evil.example/api","x")'
+
+
+def test_it_neutralises_a_formula_username_in_the_api_csv_export(admin_client, client, db):
+    client.post("/accounts/login/", {"username": FORMULA, "password": "x"})
+    response = admin_client.get("/api/v1/audit/", {"format": "csv", "action": "login.failed"})
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [r["actor"] for r in rows] == ["'" + FORMULA]
+
+
+def test_it_neutralises_a_formula_username_in_the_admin_csv_export(admin_client, client, db):
+    client.post("/accounts/login/", {"username": FORMULA, "password": "x"})
+    event = _only("login.failed")
+    response = admin_client.post(
+        "/admin/portal/auditevent/", {"action": "export_csv", "_selected_action": [event.pk]}
+    )
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [r["actor"] for r in rows] == ["'" + FORMULA]

@@ -28,7 +28,9 @@ def _compose() -> dict:
 
 def test_it_defines_every_production_service():
     services = _compose()["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "web", "worker", "beat", "simnode"}
+    assert set(services) == {
+        "postgres", "redis", "migrate", "web", "pass-worker", "worker", "beat", "simnode"
+    }  # fmt: skip
     assert services["simnode"]["profiles"] == ["demo"]  # only with --profile demo
 
 
@@ -36,7 +38,7 @@ def test_it_migrates_once_before_web_worker_and_beat_start():
     services = _compose()["services"]
     assert "manage.py migrate" in services["migrate"]["command"]
     assert services["migrate"]["restart"] == "no"
-    for name in ("web", "worker", "beat"):
+    for name in ("web", "pass-worker", "worker", "beat"):
         assert "migrate" not in services[name]["command"]
         condition = services[name]["depends_on"]["migrate"]["condition"]
         assert condition == "service_completed_successfully", name
@@ -86,8 +88,11 @@ def test_it_points_compose_commands_at_code_that_exists():
     assert '"portal.asgi:application"' in serve
     module, _, attr = "portal.asgi:application".partition(":")
     assert hasattr(import_module(module), attr)
-    for name in ("worker", "beat"):
+    for name in ("pass-worker", "worker", "beat"):
         assert services[name]["command"].startswith("celery -A portal ")
+    # The allocation pass has its own queue and worker; the other worker takes the rest.
+    assert "--queues allocation " in services["pass-worker"]["command"]
+    assert "--queues celery " in services["worker"]["command"]
     from portal.celery import app
 
     app.loader.import_default_modules()
@@ -157,3 +162,14 @@ def test_it_serves_plain_http_in_server_mode_unless_behind_a_tls_proxy():
     assert _server_setting("SESSION_COOKIE_SECURE") == "False"
     assert _server_setting("SECURE_SSL_REDIRECT", BEHIND_TLS_PROXY="1") == "True"
     assert _server_setting("SESSION_COOKIE_SECURE", BEHIND_TLS_PROXY="1") == "True"
+
+
+def test_it_connects_as_a_role_that_does_not_own_the_tables_except_to_migrate():
+    services = _compose()["services"]
+    for name in ("web", "pass-worker", "worker", "beat"):
+        assert services[name]["environment"]["DATABASE_URL"].startswith("postgres://portal_app:")
+    assert services["migrate"]["environment"]["DATABASE_URL"].startswith("postgres://portal:")
+    mounts = services["postgres"]["volumes"]
+    assert "./deploy/postgres/app-role.sql:/docker-entrypoint-initdb.d/app-role.sql.in:ro" in mounts
+    script = (ROOT / "deploy" / "postgres" / "10-app-role.sh").read_text()
+    assert "app-role.sql.in" in script and "app_role=portal_app" in script

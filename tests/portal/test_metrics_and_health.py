@@ -19,6 +19,7 @@ from portal.errors import Busy
 from portal.services.allocation.allocation import allocation_pass
 from portal.services.core.locking import lock_nodes
 from portal.services.fleet.telemetry import samples_ingest
+from portal.worker_heartbeat import heartbeat_write
 from tests.factories import BookingFactory, make_active_booking, make_mig_gpu, make_node
 
 pytestmark = pytest.mark.django_db
@@ -186,6 +187,8 @@ def test_it_is_ready_only_after_an_allocation_pass_and_names_what_is_missing(set
         "detail": "no allocation pass has run yet",
     }
     allocation_pass(now=timezone.now())
+    assert Client().get("/readyz").json()["checks"]["worker"]["ok"] is False
+    heartbeat_write([settings.CELERY_PASS_QUEUE])  # as a worker on the pass queue does
     response = Client().get("/readyz")
     assert response.status_code == 200, response.json()
     assert response.json()["status"] == "ready"
@@ -194,6 +197,7 @@ def test_it_is_ready_only_after_an_allocation_pass_and_names_what_is_missing(set
 
 def test_it_is_not_ready_while_redis_is_unreachable(settings):
     allocation_pass(now=timezone.now())
+    heartbeat_write([settings.CELERY_PASS_QUEUE])
     cache = settings.CACHES["default"]
     settings.CACHES = {"default": {**cache, "LOCATION": "redis://127.0.0.1:9/0"}}
     response = Client().get("/readyz")

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings as settings_module
@@ -110,9 +111,16 @@ def test_it_logs_requests_only_at_debug_level(settings, monkeypatch, level, acce
 
 def test_it_starts_celery_without_banners_of_its_own(monkeypatch):
     started = []
-    monkeypatch.setattr(up.subprocess, "Popen", lambda argv, **kwargs: started.append(argv))
+    monkeypatch.setattr(
+        up.subprocess, "Popen", lambda argv, **kwargs: started.append(argv) or SimpleNamespace()
+    )
     up._start_celery()
-    assert [argv[argv.index("--quiet") + 1] for argv in started] == ["worker", "beat"]
+    assert [argv[argv.index("--quiet") + 1] for argv in started] == ["worker", "worker", "beat"]
+    # One worker for the allocation pass alone, one for everything else.
+    assert [argv[argv.index("--queues") + 1] for argv in started[:2]] == [
+        settings_module.CELERY_PASS_QUEUE,
+        settings_module.CELERY_TASK_DEFAULT_QUEUE,
+    ]
 
 
 @pytest.mark.parametrize("web_workers", [1, 2])
@@ -150,6 +158,14 @@ def test_it_stops_its_worker_beat_web_workers_and_agents_on_sigterm(
     try:
         tree = _wait_for(lambda: _all_started(descendants(up_process.pid), web_workers), 180)
         assert tree, "up did not start everything in time"
+        if web_workers == 1:  # a worker killed is started again (up supervises its children)
+            (pass_worker,) = [p for p in up_children(up_process.pid) if "pass@" in command(p)]
+            os.kill(pass_worker, signal.SIGKILL)
+            again = _wait_for(
+                lambda: [p for p in up_children(up_process.pid) if "pass@" in command(p)], 30
+            )
+            assert again and again != [pass_worker]
+            tree = _wait_for(lambda: _all_started(descendants(up_process.pid), web_workers), 60)
         up_process.send_signal(signal.SIGTERM)
         up_process.wait(timeout=30)
         assert up_process.returncode == 0
@@ -169,11 +185,25 @@ def test_it_stops_its_worker_beat_web_workers_and_agents_on_sigterm(
 def _all_started(tree: dict[int, str], web_workers: int) -> dict[int, str] | None:
     """The tree once Celery's worker and beat, the web workers and three agents run in it."""
     commands = [command(pid) for pid in tree]
-    wanted = {"worker": 1, "beat": 1, "-m agents": 3}
+    wanted = {"pass@": 1, "work@": 1, "beat": 1, "-m agents": 3}
     if web_workers > 1:  # processes of uvicorn's supervisor; one worker serves in up itself
         wanted["multiprocessing"] = web_workers
     counts = {w: sum(w in c for c in commands) for w in wanted}
     return tree if all(counts[w] >= n for w, n in wanted.items()) else None
+
+
+def up_children(pid: int) -> list[int]:
+    """The direct children of `up`, living."""
+    tree = descendants(pid)
+    return [child for child in tree if _parent(child) == pid]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return int(stat[1])
 
 
 def _wait_for(predicate, timeout_s: float):

@@ -7,7 +7,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from agents import protocol
-from tests.factories import make_agent_node
+from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_agent_node, member
 
 
 class AgentClient:
@@ -53,6 +53,16 @@ def reading(uuid: str, **values) -> dict:
 def node_a(db):
     """node-a: two whole GPUs and one GPU in MIG mode (4 instances); (node, token)."""
     return make_agent_node("node-a", gpus=2, mig_gpus=1)
+
+
+@pytest.fixture
+def alice(db):
+    """alice, a member of vision (up to 16 GPUs): the owner of the session tests' bookings."""
+    user = UserFactory(username="alice")
+    project = ProjectFactory(slug="vision")
+    member(user, project)
+    QuotaFactory(project=project, max_gpus=16)
+    return user
 
 
 @pytest.fixture

@@ -14,20 +14,12 @@ from agents import protocol
 from portal.consumers.sessions import SessionHttpProxy, SessionWebsocketProxy
 from portal.models import Booking, MigInstance
 from portal.services.booking.selectors import session_target
+from portal.web.asgi_process import free_port
 from tests.conftest import error_of
-from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_active_booking, member
+from tests.factories import UserFactory, make_active_booking
 from tests.portal_agent.conftest import AgentClient
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def alice(db):
-    user = UserFactory(username="alice")
-    project = ProjectFactory(slug="vision")
-    member(user, project)
-    QuotaFactory(project=project, max_gpus=16)
-    return user
 
 
 def _api(user) -> APIClient:
@@ -217,9 +209,9 @@ def test_it_shows_the_session_on_the_booking_page_its_state_reason_and_link(alic
 @pytest.mark.django_db(transaction=True)
 def test_it_refuses_a_cross_site_request_to_a_session(alice, node_a):
     booking = _session_booking(alice, node_a)
-    # Port 9 (discard) answers nothing: a request let through ends in 502, a refused one in 403.
+    # Nothing listens on a free port: a request let through ends in 502, a refused one in 403.
     Booking.objects.filter(pk=booking.pk).update(
-        session_state="running", session_host="127.0.0.1", session_port=9
+        session_state="running", session_host="127.0.0.1", session_port=free_port()
     )
     path = f"/sessions/{booking.pk}/api/kernels"
     host = [(b"host", b"portal.example.org")]

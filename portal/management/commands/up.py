@@ -6,7 +6,8 @@ With REDIS_URL: a Celery worker and beat run as child processes instead. Either 
 seeds the demo and starts one simulated agent per demo node (server mode: only with --demo), and
 serves the ASGI app (`manage.py serve`: uvicorn, WEB_WORKERS processes in server mode).
 SIGTERM or SIGINT (Ctrl-C) stops all of it, the agents' jobs and sessions included, and `up`
-exits with 0.
+exits with 0. A child that dies is started again after a backoff; one that keeps dying makes `up`
+exit with 1 (see Children).
 """
 
 import contextlib
@@ -75,6 +76,7 @@ class Command(BaseCommand):
             self._banner(url, no_demo)
 
         _when_listening(host, port, listening)
+        threading.Thread(target=_supervise, args=(children,), name="supervise", daemon=True).start()
         serve(host=host, port=port, workers=web_workers())
         _exit_now(children)
 
@@ -240,7 +242,18 @@ def _start_celery() -> list[subprocess.Popen]:
     # --quiet: no startup banners of their own after (or in the middle of) up's banner.
     base = [sys.executable, "-m", "celery", "-A", "portal", "--quiet"]
     return [
-        _child(base + ["worker", "--loglevel", "WARNING", "--concurrency", "2"]),
+        # The allocation pass has a queue of its own (CELERY_TASK_ROUTES) and a worker of its
+        # own: a flood of notification work never stands in front of a pass.
+        _child(
+            base
+            + ["worker", "--loglevel", "WARNING", "--concurrency", "1"]
+            + ["--queues", settings.CELERY_PASS_QUEUE, "--hostname", "pass@%h"]
+        ),
+        _child(
+            base
+            + ["worker", "--loglevel", "WARNING", "--concurrency", "2"]
+            + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE, "--hostname", "work@%h"]
+        ),
         _child(
             base + ["beat", "--loglevel", "WARNING", "--schedule", str(settings.VAR_DIR / "beat")]
         ),
@@ -250,7 +263,9 @@ def _start_celery() -> list[subprocess.Popen]:
 def _child(command: list[str], env: dict | None = None) -> subprocess.Popen:
     """A child in a process group of its own: a Ctrl-C reaches `up` only, which stops the children
     in order (agents their jobs first), and a stuck child is killed with all it started."""
-    return subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True)
+    process = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR, start_new_session=True)
+    process.start_env = env  # what Children.supervise_once starts it again with
+    return process
 
 
 def _embedded_beat() -> None:
@@ -279,14 +294,19 @@ def _run_task(app, task_name: str) -> None:
 
 
 class Children:
-    """The processes `up` started. Once stopping, a start still under way (the agents start when
-    the port opens) finishes and is stopped with the rest; none begins after."""
+    """The processes `up` started, supervised: one that dies is started again after a backoff
+    (1 s, doubling to 30 s); one that dies _CRASH_LIMIT times within _CRASH_WINDOW_S makes `up`
+    give up and exit non-zero, so the service manager restarts the whole. Once stopping, a
+    start still under way (the agents start when the port opens) finishes and is stopped with
+    the rest; none begins after."""
 
     def __init__(self) -> None:
         # Reentrant: the signal handler runs in the main thread, which may be inside add().
         self._lock = threading.RLock()
         self._processes: list[subprocess.Popen] = []
         self._stopping = False
+        self._deaths: dict[tuple, list[float]] = {}
+        self._due: dict[int, float] = {}  # index of a dead child -> when to start it again
 
     def add(self, start: Callable[[], list[subprocess.Popen]]) -> None:
         with self._lock:
@@ -298,8 +318,74 @@ class Children:
             self._stopping = True
         _stop(self._processes)
 
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        """The children now (a restarted one replaces the one that died)."""
+        with self._lock:
+            return list(self._processes)
 
-def _exit_now(children: Children) -> None:
+    def supervise_once(self, now: float) -> bool:
+        """Start again the children that died and whose backoff is over. Returns False when
+        one keeps dying (up should exit non-zero), True otherwise."""
+        with self._lock:
+            if self._stopping:
+                return True
+            for index, process in enumerate(self._processes):
+                if process.poll() is None:
+                    continue
+                if index not in self._due:
+                    if not self._died(process, now):
+                        return False
+                    self._due[index] = now + self._backoff(process)
+                elif now >= self._due[index]:
+                    del self._due[index]
+                    self._processes[index] = _child(list(process.args), env=process.start_env)
+        return True
+
+    def _died(self, process: subprocess.Popen, now: float) -> bool:
+        key = tuple(process.args)
+        deaths = [t for t in self._deaths.get(key, []) if t > now - _CRASH_WINDOW_S] + [now]
+        self._deaths[key] = deaths
+        log.warning(
+            "%s (pid %d) exited with %s; starting it again (%d in %d s)",
+            _name(process),
+            process.pid,
+            process.returncode,
+            len(deaths),
+            _CRASH_WINDOW_S,
+        )
+        return len(deaths) < _CRASH_LIMIT
+
+    def _backoff(self, process: subprocess.Popen) -> float:
+        return min(2.0 ** (len(self._deaths[tuple(process.args)]) - 1), 30.0)
+
+
+# A child that dies this often within the window is not coming back by itself.
+_CRASH_LIMIT = 5
+_CRASH_WINDOW_S = 300
+_SUPERVISE_EVERY_S = 0.5
+
+
+def _name(process: subprocess.Popen) -> str:
+    """e.g. "celery worker pass@%h", "agents gpu-node-1": what the log calls a child."""
+    args = list(process.args)
+    words = [args[2] if len(args) > 2 else str(args[0])]
+    words += [word for word in ("worker", "beat") if word in args]
+    for flag in ("--hostname",):
+        if flag in args[:-1]:
+            words.append(args[args.index(flag) + 1])
+    return " ".join(words)
+
+
+def _supervise(children: Children) -> None:
+    """Watch the children until up stops; exit 1 (stopping the rest) when one keeps dying."""
+    while children.supervise_once(time.monotonic()):
+        time.sleep(_SUPERVISE_EVERY_S)
+    log.error("a child of up keeps dying; up exits so that its service manager restarts it")
+    _exit_now(children, code=1)
+
+
+def _exit_now(children: Children, code: int = 0) -> None:
     """Leave once the server has stopped (SIGTERM/SIGINT), without joining request threads.
 
     On shutdown the ASGI server stops its event loop while a request thread may still be inside
@@ -310,7 +396,7 @@ def _exit_now(children: Children) -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _stop_on_signals(children: Children) -> None:
@@ -345,7 +431,7 @@ def _stop(children: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             log.warning(
                 "%s (pid %d) ignored SIGTERM for %d s; killing it",
-                child.args[2],
+                _name(child),
                 child.pid,
                 _STOP_S,
             )

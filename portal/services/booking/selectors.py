@@ -3,10 +3,17 @@
 
 from dataclasses import dataclass
 
+from django.db.models import OuterRef, Subquery
+
 from portal.errors import NotAllowed, NotFound
-from portal.models import Booking, BookingDependency
+from portal.models import Allocation, Booking, BookingDependency
 from portal.services.access import permissions
-from portal.services.booking.sessions import Interactive, SessionState, session_path
+from portal.services.booking.sessions import (
+    Interactive,
+    SessionState,
+    session_path,
+    session_upstream_problem,
+)
 
 # Where "Open ..." lands inside the session server, per kind.
 _LANDING = {Interactive.JUPYTERLAB: "lab", Interactive.TERMINAL: "lab/workspaces/terminal"}
@@ -61,9 +68,13 @@ def session_target(*, user, booking_id: int) -> SessionTarget | None:
     """
     if not getattr(user, "is_authenticated", False):
         return None
+    node_address = Allocation.objects.filter(booking_id=OuterRef("pk"), live=True).values(
+        "gpu__node__registered_from"
+    )[:1]
     booking = (
         Booking.objects.filter(pk=booking_id, owner_id=user.pk)
         .exclude(interactive=Interactive.NONE)
+        .annotate(node_address=Subquery(node_address))
         .only(
             "state",
             "state_detail",
@@ -81,9 +92,19 @@ def session_target(*, user, booking_id: int) -> SessionTarget | None:
     state, detail = booking.session_state, booking.session_detail
     if not active:
         state, detail = SessionState.STOPPED, booking.state_detail or "the booking has ended"
+    running = active and state == SessionState.RUNNING and booking.session_port is not None
+    problem = running and session_upstream_problem(
+        host=booking.session_host, port=booking.session_port, node_address=booking.node_address
+    )
+    if problem:  # the node's address changed, or the rule did, since the session started
+        running, state, detail = (
+            False,
+            SessionState.FAILED,
+            f"the portal does not connect there: {problem}",
+        )
     return SessionTarget(
         booking_id=booking_id,
-        running=active and state == SessionState.RUNNING and booking.session_port is not None,
+        running=running,
         state=state or SessionState.STARTING,
         detail=detail,
         host=booking.session_host,

@@ -6,13 +6,15 @@ the portal proxies the owner's browser to it (portal/consumers/sessions.py). doc
 explains the transport and the security model.
 """
 
+import ipaddress
 import secrets
 
+from django.conf import settings
 from django.db import transaction
 
 from agents.protocol import SESSION_PATH, Event
 from portal.errors import ValidationFailed
-from portal.models import Booking
+from portal.models import Booking, Node
 from portal.services.realtime import live
 
 Interactive = Booking.Interactive
@@ -44,19 +46,53 @@ def session_path(booking_id: int) -> str:
     return SESSION_PATH.format(booking_id=booking_id)
 
 
-def session_event_apply(*, event: Event, node_hostname: str) -> None:
+def session_upstream_problem(*, host: str, port: int | None, node_address: str | None) -> str:
+    """Why the proxy may not connect to a session at (host, port), or "" when it may.
+
+    The one rule for where sessions are reached: the address the node's agent registered from,
+    or a network in SESSION_ALLOWED_NETWORKS; a port in SESSION_PORTS (the range the agents
+    pick session ports from). So a node cannot point the proxy, and the owner's session
+    secret, at another host or at a service on the portal's own host.
+    """
+    low, high = settings.SESSION_PORTS
+    if port is None or not low <= port <= high:
+        return f"port {port} is outside SESSION_PORTS ({low}-{high})"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return f"{host!r} is not an IP address"
+    if node_address and ip == ipaddress.ip_address(node_address):
+        return ""
+    if any(ip in ipaddress.ip_network(n, strict=False) for n in settings.SESSION_ALLOWED_NETWORKS):
+        return ""
+    return f"{host} is not the node's registered address ({node_address or 'none'})"
+
+
+def session_event_apply(*, event: Event, node: Node) -> None:
     """Follow a session's life from the agent's events (inside the events transaction)."""
     rows = Booking.objects.filter(pk=event.booking_id).exclude(interactive=Interactive.NONE)
     if event.kind == "started" and event.session_port is not None:
-        changed = rows.update(
-            session_state=SessionState.STARTING,
-            session_host=event.session_host or "",
-            session_port=event.session_port,
-            session_detail=f"starting on {node_hostname}",
+        host = event.session_host or ""
+        problem = session_upstream_problem(
+            host=host, port=event.session_port, node_address=node.registered_from
         )
+        if problem:
+            changed = rows.update(
+                session_state=SessionState.FAILED,
+                session_host="",
+                session_port=None,
+                session_detail=f"the portal does not connect there: {problem}"[:300],
+            )
+        else:
+            changed = rows.update(
+                session_state=SessionState.STARTING,
+                session_host=host,
+                session_port=event.session_port,
+                session_detail=f"starting on {node.hostname}",
+            )
     elif event.kind == "session_ready":
         changed = rows.filter(session_state=SessionState.STARTING).update(
-            session_state=SessionState.RUNNING, session_detail=f"running on {node_hostname}"
+            session_state=SessionState.RUNNING, session_detail=f"running on {node.hostname}"
         )
     elif event.kind in ("exited", "stopped"):
         changed = _session_ended(rows, event)

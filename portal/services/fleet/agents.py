@@ -5,9 +5,10 @@ matching what the database stores, no NaN, no NUL), read strictly (no unknown fi
 message is refused whole (400 naming the field) before any write.
 """
 
+import ipaddress
 import json
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
@@ -60,9 +61,27 @@ def agent_message_parse(cls: type, body: bytes):
     except (ValueError, RecursionError) as exc:
         raise ValidationFailed.field("body", f"not valid JSON: {exc}") from None
     try:
-        return protocol.from_json(cls, data, strict=True)
+        message = protocol.from_json(cls, data, strict=True)
     except protocol.ProtocolError as exc:
         raise ValidationFailed.field(exc.field, exc.reason) from None
+    _check_times(message, now=timezone.now())
+    return message
+
+
+def _check_times(message, *, now: datetime) -> None:
+    """Refuse a reading's or an event's time more than AGENT_CLOCK_SKEW_S ahead of the portal's
+    clock: a year-9999 reading would outlive every retention and stand as the latest forever."""
+    stamped = []
+    if isinstance(message, protocol.ReadingsRequest):
+        stamped = [("time", message.time)]
+    elif isinstance(message, protocol.EventsRequest):
+        stamped = [(f"events[{i}].time", e.time) for i, e in enumerate(message.events)]
+    ahead = timedelta(seconds=settings.AGENT_CLOCK_SKEW_S)
+    for where, when in stamped:
+        if when > now + ahead:
+            raise ValidationFailed.field(
+                where, f"is more than {ahead.total_seconds():g} s ahead of the portal's clock"
+            )
 
 
 def _refuse_constant(name: str):
@@ -72,8 +91,11 @@ def _refuse_constant(name: str):
 # -- register ------------------------------------------------------------------------------
 
 
-def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
-    """Take the node's discovered inventory (GPUs, MIG instances) and answer its settings."""
+def agent_register(
+    *, node: Node, request: RegisterRequest, address: str | None = None
+) -> RegisterResponse:
+    """Take the node's discovered inventory (GPUs, MIG instances) and answer its settings.
+    `address` (the client address it registered from) is where its sessions are reached."""
     node_check_hostname(node=node, hostname=request.hostname)
     if request.protocol != protocol.PROTOCOL_VERSION:
         raise ValidationFailed.field(
@@ -88,6 +110,7 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
             agent_version=request.agent_version,
             address=request.address or "",
             container_runtimes=",".join(runtimes),
+            registered_from=_ip_or_none(address),
         )
         booking_events.node_changed(node_id=node.pk, change="registered")  # devices may differ
     node_devices_forget(node_id=node.pk)
@@ -97,6 +120,13 @@ def agent_register(*, node: Node, request: RegisterRequest) -> RegisterResponse:
         sync_interval_s=settings.AGENT_SYNC_INTERVAL_S,
         enforcement=settings.AGENT_ENFORCEMENT,
     )
+
+
+def _ip_or_none(address: str | None) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address or ""))
+    except ValueError:
+        return None
 
 
 def _device_uuid_fields(request: RegisterRequest) -> list[tuple[str, str]]:
@@ -198,7 +228,7 @@ def _check_events(node: Node, batch: list[Event]) -> None:
 def _apply(node: Node, event: Event, now: datetime) -> None:
     log.info("agent %s: %s booking=%s: %s", node, event.kind, event.booking_id, event.detail)
     if event.kind in SESSION_KINDS:
-        session_event_apply(event=event, node_hostname=node.hostname)
+        session_event_apply(event=event, node=node)
     if event.kind == "session_ready":
         return
     if event.kind == "started":
@@ -321,4 +351,8 @@ def _alert(node: Node, event: Event) -> None:
         booking=booking,
         owner_id=booking.owner_id if booking else None,
     )
-    transaction.on_commit(lambda: job_enqueue("node_alert_notify", alert.pk), robust=True)
+    # Coalesced: one message per node and kind per NODE_ALERT_COALESCE_S (a cache key as the
+    # clock), so a flood of alerts sends a few messages; every alert is still a row to read.
+    gate = f"node-alert-notify:{node.pk}:{event.kind}"
+    if cache.add(gate, 1, settings.NODE_ALERT_COALESCE_S):
+        transaction.on_commit(lambda: job_enqueue("node_alert_notify", alert.pk), robust=True)

@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 
 from portal.errors import ApplicationError
 from portal.models import ActionUse, Booking
+from portal.services.access.audit import Source
 from portal.services.booking import bookings
 from portal.services.booking.events import caused_by
 from portal.services.notify import reclaim
@@ -98,8 +99,9 @@ def action_check(*, token: str) -> LinkCheck:
     return LinkCheck(booking, action, nonce)
 
 
-def action_perform(*, token: str, now: datetime) -> LinkCheck:
+def action_perform(*, token: str, now: datetime, source: Source) -> LinkCheck:
     """Do what a token asks, once, as the booking's owner; the check says why not, if not.
+    `source` is how it came (via link or slack, with the client's address) for the audit log.
 
     The nonce is recorded before the action so two clicks racing do it once; if the booking
     services refuse (no capacity to extend, quota), the use is dropped and the message shown.
@@ -115,7 +117,7 @@ def action_perform(*, token: str, now: datetime) -> LinkCheck:
     except IntegrityError:
         return LinkCheck(check.booking, check.action, check.nonce, "used")
     try:
-        _do(check.booking, check.action, now)
+        _do(check.booking, check.action, now, source)
     except ApplicationError:
         use.delete()
         raise
@@ -123,18 +125,18 @@ def action_perform(*, token: str, now: datetime) -> LinkCheck:
     return check
 
 
-def _do(booking: Booking, action: str, now: datetime) -> None:
+def _do(booking: Booking, action: str, now: datetime, source: Source) -> None:
     owner, pk = booking.owner, booking.pk
     with caused_by("link"):
-        _do_as_owner(owner, pk, action, now)
+        _do_as_owner(owner, pk, action, now, source)
 
 
-def _do_as_owner(owner, pk: int, action: str, now: datetime) -> None:
+def _do_as_owner(owner, pk: int, action: str, now: datetime, source: Source) -> None:
     if action == "extend":
-        bookings.booking_extend(user=owner, booking_id=pk, now=now, by_s=EXTEND_BY_S)
+        bookings.booking_extend(user=owner, booking_id=pk, now=now, by_s=EXTEND_BY_S, source=source)
     elif action == "release":
-        bookings.booking_release(user=owner, booking_id=pk, now=now)
+        bookings.booking_release(user=owner, booking_id=pk, now=now, source=source)
     elif action == "cancel":
-        bookings.booking_cancel(user=owner, booking_id=pk, now=now)
+        bookings.booking_cancel(user=owner, booking_id=pk, now=now, source=source)
     else:
         reclaim.idle_keep(booking_id=pk, now=now)

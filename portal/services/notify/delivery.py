@@ -18,9 +18,10 @@ import urllib.request
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.core.mail import EmailMultiAlternatives
+from django.core.mail import BadHeaderError, EmailMultiAlternatives
 from django.db.models import F
 
+from portal import outbound
 from portal.models import Channel, Delivery, NotificationContact, ProjectNotificationSettings
 from portal.services.core import counters
 from portal.services.notify.messages import (
@@ -132,13 +133,15 @@ def _send_email(delivery: Delivery, message) -> None:
     mail.attach_alternative(html, "text/html")
     try:
         mail.send(fail_silently=False)
+    except BadHeaderError as exc:  # the message itself is wrong: trying again will not help
+        raise SendFailed(f"email: {exc}", retry=False) from exc
     except Exception as exc:  # smtplib, socket and backend errors alike: all worth a retry
         raise SendFailed(f"email: {exc}") from exc
 
 
 def _send_slack(recipient: str, payload: dict) -> None:
     if recipient.startswith(("http://", "https://")):
-        _post(recipient, payload, {})
+        _post_user_set(recipient, payload, {})
         return
     headers = {"Authorization": f"Bearer {settings.SLACK_BOT_TOKEN}"}
     answer = _post(
@@ -167,7 +170,7 @@ def _send_webhook(delivery: Delivery, payload: dict) -> None:
     secret = _webhook_secret(delivery)
     if secret:
         headers[SIGNATURE_HEADER] = webhook_signature(secret, body)
-    _post(delivery.recipient, body, headers)
+    _post_user_set(delivery.recipient, body, headers)
 
 
 def _webhook_secret(delivery: Delivery) -> str:
@@ -181,20 +184,47 @@ def _webhook_secret(delivery: Delivery) -> str:
     return config.webhook_secret if config else ""
 
 
+def _body(payload) -> bytes:
+    return payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+
+
+_JSON = {"Content-Type": "application/json; charset=utf-8"}
+
+
+def _refused_status(url: str, status: int) -> SendFailed:
+    # 4xx other than 429 will not get better by trying again; 5xx and 429 may.
+    return SendFailed(f"HTTP {status} from {url}", retry=status >= 500 or status == 429)
+
+
+def _post_user_set(url: str, payload, headers: dict) -> bytes:
+    """POST to a destination a user set (portal/outbound.py: public addresses only, checked
+    at send time, no redirects). A refused destination fails for good."""
+    try:
+        answer = outbound.destination_post(
+            url, _body(payload), {**_JSON, **headers}, timeout=settings.NOTIFY_SEND_TIMEOUT_S
+        )
+    except outbound.DestinationRefused as exc:
+        raise SendFailed(f"{url} refused: {exc}", retry=False) from exc
+    except outbound.DestinationUnreachable as exc:
+        raise SendFailed(str(exc)) from exc
+    if 300 <= answer.status < 400:
+        raise SendFailed(
+            f"HTTP {answer.status} from {url}: redirects are not followed", retry=False
+        )
+    if answer.status >= 400:
+        raise _refused_status(url, answer.status)
+    return answer.body
+
+
 def _post(url: str, payload, headers: dict) -> bytes:
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    """POST to the site's own Slack API (SLACK_API_URL, set by the operator)."""
     request = urllib.request.Request(
-        url,
-        data=body,
-        headers={"Content-Type": "application/json; charset=utf-8", **headers},
-        method="POST",
+        url, data=_body(payload), headers={**_JSON, **headers}, method="POST"
     )
     try:
         with urllib.request.urlopen(request, timeout=settings.NOTIFY_SEND_TIMEOUT_S) as response:
             return response.read()
     except urllib.error.HTTPError as exc:
-        # 4xx other than 429 will not get better by trying again; 5xx and 429 may.
-        retry = exc.code >= 500 or exc.code == 429
-        raise SendFailed(f"HTTP {exc.code} from {url}", retry=retry) from exc
+        raise _refused_status(url, exc.code) from exc
     except OSError as exc:
         raise SendFailed(f"{url}: {exc}") from exc

@@ -277,29 +277,47 @@ def email_parts(message: Message) -> tuple[str, str, str]:
     context = {"m": message, "actions": actions, "site_url": settings.SITE_URL}
     text = render_to_string("notifications/email.txt", context)
     html = render_to_string("notifications/email.html", context)
-    return message.subject, text, html
+    # One line: a node's text with a CR/LF (stored before the protocol refused it) must not make
+    # a header Django refuses, and so a mail that fails on every try.
+    return " ".join(message.subject.split()), text, html
+
+
+def slack_text(text: str) -> str:
+    """Text as it may stand in Slack mrkdwn: `&`, `<` and `>` escaped (Slack's own rule), so a
+    job's output, an alert's detail or a GPU model cannot mention `<!channel>` or make a link
+    dressed as a button. Every user- or node-controlled string goes through here."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_code(text: str) -> str:
+    """A code block the text cannot leave: escaped, and a zero-width space after every
+    backtick, so no three of them in a row close the block early."""
+    return "```" + slack_text(text).replace("`", "`\u200b") + "```"
 
 
 def slack_payload(message: Message) -> dict:
     """The Block Kit message: header, sentence, facts, code block, buttons, link."""
     blocks = [
         {"type": "header", "text": {"type": "plain_text", "text": message.subject[:150]}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": message.intro}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": slack_text(message.intro)}},
     ]
     if message.facts:
         blocks.append(
             {
                 "type": "section",
                 "fields": [
-                    {"type": "mrkdwn", "text": f"*{label}*\n{value}"}
+                    {"type": "mrkdwn", "text": f"*{slack_text(label)}*\n{slack_text(value)}"}
                     for label, value in message.facts[:10]
                 ],
             }
         )
     if message.block:
-        title = f"*{message.block_title}*\n" if message.block_title else ""
+        title = f"*{slack_text(message.block_title)}*\n" if message.block_title else ""
         blocks.append(
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"{title}```{message.block}```"}}
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": title + slack_code(message.block)},
+            }
         )
     buttons = [
         {
@@ -323,7 +341,8 @@ def slack_payload(message: Message) -> dict:
         )
     if buttons:
         blocks.append({"type": "actions", "elements": buttons})
-    return {"text": message.subject, "blocks": blocks}
+    # The top-level text (the notification's preview) is mrkdwn too.
+    return {"text": slack_text(message.subject), "blocks": blocks}
 
 
 def webhook_payload(message: Message, *, event: str, delivery_key: str) -> dict:

@@ -4,6 +4,7 @@ replayed later."""
 
 import hashlib
 import hmac
+import re
 from datetime import datetime
 
 from django.conf import settings
@@ -11,6 +12,9 @@ from django.conf import settings
 from portal.services.core.clock import to_epoch
 
 MAX_AGE_S = 300
+# Seconds since the epoch in ASCII digits, of a sane length: "²", 400 or 5,000 digits are no
+# timestamp (int() would refuse some and the clock arithmetic overflow on others).
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
 def slack_signature(*, secret: str, timestamp: str, body: bytes) -> str:
@@ -21,7 +25,7 @@ def slack_signature(*, secret: str, timestamp: str, body: bytes) -> str:
 def slack_request_valid(*, body: bytes, timestamp: str, signature: str, now: datetime) -> bool:
     """Whether Slack signed this request (with SLACK_SIGNING_SECRET) in the last five minutes."""
     secret = settings.SLACK_SIGNING_SECRET
-    if not secret or not timestamp.isdigit():
+    if not secret or not _TIMESTAMP.fullmatch(timestamp) or not signature.isascii():
         return False
     if abs(to_epoch(now) - int(timestamp)) > MAX_AGE_S:
         return False
