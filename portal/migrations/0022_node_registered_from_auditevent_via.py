@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('portal', '0019_booking_image_node_runtimes'),
+        ("portal", "0021_fairshare_running_totals"),
     ]
 
     operations = [

@@ -44,6 +44,6 @@ def _undo(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("portal", "0020_node_registered_from_auditevent_via")]
+    dependencies = [("portal", "0022_node_registered_from_auditevent_via")]
 
     operations = [migrations.RunPython(_no_truncate, _undo)]
