@@ -22,6 +22,15 @@ from portal.services.booking.quotas import quota_position, usage_current
 from portal.services.booking.sessions import session_view
 from portal.services.reporting import accounting as accounting_services
 from portal.web import calendar, charts, history, panels, selectors
+from portal.web.overview import (
+    expanded_nodes,
+    facts_version,
+    node_detail,
+    node_device_rows,
+    overview_summary,
+    shown_nodes,
+    summary_choices,
+)
 
 FILTERS = ("model", "node", "state")
 # How far back the staff panel looks for alerts whose process still runs.
@@ -47,25 +56,52 @@ def favicon(request):
 
 @login_required
 def overview(request):
+    """What is free by model and node, mine, the site's totals: from the cached summary; a
+    node's devices when it is expanded (?fragment=node&node=<hostname>)."""
     now = timezone.now()
-    rows = selectors.device_rows(now=now)
     filters = {name: request.GET.get(name, "") for name in FILTERS}
-    mine = selectors.my_live_bookings(user=request.user)
+    if request.GET.get("fragment") == "node":
+        return _node_devices(request, now, filters)
+    if request.GET.get("fragment") == "mine":
+        return render(request, "portal/_mine.html", _mine_context(request, now))
+    summary, site_rows = overview_summary(now=now)
+    expanded = expanded_nodes(summary, node=filters["node"])
+    device_rows = node_device_rows(now=now, hostnames=expanded, rows=site_rows, **filters)
+    nodes = [
+        (line, shown, device_rows.get(line.hostname))
+        for line, shown in shown_nodes(summary, **filters)
+    ]
     context = {
-        "rows": selectors.filter_rows(rows, **filters),
+        "summary": summary,
+        "nodes": nodes,
+        "matched": sum(1 for _, shown, _ in nodes if shown),
+        "totals": summary.totals,
         "filters": filters,
         "filter_query": "&".join(f"{k}={v}" for k, v in filters.items() if v),
-        "choices": selectors.filter_choices(),
-        "totals": selectors.site_totals(rows=rows, now=now),
-        "mine": _with_times(mine, now),
-        "now": now,
+        "choices": summary_choices(summary),
+        **_mine_context(request, now),
     }
     fragments = {
-        "devices": "portal/_devices.html",
-        "mine": "portal/_mine.html",
+        "devices": "portal/_nodes.html",
         "totals": "portal/_totals.html",
+        "models": "portal/_models.html",
     }
     return render_page(request, "portal/overview.html", context, fragments)
+
+
+def _mine_context(request, now: datetime) -> dict:
+    return {"mine": _with_times(selectors.my_live_bookings(user=request.user), now), "now": now}
+
+
+def _node_devices(request, now: datetime, filters: dict):
+    """One node's device rows, for the overview to show when the node is expanded."""
+    version = facts_version()  # read first: what follows is at least this new
+    found = node_detail(now=now, hostname=request.GET.get("node", ""), **{**filters, "node": ""})
+    if found is None:
+        raise Http404("No such node.")
+    line, rows = found
+    context = {"rows": rows, "line": line, "version": version, "now": now}
+    return render(request, "portal/_node_devices.html", context)
 
 
 def _with_times(bookings: list[Booking], now: datetime) -> list[Booking]:

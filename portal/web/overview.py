@@ -1,0 +1,288 @@
+"""The overview's first screen from a small cached summary, and its live patches.
+
+What a person reads first (what is free, by model and by node; the site's totals) comes from one
+`Summary`, built from `selectors.device_rows` (the one owner of a device's state) and kept in the
+cache. It is versioned by the facts of the outbox: every booking change and node failure records
+a `DomainEvent` in its own transaction, so the newest fact's id moves the moment such a change
+commits, and a summary built before it is rebuilt. A summary is never older than
+SUMMARY_MAX_AGE_S (what changes without a fact, such as a process appearing on a free GPU, shows
+within that), and never rebuilt more often than every SUMMARY_MIN_AGE_S however fast facts come;
+one process rebuilds while the others serve the summary they have.
+
+A node's devices are rendered only when asked for (`?fragment=node&node=<hostname>`, when the
+node is expanded), except on a small site, whose nodes open with their devices.
+
+After a booking fact commits, `overview_fact_patch` sends open pages a small patch over the
+websocket: the new counts of the nodes the booking touches, the new state of their devices and
+the queue's size. Pages apply it in place and sum their node lines for the totals.
+"""
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.core.cache import cache
+from django.db.models import Max
+from django.utils import timezone
+
+from portal.models import Allocation, Booking, DomainEvent, Node
+from portal.services.realtime import live
+from portal.web import selectors
+from portal.web.selectors import DeviceRow, Totals
+
+SUMMARY_KEY = "overview:summary:v1"
+BUILD_LOCK_KEY = "overview:summary:building"
+SUMMARY_MAX_AGE_S = 2.0
+SUMMARY_MIN_AGE_S = 0.5
+# A site with at most this many devices opens every node with its devices shown.
+INLINE_DEVICES = 64
+PATCH_TYPE = "overview.patch"
+
+
+@dataclass(frozen=True)
+class NodeLine:
+    """One node as the overview lists it: state, and per model its GPUs and MIG slices."""
+
+    hostname: str
+    state: str
+    # model -> (GPUs not in MIG mode, free ones, bookable MIG slices, free ones)
+    counts: dict[str, tuple[int, int, int, int]]
+    states: frozenset[str]  # the device states present, for the state filter
+
+    def _sum(self, i: int) -> int:
+        return sum(c[i] for c in self.counts.values())
+
+    gpus = property(lambda self: self._sum(0))
+    free_gpus = property(lambda self: self._sum(1))
+    slices = property(lambda self: self._sum(2))
+    free_slices = property(lambda self: self._sum(3))
+
+    @property
+    def models(self) -> str:
+        return ", ".join(sorted(self.counts))
+
+    @property
+    def counts_json(self) -> str:
+        return json.dumps(self.counts, sort_keys=True)
+
+    def patch(self) -> dict:
+        return {"hostname": self.hostname, "state": self.state, "counts": self.counts}
+
+
+@dataclass(frozen=True)
+class ModelLine:
+    """What is free of one GPU model across the site."""
+
+    model: str
+    gpus: int
+    free_gpus: int
+    slices: int
+    free_slices: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The first screen of the overview, as of `version` (the newest fact) and `built_at`."""
+
+    version: int
+    built_at: float
+    nodes: tuple[NodeLine, ...]
+    models: tuple[ModelLine, ...]
+    totals: Totals
+    devices: int
+
+
+def facts_version() -> int:
+    """The id of the newest fact: it moves whenever a booking or node change commits."""
+    return DomainEvent.objects.aggregate(newest=Max("id"))["newest"] or 0
+
+
+def node_lines(rows: list[DeviceRow], nodes: dict[str, str]) -> list[NodeLine]:
+    """Count `rows` (from device_rows) per node; `nodes` maps each hostname to its state, so a
+    node without devices is listed too."""
+    counts: dict[str, dict[str, list[int]]] = {host: {} for host in nodes}
+    states: dict[str, set[str]] = {host: set() for host in nodes}
+    for row in rows:
+        line = counts.setdefault(row.node, {}).setdefault(row.model, [0, 0, 0, 0])
+        if row.children:
+            line[2] += len(row.children)
+            line[3] += sum(1 for c in row.children if c.state == "free")
+        else:
+            line[0] += 1
+            line[1] += row.state == "free"
+        states.setdefault(row.node, set()).update([row.state, *(c.state for c in row.children)])
+    return [
+        NodeLine(
+            hostname=host,
+            state=nodes.get(host, Node.State.UP),
+            counts={model: tuple(c) for model, c in sorted(counts[host].items())},
+            states=frozenset(states[host]),
+        )
+        for host in sorted(counts)
+    ]
+
+
+def model_lines(nodes: list[NodeLine]) -> list[ModelLine]:
+    """The node lines summed per model."""
+    sums: dict[str, list[int]] = {}
+    for node in nodes:
+        for model, counts in node.counts.items():
+            total = sums.setdefault(model, [0, 0, 0, 0])
+            for i, n in enumerate(counts):
+                total[i] += n
+    return [ModelLine(model, *total) for model, total in sorted(sums.items())]
+
+
+def summary_build(*, now: datetime, version: int) -> tuple[Summary, list[DeviceRow]]:
+    """Read the whole site once and count it; also returns the device rows it counted."""
+    rows = selectors.device_rows(now=now)
+    states = dict(Node.objects.values_list("hostname", "state"))
+    nodes = node_lines(rows, states)
+    summary = Summary(
+        version=version,
+        built_at=now.timestamp(),
+        nodes=tuple(nodes),
+        models=tuple(model_lines(nodes)),
+        totals=selectors.site_totals(rows=rows, now=now),
+        devices=len(rows) + sum(len(r.children) for r in rows),
+    )
+    return summary, rows
+
+
+def overview_summary(*, now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
+    """The cached summary if no fact is newer and it is young enough, else a new one (with the
+    device rows it was built from, which the caller may reuse)."""
+    version = facts_version()
+    cached = cache.get(SUMMARY_KEY)
+    age = now.timestamp() - cached.built_at if cached else None
+    if cached and (
+        age < SUMMARY_MIN_AGE_S or (cached.version >= version and age < SUMMARY_MAX_AGE_S)
+    ):
+        return cached, None
+    if cached and age < SUMMARY_MAX_AGE_S and not cache.add(BUILD_LOCK_KEY, 1, timeout=10):
+        return cached, None  # another process is rebuilding it; this one is young enough
+    try:
+        summary, rows = summary_build(now=now, version=version)
+        cache.set(SUMMARY_KEY, summary, timeout=60)
+    finally:
+        cache.delete(BUILD_LOCK_KEY)
+    return summary, rows
+
+
+def summary_choices(summary: Summary) -> dict:
+    """What the overview's filters offer (as selectors.filter_choices, without a query)."""
+    return {
+        "models": [line.model for line in summary.models],
+        "nodes": [line.hostname for line in summary.nodes],
+        "states": list(selectors.FILTER_STATES),
+    }
+
+
+def shown_nodes(summary: Summary, *, model="", node="", state="") -> list[tuple[NodeLine, bool]]:
+    """(line, matches the filters) for every node: pages keep all lines to sum the totals."""
+    return [
+        (
+            line,
+            (not model or model in line.counts)
+            and (not node or line.hostname == node)
+            and (not state or state in line.states),
+        )
+        for line in summary.nodes
+    ]
+
+
+def expanded_nodes(summary: Summary, *, node="") -> list[str]:
+    """The nodes that open with their devices: the one filtered for, or all on a small site."""
+    if node:
+        return [node]
+    if summary.devices <= INLINE_DEVICES:
+        return [line.hostname for line in summary.nodes]
+    return []
+
+
+def node_device_rows(
+    *, now: datetime, hostnames: list[str], rows: list[DeviceRow] | None = None, **filters
+) -> dict[str, list]:
+    """Device rows of some nodes (read, or picked from the site's `rows`), filtered as the
+    overview is, per hostname."""
+    if not hostnames:
+        return {}
+    if rows is None:
+        rows = selectors.device_rows(now=now, hostnames=hostnames)
+    by_node: dict[str, list] = {host: [] for host in hostnames}
+    for row in selectors.filter_rows(rows, **filters):
+        if row.node in by_node:
+            by_node[row.node].append(row)
+    return by_node
+
+
+def node_detail(*, now: datetime, hostname: str, **filters) -> tuple[NodeLine, list] | None:
+    """One node's line counted now (not from the summary) and its device rows, filtered; None
+    for a node that does not exist."""
+    states = dict(Node.objects.filter(hostname=hostname).values_list("hostname", "state"))
+    if not states:
+        return None
+    rows = selectors.device_rows(now=now, hostnames=[hostname])
+    [line] = node_lines(rows, states)
+    return line, selectors.filter_rows(rows, **filters)
+
+
+# The live patch -------------------------------------------------------------------------------
+
+
+def overview_fact_patch(fact) -> None:
+    """Subscriber: send open pages the new counts and device states of what a fact touched."""
+    hostnames = _fact_nodes(fact)
+    owner_id = None
+    if fact.booking_id is not None:
+        owner_id = Booking.objects.filter(pk=fact.booking_id).values_list("owner_id", flat=True)
+        owner_id = owner_id.first()
+    live.group_send(live.QUEUE_GROUP, patch_build(hostnames=hostnames, owner_id=owner_id))
+
+
+def _fact_nodes(fact) -> list[str]:
+    hosts = set()
+    if fact.booking_id is not None:
+        hosts.update(
+            Allocation.objects.filter(booking_id=fact.booking_id).values_list(
+                "gpu__node__hostname", flat=True
+            )
+        )
+    if fact.node_id is not None:
+        hosts.update(Node.objects.filter(pk=fact.node_id).values_list("hostname", flat=True))
+    return sorted(hosts)
+
+
+def patch_build(*, hostnames: list[str], owner_id: int | None, now=None) -> dict:
+    """The message: node lines and device states of `hostnames`, and the queue's size now."""
+    now = now or timezone.now()
+    version = facts_version()
+    rows = selectors.device_rows(now=now, hostnames=hostnames) if hostnames else []
+    states = dict(Node.objects.filter(hostname__in=hostnames).values_list("hostname", "state"))
+    queued, queued_hours = selectors.queue_demand()
+    return {
+        "type": PATCH_TYPE,
+        "version": version,
+        "owner_id": owner_id,
+        "nodes": [line.patch() for line in node_lines(rows, states)],
+        "devices": [_device_patch(r) for row in rows for r in (row, *row.children)],
+        "queued": queued,
+        "queued_gpu_hours": queued_hours,
+    }
+
+
+def _device_patch(row: DeviceRow) -> dict:
+    booking = row.booking
+    return {
+        "uuid": row.uuid,
+        "state": row.state,
+        "state_label": row.state_label,
+        "booking": None
+        if booking is None
+        else {
+            "id": booking.pk,
+            "owner": booking.owner.username,
+            "owner_id": booking.owner_id,
+            "project": booking.project.slug,
+        },
+    }

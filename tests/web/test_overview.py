@@ -1,0 +1,140 @@
+"""The overview's first screen: a cached summary versioned by the outbox, nodes expanded on
+demand, live patches after a booking fact."""
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.utils import timezone
+
+from portal.models import Allocation, Booking
+from portal.services.booking.bookings import booking_release
+from portal.services.core.outbox import fact_record
+from portal.services.realtime.live import QUEUE_GROUP
+from portal.web import overview
+from portal.web.selectors import device_rows
+from tests.factories import make_active_booking, make_mig_gpu, make_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def client_in(client, user, project):
+    client.force_login(user)
+    return client
+
+
+def _free_now(client) -> str:
+    return client.get("/?fragment=totals").content.decode().split('data-total="free_gpus">')[1][:3]
+
+
+def test_it_counts_what_is_free_by_node_and_by_model(cluster, user, project):
+    make_mig_gpu(cluster[1], 8)
+    make_node("node-c", gpus=2, model="H100-80GB")
+    make_active_booking([cluster[0].gpus.get(index=0)], owner=user, project=project)
+    rows = device_rows(now=timezone.now())
+    lines = {line.hostname: line for line in overview.node_lines(rows, {"empty": "down"})}
+    assert (lines["node-a"].gpus, lines["node-a"].free_gpus) == (8, 7)
+    assert (lines["node-b"].slices, lines["node-b"].free_slices) == (4, 4)
+    assert lines["empty"].gpus == 0 and lines["empty"].state == "down"
+    models = {m.model: m for m in overview.model_lines(list(lines.values()))}
+    assert (models["A100-80GB"].gpus, models["A100-80GB"].free_gpus) == (16, 15)
+    assert (models["H100-80GB"].gpus, models["H100-80GB"].free_gpus) == (2, 2)
+
+
+def test_it_serves_the_cached_summary_until_a_fact_commits(client_in, user, project, cluster):
+    assert _free_now(client_in).startswith("16")
+    # A change that records no fact is not seen while the summary is young...
+    booking = make_active_booking([cluster[0].gpus.get(index=0)], owner=user, project=project)
+    assert _free_now(client_in).startswith("16")
+    # ...a fact moves the version, and the next open counts again (once the summary is not
+    # brand new: a burst of facts rebuilds it at most every SUMMARY_MIN_AGE_S).
+    fact_record(kind="booking_changed", booking_id=booking.pk, payload={"event": "started"})
+    cached = overview.overview_summary(now=timezone.now())[0]
+    later = timezone.now() + timedelta(seconds=overview.SUMMARY_MIN_AGE_S)
+    summary, rows = overview.overview_summary(now=later)
+    assert rows is not None and summary.version > cached.version
+    assert summary.totals.free_gpus == 15
+
+
+def test_it_rebuilds_a_summary_that_is_too_old_without_any_fact(user, project, cluster):
+    now = timezone.now()
+    first, _ = overview.overview_summary(now=now)
+    make_active_booking([cluster[0].gpus.get(index=0)], owner=user, project=project)
+    assert overview.overview_summary(now=now + timedelta(seconds=1))[0] == first
+    later = now + timedelta(seconds=overview.SUMMARY_MAX_AGE_S)
+    assert overview.overview_summary(now=later)[0].totals.free_gpus == 15
+
+
+def test_it_lists_nodes_and_loads_their_devices_only_when_expanded(client_in):
+    for n in range(9):  # 72 GPUs: more than a site whose nodes open with their devices
+        make_node(f"n{n:02d}")
+    body = client_in.get("/").content.decode()
+    assert body.count('data-node-line="') == 9
+    assert "data-uuid=" not in body
+    assert '<strong data-total="free_gpus">72</strong>' in body
+    node = client_in.get("/?fragment=node&node=n03").content.decode()
+    assert node.count("data-uuid=") == 8
+    assert "n03/gpu7" in node and "n04/gpu0" not in node
+    assert '"A100-80GB": [8, 8, 0, 0]' in node.replace("&quot;", '"')
+
+
+def test_it_opens_the_node_filtered_for_with_its_devices(client_in):
+    for n in range(9):
+        make_node(f"n{n:02d}")
+    body = client_in.get("/?node=n05").content.decode()
+    assert body.count("data-uuid=") == 8
+    assert body.count(" hidden>") >= 8  # the other nodes' lines, kept for the totals
+
+
+def test_it_refuses_an_unknown_node(client_in, cluster):
+    assert client_in.get("/?fragment=node&node=nope").status_code == 404
+
+
+def _listen_queue():
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(QUEUE_GROUP, channel)
+
+    def receive(kind: str, timeout=5.0):
+        async def get():
+            while True:
+                message = await asyncio.wait_for(layer.receive(channel), timeout=timeout)
+                if message["type"] == kind:
+                    return message
+
+        return async_to_sync(get)()
+
+    return receive
+
+
+def test_it_patches_open_pages_after_a_booking_fact(
+    user, project, cluster, django_capture_on_commit_callbacks
+):
+    gpu = cluster[1].gpus.get(index=2)
+    booking = make_active_booking([gpu], owner=user, project=project)
+    receive = _listen_queue()
+    with django_capture_on_commit_callbacks(execute=True):
+        booking_release(user=user, booking_id=booking.pk, now=timezone.now())
+    assert Booking.objects.get(pk=booking.pk).state == Booking.State.FINISHED
+    patch = receive(overview.PATCH_TYPE)
+    assert patch["owner_id"] == user.pk
+    assert [n["hostname"] for n in patch["nodes"]] == ["node-b"]
+    assert patch["nodes"][0]["counts"] == {"A100-80GB": [8, 8, 0, 0]}
+    device = next(d for d in patch["devices"] if d["uuid"] == gpu.uuid)
+    assert device["state"] == "free" and device["booking"] is None
+    assert len(patch["devices"]) == 8  # the node's devices only, not the site's
+
+
+def test_it_patches_a_booking_that_took_devices_with_its_holder(user, project, cluster):
+    booking = make_active_booking([cluster[0].gpus.get(index=1)], owner=user, project=project)
+    hosts = sorted(
+        Allocation.objects.filter(booking=booking).values_list("gpu__node__hostname", flat=True)
+    )
+    patch = overview.patch_build(hostnames=hosts, owner_id=user.pk)
+    held = [d for d in patch["devices"] if d["booking"]]
+    assert [d["booking"]["id"] for d in held] == [booking.pk]
+    assert held[0]["booking"]["owner"] == user.username
+    assert patch["nodes"][0]["counts"]["A100-80GB"][1] == 7
