@@ -257,7 +257,7 @@
     if (totals && +(totals.dataset.version || 0) <= version) {
       totals.dataset.version = version;
       setText(totals, '[data-total="queued"]', message.queued);
-      setText(totals, '[data-total="queued_gpu_hours"]', message.queued_gpu_hours);
+      setText(totals, '[data-total="queued_gpu_hours"]', Number(message.queued_gpu_hours).toFixed(1));
       setText(totals, '[data-plural="queued"]', message.queued === 1 ? "" : "s");
     }
     sumTotals();
