@@ -27,7 +27,7 @@ from portal.models import (
 )
 from portal.services.access import tokens as token_services
 from portal.services.access.audit import Via, source_of
-from portal.services.access.audit_log import CSV_COLUMNS, audit_row
+from portal.services.access.selectors import CSV_COLUMNS, audit_row
 from portal.services.booking.quotas import DEFAULT_BUDGET_PERIOD_DAYS, usage_current
 from portal.services.fleet import nodes as node_services
 

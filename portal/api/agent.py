@@ -15,7 +15,9 @@ from agents import protocol
 from portal.api.auth import authorization_key
 from portal.models import Node
 from portal.services.fleet import agents as agent_services
-from portal.services.fleet.nodes import node_for_token, node_mark_seen
+from portal.services.fleet import selectors as fleet_selectors
+from portal.services.fleet.nodes import node_mark_seen
+from portal.services.fleet.selectors import node_for_token
 from portal.services.fleet.telemetry import samples_ingest
 
 
@@ -83,7 +85,7 @@ class DesiredView(AgentView):
 
     @extend_schema(request=None, responses={200: None})
     def get(self, request):
-        return Response(protocol.to_json(agent_services.agent_desired(node_id=request.auth.pk)))
+        return Response(protocol.to_json(fleet_selectors.agent_desired(node_id=request.auth.pk)))
 
 
 class EventsView(AgentView):

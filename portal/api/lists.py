@@ -13,7 +13,7 @@ from django.utils import timezone
 from portal.api.serializers import allocation_shown, booking_window, iso, reading_json
 from portal.models import Allocation, MigInstance
 from portal.services.booking import fairshare
-from portal.services.booking.sessions import session_summary
+from portal.services.booking.selectors import session_summary
 from portal.services.inventory import telemetry_cache
 
 BOOKING_FIELDS = (

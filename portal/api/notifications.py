@@ -5,7 +5,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.services.notify.preferences import preferences_get, preferences_set
+from portal.services.notify.preferences import preferences_set
+from portal.services.notify.selectors import preferences_get
 
 
 class ContactOutput(serializers.Serializer):

@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from portal.models import ApiToken, Booking, Gpu, MigInstance, Node, Qos
 from portal.services.booking import booking_bounds, fairshare
-from portal.services.booking.sessions import session_view
+from portal.services.booking.selectors import session_view
 from portal.services.fleet.telemetry import SAMPLE_VALUES
 
 MAX_SECONDS = 10 * 365 * 86400

@@ -21,13 +21,15 @@ from portal.api.pagination import OrderedPagination
 from portal.errors import NotAllowed, NotFound, TooManyAttempts, ValidationFailed
 from portal.filtersets import BookingFilterSet, GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from portal.models import Allocation, ApiToken, Booking, Gpu, MigInstance, Node
-from portal.services.access import audit, audit_log, login_throttle, permissions
+from portal.services.access import audit, login_throttle, permissions
+from portal.services.access import selectors as access_selectors
 from portal.services.access import tokens as token_services
 from portal.services.allocation.estimate import booking_estimate
 from portal.services.booking import bookings as booking_services
+from portal.services.booking import selectors as booking_selectors
 from portal.services.booking.idempotency import booking_submit_once
 from portal.services.booking.quotas import quota_overview
-from portal.services.fleet import telemetry
+from portal.services.fleet import selectors as fleet_selectors
 from portal.services.inventory import telemetry_cache
 from portal.services.reporting.accounting import accounting_report
 
@@ -106,7 +108,7 @@ class TokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return self.queryset
-        return token_services.tokens_of(user=self.request.user)
+        return access_selectors.tokens_of(user=self.request.user)
 
     @extend_schema(request=s.TokenNewInput, responses={201: s.TokenCreatedOutput})
     def create(self, request):
@@ -147,8 +149,10 @@ def _history_query(request) -> dict:
 
 
 def _device_history(uuid: str, label: str, query: dict) -> dict:
-    resolution = telemetry.history_resolution(since=query["since"], resolution=query["resolution"])
-    points = telemetry.samples_history(
+    resolution = fleet_selectors.history_resolution(
+        since=query["since"], resolution=query["resolution"]
+    )
+    points = fleet_selectors.samples_history(
         uuid=uuid,
         since=query["since"],
         until=query["until"],
@@ -250,7 +254,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             "allocations", queryset=Allocation.objects.select_related("gpu__node", "mig_instance")
         )
         return (
-            booking_services.visible_bookings(self.request.user)
+            booking_selectors.visible_bookings(self.request.user)
             .select_related("owner", "project")
             .prefetch_related(allocations)
             .order_by("-submitted_at", "-id")
@@ -351,7 +355,7 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             params["to"] = min(timezone.now(), max(a.end for a in allocations)).isoformat()
         query = _valid(s.HistoryQuery, params)
         devices = [_device_history(a.device_uuid, a.device_label, query) for a in allocations]
-        resolution = telemetry.history_resolution(
+        resolution = fleet_selectors.history_resolution(
             since=query["since"], resolution=query["resolution"]
         )
         return Response({"booking": booking.pk, "resolution": resolution, "devices": devices})
@@ -444,16 +448,16 @@ class AuditView(APIView):
         if not permissions.can_some(request.user, "audit.view"):
             raise NotAllowed("Only staff and project managers may read the audit log.")
         query = _valid(s.AuditQuery, dict(request.query_params.items()))
-        events = audit_log.audit_events_filter(
-            audit_log.audit_events_visible(request.user),
+        events = access_selectors.audit_events_filter(
+            access_selectors.audit_events_visible(request.user),
             **{k: v for k, v in query.items() if k not in ("format", "page", "page_size")},
         )
         if getattr(request.accepted_renderer, "format", "") == "csv":
             limit = settings.AUDIT_EXPORT_MAX_ROWS
-            rows = [audit_log.audit_row(e, text=True) for e in events[:limit].iterator()]
+            rows = [access_selectors.audit_row(e, text=True) for e in events[:limit].iterator()]
             response = Response(rows)
             response["Content-Disposition"] = 'attachment; filename="gpu-portal-audit.csv"'
             return response
         paginator = OrderedPagination()
         page = paginator.paginate_queryset(events, request, view=self)
-        return paginator.get_paginated_response([audit_log.audit_row(e) for e in page])
+        return paginator.get_paginated_response([access_selectors.audit_row(e) for e in page])

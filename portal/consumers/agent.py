@@ -12,7 +12,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.db import DatabaseError
 
-from portal.services.fleet.nodes import node_for_token, node_mark_seen
+from portal.services.fleet.nodes import node_mark_seen
+from portal.services.fleet.selectors import node_for_token
 from portal.services.realtime.live import agent_group
 
 log = logging.getLogger(__name__)

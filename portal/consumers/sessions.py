@@ -23,7 +23,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from websockets.asyncio.client import connect as websocket_connect
 
-from portal.services.booking.sessions import SessionTarget, session_target
+from portal.services.booking.selectors import SessionTarget, session_target
 
 log = logging.getLogger(__name__)
 

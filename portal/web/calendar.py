@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 
 from portal.models import Allocation, Booking
-from portal.services.booking.bookings import visible_bookings
+from portal.services.booking.selectors import visible_bookings
 from portal.services.inventory import selectors as inventory
 
 WEEK = timedelta(days=7)

@@ -34,7 +34,7 @@ def _utc(value: datetime, now: datetime) -> datetime:
 def device_history(*, uuid: str, since: datetime, until: datetime) -> list[dict] | None:
     """Samples of one device, or None when the portal keeps no history (service missing)."""
     try:
-        from portal.services.fleet.telemetry import samples_history
+        from portal.services.fleet.selectors import samples_history
     except ImportError:
         return None
     return samples_history(uuid=uuid, since=since, until=until, max_points=1500)

@@ -17,7 +17,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from portal.errors import ApplicationError
 from portal.models import Channel
 from portal.services.notify.booking_links import ACTIONS, action_check, action_perform
-from portal.services.notify.preferences import preferences_get, preferences_set
+from portal.services.notify.preferences import preferences_set
+from portal.services.notify.selectors import preferences_get
 from portal.services.notify.slack_requests import slack_request_valid
 
 _PROBLEM_STATUS = {"invalid": 400, "gone": 404, "expired": 410, "used": 410, "changed": 409}

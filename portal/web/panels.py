@@ -1,6 +1,6 @@
 """Reads for the queue page (squeue for the portal) and the staff panel (nodes and open alerts).
 
-Who may see which booking is decided once, by `portal.services.booking.bookings.visible_bookings`.
+Who may see which booking is decided once, by `portal.services.booking.selectors.visible_bookings`.
 """
 
 from dataclasses import dataclass
@@ -9,7 +9,7 @@ from datetime import datetime
 from django.db.models import Count, F, Q
 
 from portal.models import Booking, Node, NodeAlert
-from portal.services.booking.bookings import visible_bookings
+from portal.services.booking.selectors import visible_bookings
 from portal.services.inventory import selectors as inventory
 from portal.services.inventory.telemetry_cache import latest_by_uuid
 from portal.web.selectors import device_labels, pending_reason_text

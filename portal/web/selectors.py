@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Prefetch, Sum
 
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert, ProcessUsage
-from portal.services.booking.bookings import visible_bookings
+from portal.services.booking.selectors import visible_bookings
 from portal.services.inventory import selectors as inventory
 from portal.services.inventory.telemetry_cache import latest_by_uuid
 from portal.web.device_usage import busy_devices

@@ -13,7 +13,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.errors import ApplicationError, NotFound
-from portal.services.access import audit_log, permissions
+from portal.services.access import permissions
+from portal.services.access import selectors as access_selectors
 from portal.services.access import tokens as token_services
 from portal.services.access.audit import ACTIONS, Via, source_of
 from portal.web.forms import TokenForm, add_service_errors
@@ -48,7 +49,7 @@ def tokens(request):
         form, status = TokenForm(), 200
     context = {
         "form": form,
-        "tokens": token_services.tokens_of(user=request.user),
+        "tokens": access_selectors.tokens_of(user=request.user),
         "new": request.session.pop(NEW_KEY, None) if request.method == "GET" else None,
         "now": timezone.now(),
     }
@@ -76,7 +77,9 @@ def audit(request):
     if not permissions.can_some(request.user, "audit.view"):
         raise PermissionDenied("Only staff and project managers read the audit log.")
     filters = {name: request.GET.get(name, "").strip()[:150] for name in AUDIT_FILTERS}
-    events = audit_log.audit_events_filter(audit_log.audit_events_visible(request.user), **filters)
+    events = access_selectors.audit_events_filter(
+        access_selectors.audit_events_visible(request.user), **filters
+    )
     query = {k: v for k, v in filters.items() if v}
     context = {
         "events": list(events[:AUDIT_PAGE_ROWS]),

@@ -19,7 +19,7 @@ from agents.protocol import LOG_TAIL_BYTES
 from portal.models import Allocation, Booking, Gpu, Node, Project
 from portal.services.access import permissions
 from portal.services.booking.quotas import quota_position, usage_current
-from portal.services.booking.sessions import session_view
+from portal.services.booking.selectors import session_view
 from portal.services.reporting import accounting as accounting_services
 from portal.web import calendar, charts, history, panels, selectors
 from portal.web.overview import (

@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from portal.models import Allocation, Membership
 from portal.services.access import permissions
-from portal.services.notify.preferences import preferences_get
+from portal.services.notify.selectors import preferences_get
 from tests.factories import BookingFactory, ProjectFactory, UserFactory, make_node, member
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from django.utils import timezone
 from agents import protocol
 from portal.asgi import application
 from portal.services.booking.bookings import booking_cancel
-from portal.services.fleet.agents import agent_desired
+from portal.services.fleet.selectors import agent_desired
 from tests.factories import UserFactory, make_active_booking, make_agent_node
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from agents import protocol
 from portal.consumers.sessions import SessionHttpProxy, SessionWebsocketProxy
 from portal.models import Booking, MigInstance
-from portal.services.booking.sessions import session_target
+from portal.services.booking.selectors import session_target
 from tests.conftest import error_of
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_active_booking, member
 from tests.portal_agent.conftest import AgentClient

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from portal import tasks
 from portal.models import AuditEvent, Booking, Node
-from portal.services.fleet.nodes import node_for_token, node_mark_seen, nodes_heartbeat_check
+from portal.services.fleet.nodes import node_mark_seen, nodes_heartbeat_check
+from portal.services.fleet.selectors import node_for_token
 from tests.factories import UserFactory, make_active_booking, make_agent_node, make_node
 from tests.workers import wait_until
 

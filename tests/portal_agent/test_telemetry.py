@@ -6,12 +6,8 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Sample, SampleMinute
-from portal.services.fleet.telemetry import (
-    samples_history,
-    samples_prune,
-    samples_rollup,
-    telemetry_maintain,
-)
+from portal.services.fleet.selectors import samples_history
+from portal.services.fleet.telemetry import samples_prune, samples_rollup, telemetry_maintain
 from tests.factories import NodeFactory, SampleFactory
 
 pytestmark = pytest.mark.django_db

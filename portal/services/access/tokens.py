@@ -72,8 +72,3 @@ def token_revoke(*, actor, token_id: int, source: Source = SYSTEM) -> ApiToken:
             before=before,
         )
     return token
-
-
-def tokens_of(*, user):
-    """A user's tokens, newest first (never their keys, which are not stored)."""
-    return ApiToken.objects.filter(user=user).order_by("-created", "id")

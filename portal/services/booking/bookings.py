@@ -17,18 +17,16 @@ import scheduler
 from portal.errors import (
     InvalidState,
     NoCapacity,
-    NotAllowed,
-    NotFound,
     QuotaExceeded,
     ValidationFailed,
 )
 from portal.models import Allocation, Booking
-from portal.services.access import permissions
 from portal.services.access.audit import SYSTEM, Source, audit_booking, booking_state
 from portal.services.booking import events, fairshare
 from portal.services.booking.booking_bounds import request_bounds
 from portal.services.booking.booking_rules import BookingRequest, check_request
 from portal.services.booking.quotas import quota_position
+from portal.services.booking.selectors import booking_get_for_change
 from portal.services.booking.sessions import session_prepare, session_request_check
 from portal.services.booking.transitions import booking_cas
 from portal.services.core.locking import is_allocation_clash, lock_nodes, lock_project
@@ -223,30 +221,6 @@ def _place(request: BookingRequest) -> list[Slot]:
             "pick another window or submit without a window to queue."
         )
     return devices
-
-
-def visible_bookings(user):
-    """Bookings a user may see (permissions.CAN["booking.view"]): own, managed projects', all."""
-    match = permissions.visible_filter(
-        user, "booking.view", owner_field="owner", project_field="project_id"
-    )
-    qs = Booking.objects.all()
-    return qs if match is None else qs.filter(match)
-
-
-def booking_get_for_change(*, user, booking_id: int, action: str = "booking.view") -> Booking:
-    """The booking if the user may do `action` to it (permissions.CAN); 404 if they may not
-    even see it, 403 if they see it but the table does not let them do that."""
-    booking = visible_bookings(user).filter(pk=booking_id).first()
-    if booking is None:
-        raise NotFound(f"No booking {booking_id} among yours.")
-    if not permissions.can(user, action, owner_id=booking.owner_id, project_id=booking.project_id):
-        verb = action.split(".")[1]
-        raise NotAllowed(
-            f"Booking {booking_id} is not yours; your role does not let you {verb} it "
-            "(see docs/roles.md)."
-        )
-    return booking
 
 
 def booking_cancel(*, user, booking_id: int, now: datetime, source: Source = SYSTEM) -> Booking:

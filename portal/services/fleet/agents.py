@@ -5,7 +5,6 @@ matching what the database stores, no NaN, no NUL), read strictly (no unknown fi
 message is refused whole (400 naming the field) before any write.
 """
 
-import hashlib
 import json
 import logging
 from datetime import datetime
@@ -17,8 +16,6 @@ from django.utils import timezone
 
 from agents import protocol
 from agents.protocol import (
-    DesiredBooking,
-    DesiredState,
     Event,
     EventsRequest,
     RegisterRequest,
@@ -31,6 +28,7 @@ from portal.services.booking.bookings import booking_transition
 from portal.services.booking.sessions import session_event_apply
 from portal.services.core.jobs import job_enqueue
 from portal.services.fleet.nodes import node_check_hostname, node_inventory_update
+from portal.services.fleet.selectors import agent_desired
 from portal.services.fleet.telemetry import node_device_uuids, node_devices_forget
 from portal.services.realtime import live
 
@@ -123,49 +121,6 @@ def _check_devices_not_elsewhere(node: Node, request: RegisterRequest) -> None:
 
 
 # -- desired state -------------------------------------------------------------------------
-
-
-def agent_desired(*, node_id: int) -> DesiredState:
-    """The active bookings holding the node's devices, with a generation that changes with them.
-
-    The generation is a hash of the content, so it changes exactly when what the agent must do
-    changes, needs no stored counter, and the push (desired_push) can quote the same number.
-    """
-    bookings = _desired_bookings(node_id)
-    encoded = json.dumps([protocol.to_json(b) for b in bookings], sort_keys=True)
-    generation = int(hashlib.sha256(encoded.encode()).hexdigest()[:13], 16)  # < 2**53: JSON-safe
-    return DesiredState(generation=generation, bookings=bookings)
-
-
-def _desired_bookings(node_id: int) -> list[DesiredBooking]:
-    allocations = (
-        Allocation.objects.filter(
-            live=True, gpu__node_id=node_id, booking__state=Booking.State.ACTIVE
-        )
-        .select_related("booking__owner", "gpu", "mig_instance")
-        .order_by("booking_id", "id")
-    )
-    grouped: dict[int, list[Allocation]] = {}
-    for allocation in allocations:
-        grouped.setdefault(allocation.booking_id, []).append(allocation)
-    return [
-        DesiredBooking(
-            booking_id=booking_id,
-            owner=held[0].booking.owner.username,
-            device_uuids=[a.device_uuid for a in held],
-            start=min(a.start for a in held),
-            end=max(a.end for a in held),
-            command=held[0].booking.command or None,
-            **_session_fields(held[0].booking),
-        )
-        for booking_id, held in grouped.items()
-    ]
-
-
-def _session_fields(booking: Booking) -> dict:
-    if booking.interactive == Booking.Interactive.NONE:
-        return {}
-    return {"interactive": booking.interactive, "session_token": booking.session_token}
 
 
 def booking_fact_push(fact) -> None:

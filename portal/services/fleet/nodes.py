@@ -42,13 +42,6 @@ def node_check_hostname(*, node: Node, hostname: str) -> None:
         )
 
 
-def node_for_token(raw: str) -> Node | None:
-    """The node this agent token belongs to, or None."""
-    if not raw:
-        return None
-    return Node.objects.filter(agent_token_hash=hash_token(raw)).first()
-
-
 @transaction.atomic
 def node_inventory_update(*, node: Node, gpus: list[dict]) -> None:
     """Make the node's live GPUs and MIG instances exactly what its agent reported.

@@ -6,7 +6,6 @@ broadcast to the channel-layer group "telemetry". Raw samples are kept
 TELEMETRY_RAW_RETENTION_H hours, per-minute rollups TELEMETRY_ROLLUP_RETENTION_D days.
 """
 
-import math
 import time
 from datetime import datetime, timedelta
 
@@ -14,7 +13,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Avg, Count, Max, Min
 from django.db.models.functions import Coalesce, TruncMinute
-from django.utils import timezone
 
 from agents.protocol import DeviceReading, ReadingsRequest, to_json
 from portal.errors import ValidationFailed
@@ -172,7 +170,7 @@ def samples_rollup(*, now: datetime) -> int:
     since the last rollup minus ROLLUP_OVERLAP from the raw samples, so re-running (or late
     samples) never double counts. Returns the number of minute rows written.
     """
-    until = _floor_minute(now)
+    until = floor_minute(now)
     since = _rollup_since(now, until)
     groups = (
         Sample.objects.filter(time__gte=since, time__lt=until)
@@ -205,11 +203,11 @@ def samples_rollup(*, now: datetime) -> int:
 
 
 def _rollup_since(now: datetime, until: datetime) -> datetime:
-    oldest_raw = _floor_minute(now - timedelta(hours=settings.TELEMETRY_RAW_RETENTION_H))
+    oldest_raw = floor_minute(now - timedelta(hours=settings.TELEMETRY_RAW_RETENTION_H))
     last = SampleMinute.objects.aggregate(last=Max("minute"))["last"]
     if last is None:
         first = Sample.objects.aggregate(first=Min("time"))["first"]
-        since = _floor_minute(first) if first else until
+        since = floor_minute(first) if first else until
     else:
         since = min(last, until) - ROLLUP_OVERLAP
     return max(since, oldest_raw)
@@ -257,79 +255,5 @@ def telemetry_maintain(*, now: datetime) -> dict:
     }
 
 
-def history_resolution(*, since: datetime, resolution: str = "auto") -> str:
-    """ "raw" or "minute" for a history from `since`; raw before raw retention is an error."""
-    hours = settings.TELEMETRY_RAW_RETENTION_H
-    within_raw = since >= timezone.now() - timedelta(hours=hours)
-    if resolution == "auto":
-        return "raw" if within_raw else "minute"
-    if resolution == "raw" and not within_raw:
-        raise ValidationFailed.field(
-            "from",
-            f"raw samples are kept for {hours:g} h; ask for resolution=minute or a later `from`",
-        )
-    return resolution
-
-
-def samples_history(
-    *,
-    uuid: str,
-    since: datetime,
-    until: datetime,
-    max_points: int = 1500,
-    resolution: str = "auto",
-) -> list[dict]:
-    """A device's readings over [since, until), oldest first, at most `max_points` of them.
-
-    Raw samples when the range lies within raw retention, per-minute averages otherwise;
-    downsampled by averaging runs of consecutive points. Keys: time, utilization_gpu,
-    utilization_memory, memory_used_mib, memory_total_mib, temperature_c, power_w; a value not
-    measured (MIG utilization) stays None.
-    """
-    if history_resolution(since=since, resolution=resolution) == "raw":
-        points = list(
-            Sample.objects.filter(uuid=uuid, time__gte=since, time__lt=until)
-            .order_by("time", "id")
-            .values("time", *_VALUES)
-        )
-    else:
-        points = [
-            _minute_point(row)
-            for row in SampleMinute.objects.filter(
-                uuid=uuid, minute__gte=_floor_minute(since), minute__lt=until
-            )
-            .order_by("minute")
-            .values()
-        ]
-    return _downsample(points, max(1, max_points))
-
-
-def _minute_point(row: dict) -> dict:
-    return {
-        "time": row["minute"],
-        "utilization_gpu": row["utilization_gpu_avg"],
-        "utilization_memory": row["utilization_memory_avg"],
-        "memory_used_mib": row["memory_used_mib_avg"],
-        "memory_total_mib": row["memory_total_mib"],
-        "temperature_c": row["temperature_c_avg"],
-        "power_w": row["power_w_avg"],
-    }
-
-
-def _downsample(points: list[dict], max_points: int) -> list[dict]:
-    if len(points) <= max_points:
-        return points
-    size = math.ceil(len(points) / max_points)
-    return [_average(points[i : i + size]) for i in range(0, len(points), size)]
-
-
-def _average(run: list[dict]) -> dict:
-    point = {"time": run[0]["time"]}
-    for name in _VALUES:
-        values = [p[name] for p in run if p[name] is not None]
-        point[name] = sum(values) / len(values) if values else None
-    return point
-
-
-def _floor_minute(moment: datetime) -> datetime:
+def floor_minute(moment: datetime) -> datetime:
     return moment.replace(second=0, microsecond=0)

@@ -1,9 +1,10 @@
-"""Reading the audit log: who may see which rows, the filters, and the export columns."""
+"""Reads of access data: the audit log (who may see which rows, the filters, the export columns)
+and a user's API tokens (writes live in `audit`, `tokens`, `sso`, `accounts`)."""
 
 import json
 from datetime import datetime
 
-from portal.models import AuditEvent
+from portal.models import ApiToken, AuditEvent
 from portal.services.access import permissions
 
 CSV_COLUMNS = [
@@ -80,3 +81,8 @@ def audit_row(event: AuditEvent, *, text: bool = False) -> dict:
         "before": "" if event.before is None else json.dumps(event.before, sort_keys=True),
         "after": "" if event.after is None else json.dumps(event.after, sort_keys=True),
     }
+
+
+def tokens_of(*, user):
+    """A user's tokens, newest first (never their keys, which are not stored)."""
+    return ApiToken.objects.filter(user=user).order_by("-created", "id")
