@@ -149,9 +149,32 @@ def summary_build(*, now: datetime, version: int) -> tuple[Summary, list[DeviceR
     return summary, rows
 
 
+# This process's last summary and when it was checked against the newest fact: for
+# SUMMARY_MIN_AGE_S it is served without asking the database or the cache.
+_checked: tuple[Summary, float] | None = None
+
+
+def summary_forget() -> None:
+    """Drop the summary, shared and this process's (tests; the next read builds one)."""
+    global _checked
+    _checked = None
+    cache.delete(SUMMARY_KEY)
+
+
 def overview_summary(*, now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
-    """The cached summary if no fact is newer and it is young enough, else a new one (with the
-    device rows it was built from, which the caller may reuse)."""
+    """The summary this process checked less than SUMMARY_MIN_AGE_S ago, or the cached one if
+    no fact is newer and it is young enough, else a new one (with the device rows it was built
+    from, which the caller may reuse)."""
+    global _checked
+    checked = _checked
+    if checked and 0 <= now.timestamp() - checked[1] < SUMMARY_MIN_AGE_S:
+        return checked[0], None
+    summary, rows = _summary_checked(now)
+    _checked = (summary, now.timestamp())
+    return summary, rows
+
+
+def _summary_checked(now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
     version = facts_version()
     cached = cache.get(SUMMARY_KEY)
     age = now.timestamp() - cached.built_at if cached else None

@@ -267,13 +267,14 @@ def _booked_share_today(*, now: datetime, devices: int) -> float | None:
     return booked_share(rows, since=midnight, until=now, capacity=devices)
 
 
-def my_live_bookings(*, user) -> list[Booking]:
-    """The user's own pending, planned and active bookings, soonest first."""
+def my_live_bookings(*, user, limit: int | None = None) -> list[Booking]:
+    """The user's own pending, planned and active bookings (the first `limit`), soonest first."""
     return list(
         Booking.objects.filter(owner=user, state__in=Booking.LIVE_STATES)
+        .defer("log_tail", "priority")
         .select_related("project")
         .prefetch_related(_allocations_prefetch())
-        .order_by("state", "planned_start", "id")
+        .order_by("state", "planned_start", "id")[:limit]
     )
 
 

@@ -22,15 +22,6 @@ from portal.services.booking.quotas import quota_position, usage_current
 from portal.services.booking.selectors import session_view
 from portal.services.reporting import accounting as accounting_services
 from portal.web import calendar, charts, history, panels, selectors
-from portal.web.overview import (
-    expanded_nodes,
-    facts_version,
-    node_detail,
-    node_device_rows,
-    overview_summary,
-    shown_nodes,
-    summary_choices,
-)
 
 FILTERS = ("model", "node", "state")
 # How far back the staff panel looks for alerts whose process still runs.
@@ -54,57 +45,7 @@ def favicon(request):
     return response
 
 
-@login_required
-def overview(request):
-    """What is free by model and node, mine, the site's totals: from the cached summary; a
-    node's devices when it is expanded (?fragment=node&node=<hostname>)."""
-    now = timezone.now()
-    filters = {name: request.GET.get(name, "") for name in FILTERS}
-    if request.GET.get("fragment") == "node":
-        return _node_devices(request, now, filters)
-    if request.GET.get("fragment") == "mine":
-        return render(request, "portal/_mine.html", _mine_context(request, now))
-    summary, site_rows = overview_summary(now=now)
-    expanded = expanded_nodes(summary, node=filters["node"])
-    device_rows = node_device_rows(now=now, hostnames=expanded, rows=site_rows, **filters)
-    nodes = [
-        (line, shown, device_rows.get(line.hostname))
-        for line, shown in shown_nodes(summary, **filters)
-    ]
-    context = {
-        "summary": summary,
-        "nodes": nodes,
-        "matched": sum(1 for _, shown, _ in nodes if shown),
-        "totals": summary.totals,
-        "filters": filters,
-        "filter_query": "&".join(f"{k}={v}" for k, v in filters.items() if v),
-        "choices": summary_choices(summary),
-        **_mine_context(request, now),
-    }
-    fragments = {
-        "devices": "portal/_nodes.html",
-        "totals": "portal/_totals.html",
-        "models": "portal/_models.html",
-    }
-    return render_page(request, "portal/overview.html", context, fragments)
-
-
-def _mine_context(request, now: datetime) -> dict:
-    return {"mine": _with_times(selectors.my_live_bookings(user=request.user), now), "now": now}
-
-
-def _node_devices(request, now: datetime, filters: dict):
-    """One node's device rows, for the overview to show when the node is expanded."""
-    version = facts_version()  # read first: what follows is at least this new
-    found = node_detail(now=now, hostname=request.GET.get("node", ""), **{**filters, "node": ""})
-    if found is None:
-        raise Http404("No such node.")
-    line, rows = found
-    context = {"rows": rows, "line": line, "version": version, "now": now}
-    return render(request, "portal/_node_devices.html", context)
-
-
-def _with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
+def with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
     for booking in bookings:
         booking.time_left = selectors.time_left(booking, now)
         booking.length_s, booking.length_ran = selectors.booking_length(booking)
@@ -116,7 +57,7 @@ def _with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
 @login_required
 def bookings(request):
     now = timezone.now()
-    rows = _with_times(selectors.bookings_for_page(user=request.user), now)
+    rows = with_times(selectors.bookings_for_page(user=request.user), now)
     context = {
         "live": [b for b in rows if b.state in Booking.LIVE_STATES],
         "past": [b for b in rows if b.state not in Booking.LIVE_STATES],
@@ -133,7 +74,7 @@ def booking_detail(request, booking_id: int):
     booking = selectors.booking_for_page(user=request.user, booking_id=booking_id)
     if booking is None:
         raise Http404("No such booking among yours.")
-    _with_times([booking], now)
+    with_times([booking], now)
     allocations = [a for a in booking.allocations.all()]
     shown = [a for a in allocations if a.live] or allocations
     series, kept = _booking_history(booking, shown, now)

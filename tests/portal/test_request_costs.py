@@ -3,7 +3,6 @@
 from datetime import timedelta
 
 import pytest
-from django.core.cache import cache
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -14,7 +13,7 @@ from rest_framework.test import APIClient
 from portal.api.serializers import BookingOutput, GpuOutput
 from portal.models import ApiToken, Booking, Gpu
 from portal.models.tokens import hash_token
-from portal.web.overview import SUMMARY_KEY
+from portal.web.overview import summary_forget
 from tests.factories import (
     AllocationFactory,
     BookingFactory,
@@ -123,7 +122,7 @@ def test_it_renders_the_overview_and_its_fragments_in_queries_that_do_not_grow(u
     def costs() -> tuple[list[int], list[int]]:
         cold = []
         for path in paths:
-            cache.delete(SUMMARY_KEY)  # the summary built afresh
+            summary_forget()  # the summary built afresh
             cold.append(_queries(client.get, path))
         client.get("/")
         return cold, [_queries(client.get, p) for p in paths]

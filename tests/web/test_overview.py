@@ -13,7 +13,7 @@ from portal.models import Allocation, Booking
 from portal.services.booking.bookings import booking_release
 from portal.services.core.outbox import fact_record
 from portal.services.realtime.live import QUEUE_GROUP
-from portal.web import overview
+from portal.web import overview, overview_page
 from portal.web.selectors import device_rows
 from tests.factories import make_active_booking, make_mig_gpu, make_node
 
@@ -138,3 +138,13 @@ def test_it_patches_a_booking_that_took_devices_with_its_holder(user, project, c
     assert [d["booking"]["id"] for d in held] == [booking.pk]
     assert held[0]["booking"]["owner"] == user.username
     assert patch["nodes"][0]["counts"]["A100-80GB"][1] == 7
+
+
+def test_it_lists_a_dozen_of_my_live_bookings_and_links_the_rest(client_in, user, project):
+    from tests.factories import BookingFactory
+
+    for _ in range(overview_page.MINE_SHOWN + 1):
+        BookingFactory(owner=user, project=project)
+    body = client_in.get("/?fragment=mine").content.decode()
+    assert body.count('class="mine-item"') == overview_page.MINE_SHOWN
+    assert 'More on <a href="/bookings/">My bookings</a>' in body
