@@ -2,24 +2,30 @@
 
 What a person reads first (what is free, by model and by node; the site's totals) comes from one
 `Summary`, built from `selectors.device_rows` (the one owner of a device's state) and kept in the
-cache. It is versioned by the facts of the outbox: every booking change and node failure records
-a `DomainEvent` in its own transaction, so the newest fact's id moves the moment such a change
-commits, and a summary built before it is rebuilt. A summary is never older than
-SUMMARY_MAX_AGE_S (what changes without a fact, such as a process appearing on a free GPU, shows
-within that), and never rebuilt more often than every SUMMARY_MIN_AGE_S however fast facts come;
-one process rebuilds while the others serve the summary they have.
+cache. It follows the facts of the outbox: every booking change and node failure records a
+`DomainEvent` in its transaction, and after commit its subscriber `overview_fact_patch` recounts
+just the nodes the fact touched and folds them, with the queue's size, into the cached summary
+(`summary_apply`), so the summary is behind a committed change only by the dispatch (well
+under a second). A fact that no subscriber folded in within FACT_GRACE_S (no worker running,
+a patch lost to a concurrent rebuild) makes the next open rebuild the whole summary; so does
+age (SUMMARY_MAX_AGE_S: what changes without a fact, such as a process appearing on a free GPU
+or utilization, shows within that). A rebuild reads the whole site, so it runs at most every
+SUMMARY_MIN_AGE_S, in one process at a time while the others serve the summary they have (up
+to SUMMARY_STALE_S old, should the rebuild take that long); each process reads the shared
+summary at most every SUMMARY_MIN_AGE_S.
 
 A node's devices are rendered only when asked for (`?fragment=node&node=<hostname>`, when the
 node is expanded), except on a small site, whose nodes open with their devices.
 
-After a booking fact commits, `overview_fact_patch` sends open pages a small patch over the
-websocket: the new counts of the nodes the booking touches, the new state of their devices and
-the queue's size. Pages apply it in place and sum their node lines for the totals.
+The same subscriber sends open pages the patch over the websocket: the new counts of the nodes
+the booking touches, the new state of their devices and the queue's size. Pages apply it in
+place and sum their node lines for the totals.
 """
 
 import json
-from dataclasses import dataclass
-from datetime import datetime
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 from django.core.cache import cache
 from django.db.models import Max
@@ -32,8 +38,15 @@ from portal.web.selectors import DeviceRow, Totals
 
 SUMMARY_KEY = "overview:summary:v1"
 BUILD_LOCK_KEY = "overview:summary:building"
-SUMMARY_MAX_AGE_S = 2.0
+PATCH_LOCK_KEY = "overview:summary:patching"
+SUMMARY_TTL_S = 120
+# A fact's subscriber folds it into the summary; one it has not folded in after FACT_GRACE_S
+# makes the next open rebuild the summary.
+FACT_GRACE_S = 1.0
+# What changes without a fact (a process on a free GPU, utilization) shows within this.
+SUMMARY_MAX_AGE_S = 10.0
 SUMMARY_MIN_AGE_S = 0.5
+SUMMARY_STALE_S = 15.0
 # A site with at most this many devices opens every node with its devices shown.
 INLINE_DEVICES = 64
 PATCH_TYPE = "overview.patch"
@@ -66,7 +79,12 @@ class NodeLine:
         return json.dumps(self.counts, sort_keys=True)
 
     def patch(self) -> dict:
-        return {"hostname": self.hostname, "state": self.state, "counts": self.counts}
+        return {
+            "hostname": self.hostname,
+            "state": self.state,
+            "counts": self.counts,
+            "states": sorted(self.states),
+        }
 
 
 @dataclass(frozen=True)
@@ -154,11 +172,13 @@ def summary_build(*, now: datetime, version: int) -> tuple[Summary, list[DeviceR
 _checked: tuple[Summary, float] | None = None
 
 
-def summary_forget() -> None:
-    """Drop the summary, shared and this process's (tests; the next read builds one)."""
+def summary_forget(*, shared: bool = True) -> None:
+    """Drop this process's summary and (`shared`) the cached one (tests: the next read builds
+    one, or reads the cached one)."""
     global _checked
     _checked = None
-    cache.delete(SUMMARY_KEY)
+    if shared:
+        cache.delete(SUMMARY_KEY)
 
 
 def overview_summary(*, now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
@@ -175,21 +195,75 @@ def overview_summary(*, now: datetime) -> tuple[Summary, list[DeviceRow] | None]
 
 
 def _summary_checked(now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
-    version = facts_version()
     cached = cache.get(SUMMARY_KEY)
     age = now.timestamp() - cached.built_at if cached else None
-    if cached and (
-        age < SUMMARY_MIN_AGE_S or (cached.version >= version and age < SUMMARY_MAX_AGE_S)
-    ):
+    # Asked every time (one indexed query), so that a read costs the same whatever the age.
+    unapplied = cached is not None and _facts_unapplied(cached.version, now)
+    if cached and (age < SUMMARY_MIN_AGE_S or (age < SUMMARY_MAX_AGE_S and not unapplied)):
         return cached, None
-    if cached and age < SUMMARY_MAX_AGE_S and not cache.add(BUILD_LOCK_KEY, 1, timeout=10):
-        return cached, None  # another process is rebuilding it; this one is young enough
+    # One process rebuilds; the others serve the summary they have meanwhile, unless it is
+    # older than SUMMARY_STALE_S (the one rebuilding died, or it takes too long).
+    building = cache.add(BUILD_LOCK_KEY, 1, timeout=10)
+    if not building and cached and age < SUMMARY_STALE_S:
+        return cached, None
     try:
-        summary, rows = summary_build(now=now, version=version)
-        cache.set(SUMMARY_KEY, summary, timeout=60)
+        summary, rows = summary_build(now=now, version=facts_version())
+        cache.set(SUMMARY_KEY, summary, timeout=SUMMARY_TTL_S)
     finally:
-        cache.delete(BUILD_LOCK_KEY)
+        if building:
+            cache.delete(BUILD_LOCK_KEY)
     return summary, rows
+
+
+def _facts_unapplied(version: int, now: datetime) -> bool:
+    """Is there a fact newer than the summary that its subscriber (overview_fact_patch) had
+    FACT_GRACE_S to fold in and did not (no worker running, a patch lost to a rebuild)?"""
+    since = now - timedelta(seconds=FACT_GRACE_S)
+    return DomainEvent.objects.filter(id__gt=version, created_at__lt=since).exists()
+
+
+def summary_apply(message: dict) -> bool:
+    """Fold a patch (patch_build) into the cached summary: its node lines and the queue's size.
+    Under a short lock, so two patches do not lose each other; False if it was not folded."""
+    for _ in range(20):
+        if cache.add(PATCH_LOCK_KEY, 1, timeout=2):
+            break
+        time.sleep(0.005)
+    else:
+        return False
+    try:
+        cached = cache.get(SUMMARY_KEY)
+        if cached is None:
+            return False
+        lines = {line.hostname: line for line in cached.nodes}
+        for node in message["nodes"]:
+            lines[node["hostname"]] = NodeLine(
+                hostname=node["hostname"],
+                state=node["state"],
+                counts={model: tuple(c) for model, c in node["counts"].items()},
+                states=frozenset(node["states"]),
+            )
+        nodes = [lines[host] for host in sorted(lines)]
+        totals = replace(
+            cached.totals,
+            free_gpus=sum(line.free_gpus for line in nodes),
+            whole_gpus=sum(line.gpus for line in nodes),
+            free_slices=sum(line.free_slices for line in nodes),
+            slices=sum(line.slices for line in nodes),
+            queued=message["queued"],
+            queued_gpu_hours=message["queued_gpu_hours"],
+        )
+        summary = replace(
+            cached,
+            version=max(cached.version, message["version"]),
+            nodes=tuple(nodes),
+            models=tuple(model_lines(nodes)),
+            totals=totals,
+        )
+        cache.set(SUMMARY_KEY, summary, timeout=SUMMARY_TTL_S)
+        return True
+    finally:
+        cache.delete(PATCH_LOCK_KEY)
 
 
 def summary_choices(summary: Summary) -> dict:
@@ -260,7 +334,9 @@ def overview_fact_patch(fact) -> None:
     if fact.booking_id is not None:
         owner_id = Booking.objects.filter(pk=fact.booking_id).values_list("owner_id", flat=True)
         owner_id = owner_id.first()
-    live.group_send(live.QUEUE_GROUP, patch_build(hostnames=hostnames, owner_id=owner_id))
+    message = patch_build(hostnames=hostnames, owner_id=owner_id)
+    summary_apply(message)
+    live.group_send(live.QUEUE_GROUP, message)
 
 
 def _fact_nodes(fact) -> list[str]:

@@ -49,23 +49,31 @@ def test_it_serves_the_cached_summary_until_a_fact_commits(client_in, user, proj
     # A change that records no fact is not seen while the summary is young...
     booking = make_active_booking([cluster[0].gpus.get(index=0)], owner=user, project=project)
     assert _free_now(client_in).startswith("16")
-    # ...a fact moves the version, and the next open counts again (once the summary is not
-    # brand new: a burst of facts rebuilds it at most every SUMMARY_MIN_AGE_S).
-    fact_record(kind="booking_changed", booking_id=booking.pk, payload={"event": "started"})
-    cached = overview.overview_summary(now=timezone.now())[0]
-    later = timezone.now() + timedelta(seconds=overview.SUMMARY_MIN_AGE_S)
-    summary, rows = overview.overview_summary(now=later)
-    assert rows is not None and summary.version > cached.version
-    assert summary.totals.free_gpus == 15
-
-
-def test_it_rebuilds_a_summary_that_is_too_old_without_any_fact(user, project, cluster):
+    # ...nor a fact just recorded (its subscriber folds it in)...
     now = timezone.now()
-    first, _ = overview.overview_summary(now=now)
-    make_active_booking([cluster[0].gpus.get(index=0)], owner=user, project=project)
-    assert overview.overview_summary(now=now + timedelta(seconds=1))[0] == first
-    later = now + timedelta(seconds=overview.SUMMARY_MAX_AGE_S)
-    assert overview.overview_summary(now=later)[0].totals.free_gpus == 15
+    later = now + timedelta(seconds=overview.SUMMARY_MIN_AGE_S)
+    fact_record(kind="booking_changed", booking_id=booking.pk, payload={"event": "started"})
+    assert overview.overview_summary(now=later)[1] is None
+    # ...but one that no subscriber folded in within the grace makes the next open count again.
+    grace = later + timedelta(seconds=overview.FACT_GRACE_S + overview.SUMMARY_MIN_AGE_S)
+    summary, rows = overview.overview_summary(now=grace)
+    assert rows is not None and summary.totals.free_gpus == 15
+
+
+def test_it_folds_a_booking_fact_into_the_summary_without_a_rebuild(
+    user, project, cluster, django_capture_on_commit_callbacks
+):
+    booking = make_active_booking([cluster[0].gpus.get(index=0)], owner=user, project=project)
+    now = timezone.now()
+    before, _ = overview.overview_summary(now=now)
+    assert before.totals.free_gpus == 15
+    with django_capture_on_commit_callbacks(execute=True):
+        booking_release(user=user, booking_id=booking.pk, now=now)
+    later = now + timedelta(seconds=overview.SUMMARY_MIN_AGE_S)
+    summary, rows = overview.overview_summary(now=later)
+    assert rows is None  # folded in by the subscriber, not rebuilt
+    assert summary.totals.free_gpus == 16 and summary.version > before.version
+    assert {m.model: m.free_gpus for m in summary.models} == {"A100-80GB": 16}
 
 
 def test_it_lists_nodes_and_loads_their_devices_only_when_expanded(client_in):
