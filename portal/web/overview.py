@@ -23,11 +23,14 @@ place and sum their node lines for the totals.
 """
 
 import json
+import logging
+import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.core.cache import cache
+from django.db import connection
 from django.db.models import Max
 from django.utils import timezone
 
@@ -35,6 +38,8 @@ from portal.models import Allocation, Booking, DomainEvent, Node
 from portal.services.realtime import live
 from portal.web import selectors
 from portal.web.selectors import DeviceRow, Totals
+
+log = logging.getLogger(__name__)
 
 SUMMARY_KEY = "overview:summary:v1"
 BUILD_LOCK_KEY = "overview:summary:building"
@@ -202,10 +207,16 @@ def _summary_checked(now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
     if cached and (age < SUMMARY_MIN_AGE_S or (age < SUMMARY_MAX_AGE_S and not unapplied)):
         return cached, None
     # One process rebuilds; the others serve the summary they have meanwhile, unless it is
-    # older than SUMMARY_STALE_S (the one rebuilding died, or it takes too long).
-    building = cache.add(BUILD_LOCK_KEY, 1, timeout=10)
-    if not building and cached and age < SUMMARY_STALE_S:
-        return cached, None
+    # older than SUMMARY_STALE_S (the one rebuilding died, or it takes too long). The one
+    # rebuilding does it off the request, serving the old one too, unless the request is in a
+    # transaction (which must see its own writes: tests, commands).
+    building = cache.add(BUILD_LOCK_KEY, 1, timeout=30)
+    if cached and age < SUMMARY_STALE_S:
+        if not building:
+            return cached, None
+        if not connection.in_atomic_block:
+            threading.Thread(target=_rebuild, name="overview-summary", daemon=True).start()
+            return cached, None
     try:
         summary, rows = summary_build(now=now, version=facts_version())
         cache.set(SUMMARY_KEY, summary, timeout=SUMMARY_TTL_S)
@@ -213,6 +224,18 @@ def _summary_checked(now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
         if building:
             cache.delete(BUILD_LOCK_KEY)
     return summary, rows
+
+
+def _rebuild() -> None:
+    """Build the summary in a thread of its own (holding the build lock), then let go."""
+    try:
+        summary, _ = summary_build(now=timezone.now(), version=facts_version())
+        cache.set(SUMMARY_KEY, summary, timeout=SUMMARY_TTL_S)
+    except Exception:  # the next open tries again; the old summary is served meanwhile
+        log.exception("overview summary rebuild failed")
+    finally:
+        cache.delete(BUILD_LOCK_KEY)
+        connection.close()
 
 
 def _facts_unapplied(version: int, now: datetime) -> bool:

@@ -156,3 +156,24 @@ def test_it_lists_a_dozen_of_my_live_bookings_and_links_the_rest(client_in, user
     body = client_in.get("/?fragment=mine").content.decode()
     assert body.count('class="mine-item"') == overview_page.MINE_SHOWN
     assert 'More on <a href="/bookings/">My bookings</a>' in body
+
+
+def test_it_rebuilds_off_the_request_while_serving_the_old_summary(transactional_db):
+    import threading
+
+    from tests.factories import ProjectFactory, UserFactory
+
+    node = make_node("node-a")
+    owner, project = UserFactory(), ProjectFactory()
+    now = timezone.now()
+    first, _ = overview.overview_summary(now=now)
+    make_active_booking([node.gpus.get(index=0)], owner=owner, project=project)
+    later = now + timedelta(seconds=overview.SUMMARY_MAX_AGE_S)
+    overview.summary_forget(shared=False)
+    served, rows = overview.overview_summary(now=later)
+    assert served == first and rows is None  # the old one, at once
+    for thread in threading.enumerate():
+        if thread.name == "overview-summary":
+            thread.join(10)
+    overview.summary_forget(shared=False)
+    assert overview.overview_summary(now=later)[0].totals.free_gpus == 7
