@@ -217,6 +217,10 @@ def _summary_checked(now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
         if not connection.in_atomic_block:
             threading.Thread(target=_rebuild, name="overview-summary", daemon=True).start()
             return cached, None
+    elif not building and not connection.in_atomic_block:
+        waited = _summary_awaited()  # none yet (a cold start): wait for the one being built
+        if waited is not None:
+            return waited, None
     try:
         summary, rows = summary_build(now=now, version=facts_version())
         cache.set(SUMMARY_KEY, summary, timeout=SUMMARY_TTL_S)
@@ -224,6 +228,16 @@ def _summary_checked(now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
         if building:
             cache.delete(BUILD_LOCK_KEY)
     return summary, rows
+
+
+def _summary_awaited(timeout_s: float = 10.0) -> Summary | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and cache.get(BUILD_LOCK_KEY) is not None:
+        time.sleep(0.05)
+        summary = cache.get(SUMMARY_KEY)
+        if summary is not None:
+            return summary
+    return cache.get(SUMMARY_KEY)
 
 
 def _rebuild() -> None:
