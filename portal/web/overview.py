@@ -35,6 +35,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from portal.models import Allocation, Booking, DomainEvent, Node
+from portal.services.core.clock import to_epoch
 from portal.services.realtime import live
 from portal.web import selectors
 from portal.web.selectors import DeviceRow, Totals
@@ -163,7 +164,7 @@ def summary_build(*, now: datetime, version: int) -> tuple[Summary, list[DeviceR
     nodes = node_lines(rows, states)
     summary = Summary(
         version=version,
-        built_at=now.timestamp(),
+        built_at=to_epoch(now),
         nodes=tuple(nodes),
         models=tuple(model_lines(nodes)),
         totals=selectors.site_totals(rows=rows, now=now),
@@ -192,16 +193,16 @@ def overview_summary(*, now: datetime) -> tuple[Summary, list[DeviceRow] | None]
     from, which the caller may reuse)."""
     global _checked
     checked = _checked
-    if checked and 0 <= now.timestamp() - checked[1] < SUMMARY_MIN_AGE_S:
+    if checked and 0 <= to_epoch(now) - checked[1] < SUMMARY_MIN_AGE_S:
         return checked[0], None
     summary, rows = _summary_checked(now)
-    _checked = (summary, now.timestamp())
+    _checked = (summary, to_epoch(now))
     return summary, rows
 
 
 def _summary_checked(now: datetime) -> tuple[Summary, list[DeviceRow] | None]:
     cached = cache.get(SUMMARY_KEY)
-    age = now.timestamp() - cached.built_at if cached else None
+    age = to_epoch(now) - cached.built_at if cached else None
     # Asked every time (one indexed query), so that a read costs the same whatever the age.
     unapplied = cached is not None and _facts_unapplied(cached.version, now)
     if cached and (age < SUMMARY_MIN_AGE_S or (age < SUMMARY_MAX_AGE_S and not unapplied)):
