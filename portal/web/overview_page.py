@@ -91,6 +91,7 @@ def _parts(request, summary: Summary, site_rows, filters: dict, now: datetime) -
         "matched": sum(1 for _, shown, _ in nodes if shown),
         "totals": summary.totals,
         "filter_query": query,
+        "collapsed": not expanded,
         "filters": filters,
         "choices": summary_choices(summary),
     }

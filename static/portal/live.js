@@ -103,7 +103,14 @@
         return response.text();
       })
       .then(function (html) {
+        // The overview's node list comes back collapsed: open again the nodes that were open.
+        var reopen = [];
+        holder.querySelectorAll("details[data-node][open]").forEach(function (d) { reopen.push(d.dataset.node); });
         holder.innerHTML = html;
+        reopen.forEach(function (name) {
+          var details = holder.querySelector('details[data-node="' + esc(name) + '"]');
+          if (details && !details.open) details.open = true;
+        });
         document.dispatchEvent(new CustomEvent("portal:fragment", { detail: holder.dataset.fragment }));
       })
       .catch(function () { /* the next change or reconnect fetches again */ });
