@@ -7,6 +7,7 @@ rates, each step for --seconds:
 
     GET   bookings/ and gpus/ (50 a page, token auth, alternating)   50, 100, 200 /s
     GET   the overview page and its fragments (session cookie)        10 /s
+    GET   overview opens (the page), then node expands (a node's devices)  50, 10 /s
     POST  bookings/ (a 1-GPU reservation in the coming weeks)         25, 50 /s
     POST  bookings/estimate/ (a queued 1-GPU request, --pending queued)  5 /s
     GET   200 /s with --ws-clients websockets open, readings at 1 Hz
@@ -16,10 +17,13 @@ A request's latency counts from when it was due (open loop), so a slow server ca
 Prints a table (served/s, p50/p95/p99 of the 2xx answers, answers by status, server CPU) and, last,
 one JSON line, with calib_s (benchmarks/calib.py, timed before the server starts). Targets on a
 2-core machine (calib_s 0.39; they scale with it) with this generator on it: GET 200/s at p95 < 100 ms,
-POST 50/s at p95 < 200 ms, no 5xx other than 503 at twice those rates, websocket p95 delay < 1 s.
+POST 50/s at p95 < 200 ms, no 5xx other than 503 at twice those rates, websocket p95 delay < 1 s,
+overview 50 opens/s at p95 < 300 ms, estimate p95 < 150 ms. --overview-only runs just the overview
+steps.
 
     flock /tmp/gp-bench.lock python benchmarks/bench_http.py
     python benchmarks/bench_http.py --gpus 64 --bookings 500 --seconds 3 --ws-clients 20  # smoke
+    python benchmarks/bench_http.py --overview-only --gpus 4096 --bookings 10000 --seconds 10
 """
 
 import argparse
@@ -50,6 +54,7 @@ REDIS_URL = "redis://127.0.0.1:6379/10"
 TARGETS = {"get_rps": 200, "get_p95_ms": 100, "post_rps": 50, "post_p95_ms": 200, "ws_p95_ms": 1000}
 TARGETS["estimate_p95_ms"] = 150
 ESTIMATE_LOAD = "POST bookings/estimate/ 5/s"
+OVERVIEW_TARGETS = {"overview_rps": 50, "overview_p95_ms": 300, "calib_s": 0.39}
 PASSWORD = "bench-http-pw-2026"
 
 
@@ -126,7 +131,12 @@ def _seed(args) -> dict:
         ApiToken.objects.create(user=user, key_hash=hash_token(raw), prefix=raw[:10])
         users.append(user), projects.append(project), tokens.append(raw)
     _seed_bookings(args, now, users, projects, gpus, Booking, Allocation)
-    return {"tokens": tokens, "slugs": [p.slug for p in projects], "cookie": _cookie(users[0])}
+    return {
+        "tokens": tokens,
+        "slugs": [p.slug for p in projects],
+        "cookie": _cookie(users[0]),
+        "nodes": len(nodes),
+    }
 
 
 def _seed_bookings(args, now, users, projects, gpus, Booking, Allocation) -> None:
@@ -271,6 +281,18 @@ class Load:
         slug = self.seeded["slugs"][self.count % len(self.seeded["slugs"])]
         body = {"project": slug, "gpus": 1, "duration_s": 600 * self.rng.randrange(1, 36)}
         return await self._fetch("POST", "/api/v1/bookings/estimate/", json=body, headers=headers)
+
+    async def overview_open(self) -> int:
+        """Open the overview: the page (it fetches nothing more until a node is expanded)."""
+        headers = {"Cookie": f"sessionid={self.seeded['cookie']}"}
+        return await self._fetch("GET", "/", headers=headers)
+
+    async def node_expand(self) -> int:
+        """Expand one node of the overview: its devices."""
+        self.count += 1
+        node = f"bench-{self.count % max(1, self.seeded['nodes']):03d}"
+        headers = {"Cookie": f"sessionid={self.seeded['cookie']}"}
+        return await self._fetch("GET", f"/?fragment=node&node={node}", headers=headers)
 
     async def post(self) -> int:
         headers = self._token()
@@ -423,11 +445,14 @@ async def _run(args, seeded: dict, port: int, server_pid: int) -> tuple[list[dic
         load = Load(session, f"http://127.0.0.1:{port}", seeded)
         s = args.seconds
         await _step(server_pid, "warm-up", [("", load.get, 20)], 3)
-        for rate in (50, 100, 200):
+        for rate in () if args.overview_only else (50, 100, 200):
             rows += await _step(
                 server_pid, f"GET bookings/+gpus/ {rate}/s", [("", load.get, rate)], s
             )
         rows += await _step(server_pid, "GET overview + fragments 10/s", [("", load.page, 10)], s)
+        rows += await _overview_step(server_pid, load, s)
+        if args.overview_only:
+            return rows, {}
         for rate in (25, 50):
             rows += await _step(server_pid, f"POST bookings/ {rate}/s", [("", load.post, rate)], s)
         rows += await _step(server_pid, ESTIMATE_LOAD, [("", load.estimate, 5)], s)
@@ -461,6 +486,28 @@ async def _run(args, seeded: dict, port: int, server_pid: int) -> tuple[list[dic
         "p95_ms": round(1000 * ws[int(0.95 * (len(ws) - 1))], 1) if ws else None,
     }
     return rows, ws_row
+
+
+OVERVIEW_STEP = "GET overview opens 50/s"
+
+
+async def _overview_step(server_pid: int, load: Load, seconds: float) -> list[dict]:
+    """50 opens/s of the overview, then 10 node expands/s (the devices of one node)."""
+    rows = await _step(server_pid, OVERVIEW_STEP, [("", load.overview_open, 50)], seconds)
+    expand = [("", load.node_expand, 10)]
+    return rows + await _step(server_pid, "GET overview node expands 10/s", expand, seconds)
+
+
+def _overview_result(rows: list[dict], calib: float) -> dict:
+    """overview_rps and overview_p95_ms, and whether they meet the target scaled by calib_s."""
+    step = {r["load"]: r for r in rows}[OVERVIEW_STEP]
+    scale = calib / OVERVIEW_TARGETS["calib_s"]
+    result = {"overview_rps": step["served_rps"], "overview_p95_ms": step["p95_ms"]}
+    result["overview_ok"] = bool(
+        step["served_rps"] >= 0.95 * OVERVIEW_TARGETS["overview_rps"]
+        and (step["p95_ms"] or 1e9) < OVERVIEW_TARGETS["overview_p95_ms"] * scale
+    )
+    return result
 
 
 def _table(rows: list[dict]) -> str:
@@ -535,6 +582,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="web workers (default: WEB_WORKERS)")
     parser.add_argument("--request-timeout", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--overview-only", action="store_true", help="only the overview steps")
     args = parser.parse_args()
 
     var_dir = tempfile.mkdtemp(prefix="bench-http-")
@@ -569,7 +617,13 @@ def main() -> None:
     print(_table(rows))
     print(f"websockets: {ws}")
     print(f"server log: {Path(var_dir) / 'server.log'}")
-    print(json.dumps({**_result(args, rows, ws, workers), "calib_s": calib}))
+    overview = _overview_result(rows, calib)
+    if args.overview_only:
+        result = {"bench": "http", "gpus": args.gpus, "bookings": args.bookings}
+        result |= {"seconds_per_step": args.seconds, "web_workers": workers}
+        print(json.dumps({**result, "calib_s": calib, **overview}))
+    else:
+        print(json.dumps({**_result(args, rows, ws, workers), "calib_s": calib, **overview}))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ def _subscribe() -> None:
     from portal.services.fleet import agents
     from portal.services.notify import notifications
     from portal.services.realtime import live
+    from portal.web import overview
 
     # The jobs services queue by name (portal.services.core.jobs), each its Celery task; the
     # outbox hands facts just committed to "outbox_dispatch".
@@ -32,10 +33,14 @@ def _subscribe() -> None:
     subscribe(events.BOOKING_CHANGED, live.booking_fact_broadcast)
     subscribe(events.BOOKING_CHANGED, agents.booking_fact_push)
     subscribe(events.BOOKING_CHANGED, events.booking_fact_pass_request)
+    # The overview's live patch reads the page's own view of devices (portal.web.selectors).
+    subscribe(events.BOOKING_CHANGED, overview.overview_fact_patch)
     subscribe(events.NODE_DOWN, notifications.node_down_fact_notify)
     subscribe(events.NODE_DOWN, events.node_fact_pass_request)
     subscribe(events.NODE_CHANGED, events.node_fact_pass_request)
     subscribe(events.QUEUE_CHANGED, live.queue_fact_broadcast)
+    subscribe(events.NODE_DOWN, overview.overview_fact_patch)
+    subscribe(events.NODE_CHANGED, overview.overview_fact_patch)
 
 
 def _celery_enqueue(task_name: str):

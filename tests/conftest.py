@@ -5,6 +5,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from portal.services.allocation.estimate import estimate_snapshot_forget
+from portal.web.overview import summary_forget
 from tests.factories import ProjectFactory, QuotaFactory, UserFactory, make_node, member
 
 
@@ -19,6 +20,7 @@ def _clean_cache(settings):
         client.delete(*keys)
     client.close()
     estimate_snapshot_forget()  # the estimates' in-process copy of the queue, likewise
+    summary_forget()  # and the overview's summary
     yield
 
 

@@ -1,7 +1,8 @@
 """The browsers' live feed: telemetry readings, booking and queue changes, forwarded as JSON.
 
 The consumer only authenticates, joins groups and forwards; what to send is decided by the
-services and the telemetry ingest, after commit, so a consumer holds no business rule. Pages re-fetch what a change affects.
+services and the telemetry ingest, after commit, so a consumer holds no business rule. Pages re-fetch
+what a change affects; the overview applies the patches portal.web.overview sends instead.
 """
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -56,4 +57,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(event)
 
     async def queue_changed(self, event):
+        await self.send_json(event)
+
+    async def overview_patch(self, event):
         await self.send_json(event)

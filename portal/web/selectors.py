@@ -6,7 +6,7 @@ Selectors only read. Pure helpers (no ORM) sit at the bottom so they test withou
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch, Sum
 
 from portal.models import (
     Allocation,
@@ -29,6 +29,9 @@ STATE_LABELS = {
     "unbooked": "in use, unbooked",
     "retired": "retired (no longer reported)",
 }
+
+# The states the pages filter devices by.
+FILTER_STATES = ("free", "booked", "in_use", "unbooked", "down")
 
 PENDING_REASONS = {
     "resources": "Waiting for enough free devices of the kind asked for.",
@@ -89,11 +92,14 @@ def device_state(
     return "booked"
 
 
-def _current_allocations(now: datetime) -> tuple[dict, dict]:
-    """Live allocations covering now, keyed by whole-GPU id and by MIG-instance id."""
+def _current_allocations(now: datetime, gpu_ids: list[int] | None = None) -> tuple[dict, dict]:
+    """Live allocations covering now (on `gpu_ids` only, if given), keyed by whole-GPU id and by
+    MIG-instance id."""
     rows = Allocation.objects.filter(live=True, start__lte=now, end__gt=now).select_related(
         "booking__owner", "booking__project"
     )
+    if gpu_ids is not None:
+        rows = rows.filter(gpu_id__in=gpu_ids)
     by_gpu, by_mig = {}, {}
     for allocation in rows:
         if allocation.mig_instance_id:
@@ -103,16 +109,21 @@ def _current_allocations(now: datetime) -> tuple[dict, dict]:
     return by_gpu, by_mig
 
 
-def device_rows(*, now: datetime, gpu_id: int | None = None) -> list[DeviceRow]:
-    """Every live GPU (or just `gpu_id`, even retired) and, under a GPU in MIG mode, each
-    bookable slice, with booking, reading and state."""
+def device_rows(
+    *, now: datetime, gpu_id: int | None = None, hostnames: list[str] | None = None
+) -> list[DeviceRow]:
+    """Every live GPU (those of the nodes `hostnames`, or just `gpu_id`, even retired) and,
+    under a GPU in MIG mode, each bookable slice, with booking, reading and state."""
     gpus = inventory.gpus_live() if gpu_id is None else Gpu.objects.filter(pk=gpu_id)
+    if hostnames is not None:
+        gpus = gpus.filter(node__hostname__in=hostnames)
     slices = inventory.mig_instances_bookable().order_by("-slices", "uuid")
     gpus = gpus.select_related("node").prefetch_related(Prefetch("mig_instances", slices))
     gpus = list(gpus.order_by("node__hostname", "index"))
     uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig_instances.all()]
     readings = latest_by_uuid(uuids)
-    by_gpu, by_mig = _current_allocations(now)
+    whole_site = gpu_id is None and hostnames is None
+    by_gpu, by_mig = _current_allocations(now, None if whole_site else [g.pk for g in gpus])
     booked = [g.uuid for g in gpus if g.pk in by_gpu] + [
         m.uuid for g in gpus for m in g.mig_instances.all() if m.pk in by_mig
     ]
@@ -221,12 +232,7 @@ def site_totals(*, rows: list[DeviceRow], now: datetime) -> Totals:
     """Free devices, queued demand and how much of today's capacity was booked."""
     whole = [r for r in rows if not r.children]
     slices = [c for r in rows for c in r.children]
-    pending = Booking.objects.filter(state=Booking.State.PENDING)
-    slices_of = dict(inventory.mig_instances_bookable().values_list("profile", "slices").distinct())
-    queued_hours = sum(
-        (b.gpus or slices_of.get(b.mig_profile, 7) / 7) * b.duration_s / 3600
-        for b in pending.only("gpus", "mig_profile", "duration_s")
-    )
+    queued, queued_hours = queue_demand()
     measured = [
         r.reading["utilization_gpu"]
         for r in rows
@@ -237,11 +243,28 @@ def site_totals(*, rows: list[DeviceRow], now: datetime) -> Totals:
         whole_gpus=len(whole),
         free_slices=sum(1 for c in slices if c.state == "free"),
         slices=len(slices),
-        queued=pending.count(),
-        queued_gpu_hours=round(queued_hours, 1),
+        queued=queued,
+        queued_gpu_hours=queued_hours,
         booked_today_pct=_booked_share_today(now=now, devices=len(rows)),
         mean_utilization_now=round(sum(measured) / len(measured), 1) if measured else None,
     )
+
+
+def queue_demand() -> tuple[int, float]:
+    """(pending bookings, their GPU-hours): a MIG request counts its slices' share of a GPU."""
+    slices_of = dict(inventory.mig_instances_bookable().values_list("profile", "slices").distinct())
+    groups = (
+        Booking.objects.filter(state=Booking.State.PENDING)
+        .values("gpus", "mig_profile")
+        .annotate(n=Count("id"), seconds=Sum("duration_s"))
+        .order_by()
+    )
+    count, hours = 0, 0.0
+    for group in groups:
+        width = group["gpus"] or slices_of.get(group["mig_profile"], 7) / 7
+        count += group["n"]
+        hours += width * group["seconds"] / 3600
+    return count, round(hours, 1)
 
 
 def _booked_share_today(*, now: datetime, devices: int) -> float | None:
@@ -255,13 +278,14 @@ def _booked_share_today(*, now: datetime, devices: int) -> float | None:
     return booked_share(rows, since=midnight, until=now, capacity=devices)
 
 
-def my_live_bookings(*, user) -> list[Booking]:
-    """The user's own pending, planned and active bookings, soonest first."""
+def my_live_bookings(*, user, limit: int | None = None) -> list[Booking]:
+    """The user's own pending, planned and active bookings (the first `limit`), soonest first."""
     return list(
         Booking.objects.filter(owner=user, state__in=Booking.LIVE_STATES)
+        .defer("log_tail", "priority")
         .select_related("project")
         .prefetch_related(_allocations_prefetch())
-        .order_by("state", "planned_start", "id")
+        .order_by("state", "planned_start", "id")[:limit]
     )
 
 
@@ -297,7 +321,7 @@ def filter_choices() -> dict:
     return {
         "models": sorted(set(inventory.gpus_live().values_list("model", flat=True))),
         "nodes": list(Node.objects.order_by("hostname").values_list("hostname", flat=True)),
-        "states": ["free", "booked", "in_use", "unbooked", "down"],
+        "states": list(FILTER_STATES),
     }
 
 

@@ -2,10 +2,10 @@
 
 from django.urls import path
 
-from portal.web import actions, notify, tokens, views
+from portal.web import actions, notify, overview_page, tokens, views
 
 urlpatterns = [
-    path("", views.overview, name="overview"),
+    path("", overview_page.overview, name="overview"),
     path("bookings/", views.bookings, name="bookings"),
     path("bookings/<int:booking_id>/", views.booking_detail, name="booking-detail"),
     path("bookings/<int:booking_id>/cancel/", actions.booking_cancel, name="booking-cancel"),

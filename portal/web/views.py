@@ -45,30 +45,7 @@ def favicon(request):
     return response
 
 
-@login_required
-def overview(request):
-    now = timezone.now()
-    rows = selectors.device_rows(now=now)
-    filters = {name: request.GET.get(name, "") for name in FILTERS}
-    mine = selectors.my_live_bookings(user=request.user)
-    context = {
-        "rows": selectors.filter_rows(rows, **filters),
-        "filters": filters,
-        "filter_query": "&".join(f"{k}={v}" for k, v in filters.items() if v),
-        "choices": selectors.filter_choices(),
-        "totals": selectors.site_totals(rows=rows, now=now),
-        "mine": _with_times(mine, now),
-        "now": now,
-    }
-    fragments = {
-        "devices": "portal/_devices.html",
-        "mine": "portal/_mine.html",
-        "totals": "portal/_totals.html",
-    }
-    return render_page(request, "portal/overview.html", context, fragments)
-
-
-def _with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
+def with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
     for booking in bookings:
         booking.time_left = selectors.time_left(booking, now)
         booking.length_s, booking.length_ran = selectors.booking_length(booking)
@@ -80,7 +57,7 @@ def _with_times(bookings: list[Booking], now: datetime) -> list[Booking]:
 @login_required
 def bookings(request):
     now = timezone.now()
-    rows = _with_times(selectors.bookings_for_page(user=request.user), now)
+    rows = with_times(selectors.bookings_for_page(user=request.user), now)
     context = {
         "live": [b for b in rows if b.state in Booking.LIVE_STATES],
         "past": [b for b in rows if b.state not in Booking.LIVE_STATES],
@@ -97,7 +74,7 @@ def booking_detail(request, booking_id: int):
     booking = selectors.booking_for_page(user=request.user, booking_id=booking_id)
     if booking is None:
         raise Http404("No such booking among yours.")
-    _with_times([booking], now)
+    with_times([booking], now)
     allocations = [a for a in booking.allocations.all()]
     shown = [a for a in allocations if a.live] or allocations
     series, kept = _booking_history(booking, shown, now)

@@ -1,6 +1,9 @@
 // Live updates over one websocket (/ws/live/). Telemetry updates cells in place; booking and
-// queue changes re-fetch the page's fragments (elements with data-fragment). After a drop it
-// reconnects with backoff and re-fetches everything, so nothing missed stays stale.
+// queue changes re-fetch the page's fragments (elements with data-fragment; one with
+// data-refetch-on="queue own" only for those reasons). The overview instead applies the small
+// patches the portal sends (overview.patch): node counts, device states, the queue's size, and
+// loads a node's devices when it is expanded. After a drop it reconnects with backoff and
+// re-fetches everything, so nothing missed stays stale.
 (function () {
   "use strict";
   var body = document.body;
@@ -44,20 +47,28 @@
     return String(v);
   }
 
+  function esc(value) {
+    return window.CSS && CSS.escape ? CSS.escape(value) : String(value).replace(/["\\]/g, "\\$&");
+  }
+
   // A device shown "free" that now runs processes is "in use, unbooked" (and the other way
-  // round): the server decides the state, so re-fetch the fragments that show it.
+  // round): the server decides the state, so re-fetch what shows it (on the overview, only
+  // the node it is on).
   function stateChanged(reading, uuid) {
     var busy = (reading.processes || []).length > 0;
     var stale = false;
     document.querySelectorAll('[data-state-of="' + uuid + '"]').forEach(function (shown) {
-      if ((shown.dataset.state === "free" && busy) || (shown.dataset.state === "unbooked" && !busy)) stale = true;
+      if ((shown.dataset.state === "free" && busy) || (shown.dataset.state === "unbooked" && !busy)) {
+        var node = shown.closest("[data-node-devices]");
+        if (node) loadNode(node); else stale = true;
+      }
     });
     return stale;
   }
 
   function showReading(reading) {
-    var uuid = window.CSS && CSS.escape ? CSS.escape(reading.uuid) : reading.uuid;
-    if (stateChanged(reading, uuid)) refetchAll();
+    var uuid = esc(reading.uuid);
+    if (stateChanged(reading, uuid)) refetchAll("state");
     var selector = '[data-uuid="' + uuid + '"]';
     document.querySelectorAll(selector).forEach(function (holder) {
       holder.querySelectorAll("[data-metric]").forEach(function (cell) {
@@ -92,24 +103,183 @@
         return response.text();
       })
       .then(function (html) {
+        // The overview's node list comes back collapsed: open again the nodes that were open.
+        var reopen = [];
+        holder.querySelectorAll("details[data-node][open]").forEach(function (d) { reopen.push(d.dataset.node); });
         holder.innerHTML = html;
+        reopen.forEach(function (name) {
+          var details = holder.querySelector('details[data-node="' + esc(name) + '"]');
+          if (details && !details.open) details.open = true;
+        });
         document.dispatchEvent(new CustomEvent("portal:fragment", { detail: holder.dataset.fragment }));
       })
       .catch(function () { /* the next change or reconnect fetches again */ });
   }
 
-  function refetchAll() {
+  // Re-fetch the fragments that a change of this kind affects ("booking", "queue", "own": a
+  // booking of this user's, "state", "reconnect": all of them, expanded nodes too).
+  var pendingReasons = {};
+  function refetchAll(reason) {
+    pendingReasons[reason || "reconnect"] = true;
     clearTimeout(refetchTimer);
     refetchTimer = setTimeout(function () {
-      document.querySelectorAll("[data-fragment]").forEach(refetch);
+      var reasons = pendingReasons;
+      pendingReasons = {};
+      document.querySelectorAll("[data-fragment]").forEach(function (holder) {
+        var on = holder.dataset.refetchOn;
+        var wanted = reasons.reconnect || on === undefined || on.split(" ").some(function (r) { return reasons[r]; });
+        if (wanted) refetch(holder);
+      });
+      if (reasons.reconnect) document.querySelectorAll("details[open] > [data-node-devices]").forEach(loadNode);
     }, 250);
+  }
+
+  // The overview ------------------------------------------------------------------------------
+
+  function nodeParams(holder) {
+    var params = new URLSearchParams(location.search);
+    params.set("fragment", "node");
+    params.set("node", holder.dataset.nodeDevices);
+    return location.pathname + "?" + params.toString();
+  }
+
+  function loadNode(holder) {
+    fetch(nodeParams(holder), { credentials: "same-origin", headers: { "X-Requested-With": "fetch" } })
+      .then(function (response) {
+        if (!response.ok || response.redirected) throw new Error("node " + response.status);
+        return response.text();
+      })
+      .then(function (html) {
+        holder.innerHTML = html;
+        holder.parentElement.dataset.loaded = "";
+        var now = holder.querySelector("[data-node-now]");
+        if (now) setNodeLine(now.dataset.nodeNow, JSON.parse(now.dataset.counts), now.dataset.state, +now.dataset.version);
+        sumTotals();
+        document.dispatchEvent(new CustomEvent("portal:node", { detail: holder.dataset.nodeDevices }));
+      })
+      .catch(function () { /* the next expand or reconnect loads it again */ });
+  }
+
+  document.addEventListener("toggle", function (event) {
+    var details = event.target;
+    if (!details.matches || !details.matches("details[data-node]") || !details.open) return;
+    if (details.dataset.loaded === undefined) loadNode(details.querySelector("[data-node-devices]"));
+  }, true);
+
+  function setText(root, selector, value) {
+    root.querySelectorAll(selector).forEach(function (cell) {
+      var text = String(value);
+      if (cell.textContent !== text) cell.textContent = text;
+    });
+  }
+
+  // A node line shows its counts summed over its models: [gpus, free, slices, free slices].
+  function setNodeLine(hostname, counts, state, version) {
+    var line = document.querySelector('[data-node-line="' + esc(hostname) + '"]');
+    if (!line || +line.dataset.version > version) return;
+    line.dataset.version = version;
+    line.dataset.counts = JSON.stringify(counts);
+    var sum = [0, 0, 0, 0];
+    Object.keys(counts).forEach(function (model) { counts[model].forEach(function (n, i) { sum[i] += n; }); });
+    var summary = line.querySelector("summary");
+    setText(summary, '[data-count="gpus"]', sum[0]);
+    setText(summary, '[data-count="free_gpus"]', sum[1]);
+    setText(summary, '[data-count="slices"]', sum[2]);
+    setText(summary, '[data-count="free_slices"]', sum[3]);
+    var slices = summary.querySelector("[data-slices]");
+    if (slices) slices.hidden = sum[2] === 0;
+    var badge = summary.querySelector("[data-node-state]");
+    if (badge) { badge.textContent = state; badge.hidden = state === "up"; }
+  }
+
+  // The totals and the model lines are the node lines summed (every node is listed, hidden
+  // when a filter leaves it out).
+  function sumTotals() {
+    var lines = document.querySelectorAll("[data-node-line]");
+    if (!lines.length) return;
+    var all = [0, 0, 0, 0];
+    var byModel = {};
+    lines.forEach(function (line) {
+      var counts = JSON.parse(line.dataset.counts || "{}");
+      Object.keys(counts).forEach(function (model) {
+        var sum = byModel[model] = byModel[model] || [0, 0, 0, 0];
+        counts[model].forEach(function (n, i) { sum[i] += n; all[i] += n; });
+      });
+    });
+    setText(document, '[data-total="gpus"]', all[0]);
+    setText(document, '[data-total="free_gpus"]', all[1]);
+    setText(document, '[data-total="slices"]', all[2]);
+    setText(document, '[data-total="free_slices"]', all[3]);
+    document.querySelectorAll("[data-total-slices]").forEach(function (el) { el.hidden = all[2] === 0; });
+    Object.keys(byModel).forEach(function (model) {
+      var row = document.querySelector('[data-model-line="' + esc(model) + '"]');
+      if (!row) return;
+      var sum = byModel[model];
+      setText(row, '[data-count="gpus"]', sum[0]);
+      setText(row, '[data-count="free_gpus"]', sum[1]);
+      setText(row, '[data-count="slices"]', sum[2]);
+      setText(row, '[data-count="free_slices"]', sum[3]);
+    });
+  }
+
+  function bookingCell(cell, row, booking) {
+    cell.textContent = "";
+    var muted = function (text) { var s = document.createElement("span"); s.className = "muted"; s.textContent = text; return s; };
+    if (!booking) {
+      cell.appendChild(muted(row.dataset.parent !== undefined ? "see slices" : "—"));
+      return;
+    }
+    var mine = String(booking.owner_id) === body.dataset.userId || body.dataset.staff !== undefined;
+    var id = document.createElement(mine ? "a" : "span");
+    if (mine) id.href = "/bookings/" + booking.id + "/";
+    id.textContent = "#" + booking.id;
+    cell.appendChild(id);
+    cell.appendChild(document.createTextNode(" " + booking.owner + " "));
+    cell.appendChild(muted("(" + booking.project + ")"));
+  }
+
+  function patchDevice(device, version) {
+    document.querySelectorAll('[data-overview] tr[data-uuid="' + esc(device.uuid) + '"]').forEach(function (row) {
+      if (+(row.dataset.version || 0) > version) return;
+      row.dataset.version = version;
+      row.dataset.state = device.state;
+      var badge = row.querySelector(".badge");
+      if (badge) {
+        badge.className = "badge state-" + device.state.replace(/ /g, "");
+        badge.textContent = device.state_label;
+      }
+      var cell = row.querySelector("[data-booking-cell]");
+      if (cell) bookingCell(cell, row, device.booking);
+      row.classList.remove("flash");
+      void row.offsetWidth;
+      row.classList.add("flash");
+    });
+  }
+
+  function applyPatch(message) {
+    var version = message.version || 0;
+    (message.nodes || []).forEach(function (node) { setNodeLine(node.hostname, node.counts, node.state, version); });
+    (message.devices || []).forEach(function (device) { patchDevice(device, version); });
+    var totals = document.querySelector('[data-fragment="totals"]');
+    if (totals && +(totals.dataset.version || 0) <= version) {
+      totals.dataset.version = version;
+      setText(totals, '[data-total="queued"]', message.queued);
+      setText(totals, '[data-total="queued_gpu_hours"]', Number(message.queued_gpu_hours).toFixed(1));
+      setText(totals, '[data-plural="queued"]', message.queued === 1 ? "" : "s");
+    }
+    sumTotals();
+    if (message.owner_id !== null && String(message.owner_id) === body.dataset.userId) refetchAll("own");
   }
 
   function handle(message) {
     if (message.type === "telemetry.readings") {
       (message.readings || []).forEach(showReading);
-    } else if (message.type === "booking.changed" || message.type === "queue.changed") {
-      refetchAll();
+    } else if (message.type === "booking.changed") {
+      refetchAll("booking");
+    } else if (message.type === "queue.changed") {
+      refetchAll("queue");
+    } else if (message.type === "overview.patch") {
+      if (document.querySelector("[data-overview]")) applyPatch(message);
     }
     document.dispatchEvent(new CustomEvent("portal:live", { detail: message }));
   }
@@ -122,7 +292,7 @@
       opened = true;
       attempt = 0;
       setStatus("open", "Live");
-      if (caughtUp) refetchAll();
+      if (caughtUp) refetchAll("reconnect");
     };
     socket.onmessage = function (event) {
       try { handle(JSON.parse(event.data)); } catch (e) { /* ignore a malformed message */ }

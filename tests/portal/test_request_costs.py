@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from portal.api.serializers import BookingOutput, GpuOutput
 from portal.models import ApiToken, Booking, Gpu
 from portal.models.tokens import hash_token
+from portal.web.overview import summary_forget
 from tests.factories import (
     AllocationFactory,
     BookingFactory,
@@ -110,10 +111,33 @@ def test_it_renders_the_overview_and_its_fragments_in_queries_that_do_not_grow(u
     client = Client()
     client.force_login(user)
     _grow(user, project, nodes=1, bookings_per_node=1)
-    paths = ["/", "/?fragment=devices", "/?fragment=mine", "/?fragment=totals"]
-    small = [_queries(client.get, p) for p in paths]
+    paths = [
+        "/",
+        "/?fragment=devices",
+        "/?fragment=mine",
+        "/?fragment=totals",
+        "/?fragment=models",
+        "/?fragment=node&node=grow-0-0",
+    ]
+
+    def costs() -> tuple[list[int], list[int]]:
+        cold = []
+        for path in paths:
+            summary_forget()  # the summary built afresh
+            cold.append(_queries(client.get, path))
+        client.get("/")
+        warm = []
+        for path in paths:
+            summary_forget(shared=False)  # from the cache, as another process would read it
+            warm.append(_queries(client.get, path))
+        return cold, warm
+
+    small = costs()
     _grow(user, project, nodes=4, bookings_per_node=3)
-    assert [_queries(client.get, p) for p in paths] == small
+    assert costs() == small
+    cold, warm = small
+    assert cold[0] <= 17  # the budget before the summary was cached
+    assert all(w <= c for w, c in zip(warm, cold, strict=True)) and warm[0] < cold[0]
 
 
 def test_it_ingests_agent_readings_in_queries_that_do_not_grow_with_the_node():
