@@ -1,5 +1,7 @@
 """`gpus`: the devices free now (or all of them), with their latest readings."""
 
+from __future__ import annotations
+
 from .client import OK, Client
 from .output import print_json, table
 
