@@ -1,12 +1,15 @@
 """`gpu-portal submit --jupyter` and `gpu-portal open ID` against a live portal."""
 
 import json
+import re
 import threading
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from portal.models import Booking
-from tests.cli.conftest import token_for
+from tests.cli.conftest import ROOT, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,3 +98,15 @@ def test_it_exits_quietly_when_its_output_is_closed(site, cli):
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert err == ""
     assert process.returncode == 141
+
+
+def test_it_prints_the_quota_refusal_as_docs_cli_md_shows_it(site, cli):
+    shown = re.search(r"`(gpu-portal: Quota [^`]*)`", (ROOT / "docs" / "cli.md").read_text())
+    token = token_for(site["alice"])
+    start = (timezone.now() + timedelta(days=1)).replace(microsecond=0).isoformat()
+    end = (timezone.now() + timedelta(days=1, hours=1)).replace(microsecond=0).isoformat()
+    assert cli("submit", "-g", "2", "--start", start, "--end", end, token=token).returncode == 0
+    refused = cli("submit", "-g", "2", "--start", start, "--end", end, token=token)
+
+    assert refused.returncode == 5
+    assert refused.stderr.strip() == shown.group(1)
