@@ -468,8 +468,20 @@ SPECTACULAR_SETTINGS = {
 }
 
 EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+# Where portal.mailbox.FolderEmailBackend (`manage.py up`'s default) keeps each message.
+EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 EMAIL_HOST = env("EMAIL_HOST", "localhost")
 EMAIL_PORT = envint("EMAIL_PORT", 25)
+# SMTP authentication and encryption (the password may come from EMAIL_HOST_PASSWORD_FILE).
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", "False")  # STARTTLS, usually on port 587
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", "False")  # implicit TLS, usually on port 465
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise SettingError(
+        "EMAIL_USE_TLS and EMAIL_USE_SSL are both on: choose one (587: TLS, 465: SSL)."
+    )
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 30)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "gpu-portal@localhost")
 # The site's Slack incoming webhook: admins' events (node down, foreign process).
 SLACK_WEBHOOK_URL = env("SLACK_WEBHOOK_URL")
