@@ -10,8 +10,15 @@ from collections import defaultdict
 
 from django.utils import timezone
 
-from portal.api.serializers import allocation_shown, booking_window, iso, reading_json
+from portal.api.serializers import (
+    allocation_shown,
+    booking_window,
+    gpus_shown,
+    iso,
+    reading_json,
+)
 from portal.models import Allocation, MigInstance
+from portal.models.inventory import mig_label
 from portal.services.booking import fairshare
 from portal.services.booking.selectors import session_summary
 from portal.services.inventory import telemetry_cache
@@ -60,6 +67,7 @@ _ALLOCATION_FIELDS = (
     "mig_instance_id",
     "mig_instance__uuid",
     "mig_instance__profile",
+    "mig_instance__placement_start",
 )
 GPU_FIELDS = (
     "id",
@@ -93,6 +101,7 @@ def booking_rows(page: list[dict]) -> list[dict]:
         )
         booking["start"], booking["end"] = iso(start, tz), iso(end, tz)
         booking["id"] = row["id"]
+        booking["gpus"] = gpus_shown(row["gpus"], row["mig_profile"])
         booking["priority"] = fairshare.priority_breakdown(row["priority"])
         booking["owner"] = row["owner__username"]
         booking["project"] = row["project__slug"]
@@ -119,7 +128,13 @@ def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:
     for a in allocations:
         label = f"{a['gpu__node__hostname']}/gpu{a['gpu__index']}"
         if a["mig_instance_id"]:
-            label, uuid = f"{label}/{a['mig_instance__profile']}", a["mig_instance__uuid"]
+            label = mig_label(
+                hostname=a["gpu__node__hostname"],
+                gpu_index=a["gpu__index"],
+                profile=a["mig_instance__profile"],
+                placement_start=a["mig_instance__placement_start"],
+            )
+            uuid = a["mig_instance__uuid"]
         else:
             uuid = a["gpu__uuid"]
         row = {

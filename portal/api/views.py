@@ -226,7 +226,7 @@ class MigInstanceViewSet(viewsets.ReadOnlyModelViewSet):
         """The instance's readings over a time range (memory and processes: NVML gives no
         utilization, temperature or power per MIG instance)."""
         mig = self.get_object()
-        label = f"{mig.gpu.node.hostname}/gpu{mig.gpu.index}/{mig.profile}"
+        label = str(mig)
         return Response(_device_history(mig.uuid, label, _history_query(request)))
 
 

@@ -231,3 +231,21 @@ def test_it_records_a_booking_event_in_a_few_queries(started, django_assert_max_
     NotificationContact.objects.create(user=started.owner, webhook_url="https://example.org/h")
     with transaction.atomic(), django_assert_max_num_queries(6):
         assert booking_event_record(booking_id=started.pk, event="started") == 2
+
+
+def test_it_says_a_command_that_exited_ended_the_booking_not_its_end_time(
+    smtp, started, django_capture_on_commit_callbacks
+):
+    from portal.models import Booking
+
+    Booking.objects.filter(pk=started.pk).update(
+        state="finished",
+        command="python train.py",
+        exit_code=0,
+        state_detail="command exited with code 0",
+    )
+    _record(started, "finished", django_capture_on_commit_callbacks)
+    (mail,) = smtp
+    text = mail.get_body(("plain",)).get_content()
+    assert "Your booking ended: its command exited with code 0." in text
+    assert "reached its end time" not in text
