@@ -7,7 +7,10 @@ from rest_framework.renderers import BaseRenderer
 
 
 class CsvRenderer(BaseRenderer):
-    """A list of flat objects as CSV with a header row; an error answer as its JSON text."""
+    """A list of flat objects as CSV with a header row; an error answer as its JSON text.
+
+    With no rows the header comes from the view's `csv_columns`, so an empty period is still a
+    CSV a spreadsheet or script can read."""
 
     media_type = "text/csv"
     format = "csv"
@@ -20,8 +23,10 @@ class CsvRenderer(BaseRenderer):
 
             return json.dumps(data).encode()
         out = io.StringIO()
-        if rows:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        view = (renderer_context or {}).get("view")
+        columns = list(rows[0]) if rows else getattr(view, "csv_columns", None)
+        if columns:
+            writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
         return out.getvalue().encode()

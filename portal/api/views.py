@@ -31,7 +31,7 @@ from portal.services.booking.idempotency import booking_submit_once
 from portal.services.booking.quotas import quota_overview
 from portal.services.fleet import selectors as fleet_selectors
 from portal.services.inventory import telemetry_cache
-from portal.services.reporting.accounting import accounting_report
+from portal.services.reporting.accounting import accounting_report, report_columns
 
 
 class TokenThrottle(AnonRateThrottle):
@@ -411,6 +411,7 @@ class AccountingView(APIView):
             user=request.user,
         )
         response = Response(rows)
+        self.csv_columns = report_columns(query["group_by"])
         if getattr(request.accepted_renderer, "format", "") == "csv":
             name = f"gpu-accounting-{query['group_by']}-{query['since']:%Y%m%d}.csv"
             response["Content-Disposition"] = f'attachment; filename="{name}"'
