@@ -80,7 +80,8 @@ class Command(BaseCommand):
             # and the banner is the last thing on the console: what to open, and the logins.
             if not no_demo:
                 children.add(lambda: _start_agents(url))
-                threading.Thread(target=_demo_queue, name="demo-queue", daemon=True).start()
+                if not settings.REDIS_URL:  # the embedded demo (server mode: see _demo_queue)
+                    threading.Thread(target=_demo_queue, name="demo-queue", daemon=True).start()
             self._banner(url, no_demo)
 
         _when_listening(host, port, listening)
@@ -260,7 +261,10 @@ def _agent_log_level() -> str:
 
 def _demo_queue(timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
     """Once the demo's agents have registered, give the demo its queue (running, waiting, a
-    reservation; portal.services.reporting.demo), unless the queue of an earlier start waits."""
+    reservation; portal.services.reporting.demo), unless the queue of an earlier start waits.
+
+    Embedded mode only for now: in server mode the Celery worker reported delivery_send tasks
+    for deliveries it could not find right after the queue was made, not yet understood."""
     deadline = time.monotonic() + timeout_s
     try:
         while not demo_nodes_up():
