@@ -146,6 +146,11 @@ def _user_map(path: str | None) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run the agent, return the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:  # `python -m agents check`: a new node's checks (agents/check.py)
+        from agents.check import main as check
+
+        return check(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"

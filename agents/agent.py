@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_REPORT_INTERVAL_S = 5.0
 DEFAULT_SYNC_INTERVAL_S = 30.0
+# Failures of the portal this long in a row are a warning; shorter ones only INFO.
+WARN_AFTER_S = 10.0
 _EVENT_BATCH = 100
 _MAX_IDLE_WAIT_S = 1.0  # also how soon an exited job is noticed
 
@@ -125,6 +127,7 @@ class Agent:
         self._backoff = Backoff()
         self._registered = False
         self._offline_until: float | None = None
+        self._failing_since: float | None = None
         self._next_report = self._next_sync = 0.0
         self._pull_requested = False
         self._dropped_events = 0
@@ -224,11 +227,28 @@ class Agent:
             call()
         except (PortalUnavailable, Rejected) as exc:
             delay = self._backoff.next_delay()
-            log.warning("portal request failed (%s); retrying in %.1f s", exc, delay)
+            self._log_failure(exc, delay)
             self._offline_until = self._clock() + delay
             self._registered = False
         else:
             self._backoff.reset()
+            self._failing_since = None
+
+    def _log_failure(self, exc: Exception, delay: float) -> None:
+        """A warning once the portal has failed for WARN_AFTER_S; a blip (a portal restarting,
+        or stopping before its agents as `manage.py up` does) is INFO only."""
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since = now
+        failing_s = now - self._failing_since
+        level = logging.WARNING if failing_s >= WARN_AFTER_S else logging.INFO
+        log.log(
+            level,
+            "portal request failed (%s) for %.0f s; retrying in %.1f s",
+            exc,
+            failing_s,
+            delay,
+        )
 
     def _online(self) -> bool:
         return self._offline_until is None or self._clock() >= self._offline_until

@@ -385,8 +385,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # --- Signing in (docs/authentication.md) ---------------------------------------------------
 # Local passwords (LOCAL_LOGIN_ENABLED), OpenID Connect (on with OIDC_RP_CLIENT_ID) and LDAP (on
-# with LDAP_SERVER_URI), read and validated by portal.sso.config. The OIDC_* and AUTH_LDAP_*
-# settings exist only when their way in is on, as mozilla-django-oidc and django-auth-ldap expect.
+# with LDAP_SERVER_URI), read and validated by portal.sso.config. The OIDC_* and LDAP_*
+# settings exist only when their way in is on (mozilla-django-oidc expects that).
 _sign_in = sign_in_settings(env)
 LOCAL_LOGIN_ENABLED = _sign_in["LOCAL_LOGIN_ENABLED"]
 AUTHENTICATION_BACKENDS = _sign_in["AUTHENTICATION_BACKENDS"]
@@ -409,16 +409,15 @@ if OIDC_ENABLED:
     OIDC_VERIFY_SSL = _sign_in["OIDC_VERIFY_SSL"]
     OIDC_TIMEOUT = _sign_in["OIDC_TIMEOUT"]
 if LDAP_ENABLED:
-    AUTH_LDAP_SERVER_URI = _sign_in["AUTH_LDAP_SERVER_URI"]
-    AUTH_LDAP_BIND_DN = _sign_in["AUTH_LDAP_BIND_DN"]
-    AUTH_LDAP_BIND_PASSWORD = _sign_in["AUTH_LDAP_BIND_PASSWORD"]
-    AUTH_LDAP_START_TLS = _sign_in["AUTH_LDAP_START_TLS"]
-    AUTH_LDAP_USER_SEARCH = _sign_in["AUTH_LDAP_USER_SEARCH"]
-    AUTH_LDAP_GROUP_SEARCH = _sign_in["AUTH_LDAP_GROUP_SEARCH"]
-    AUTH_LDAP_GROUP_TYPE = _sign_in["AUTH_LDAP_GROUP_TYPE"]
-    AUTH_LDAP_USER_ATTR_MAP = _sign_in["AUTH_LDAP_USER_ATTR_MAP"]
-    AUTH_LDAP_ALWAYS_UPDATE_USER = _sign_in["AUTH_LDAP_ALWAYS_UPDATE_USER"]
-    AUTH_LDAP_CONNECTION_OPTIONS = _sign_in["AUTH_LDAP_CONNECTION_OPTIONS"]
+    LDAP_SERVER_URI = _sign_in["LDAP_SERVER_URI"]
+    LDAP_BIND_DN = _sign_in["LDAP_BIND_DN"]
+    LDAP_BIND_PASSWORD = _sign_in["LDAP_BIND_PASSWORD"]
+    LDAP_START_TLS = _sign_in["LDAP_START_TLS"]
+    LDAP_USER_SEARCH_BASE = _sign_in["LDAP_USER_SEARCH_BASE"]
+    LDAP_USER_SEARCH_FILTER = _sign_in["LDAP_USER_SEARCH_FILTER"]
+    LDAP_GROUP_SEARCH_BASE = _sign_in["LDAP_GROUP_SEARCH_BASE"]
+    LDAP_GROUP_TYPE = _sign_in["LDAP_GROUP_TYPE"]
+    LDAP_TIMEOUT_S = _sign_in["LDAP_TIMEOUT_S"]
 # --- end of signing in ----------------------------------------------------------------------
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -507,8 +506,20 @@ SPECTACULAR_SETTINGS = {
 }
 
 EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+# Where portal.mailbox.FolderEmailBackend (`manage.py up`'s default) keeps each message.
+EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 EMAIL_HOST = env("EMAIL_HOST", "localhost")
 EMAIL_PORT = envint("EMAIL_PORT", 25)
+# SMTP authentication and encryption (the password may come from EMAIL_HOST_PASSWORD_FILE).
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", "False")  # STARTTLS, usually on port 587
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", "False")  # implicit TLS, usually on port 465
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise SettingError(
+        "EMAIL_USE_TLS and EMAIL_USE_SSL are both on: choose one (587: TLS, 465: SSL)."
+    )
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 30)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "gpu-portal@localhost")
 # The site's Slack incoming webhook: admins' events (node down, foreign process).
 SLACK_WEBHOOK_URL = env("SLACK_WEBHOOK_URL")

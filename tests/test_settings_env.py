@@ -199,3 +199,33 @@ def test_it_names_every_notification_and_sign_in_setting_in_settings_py():
         | set(ldap_settings(lambda n, d="": ldap.get(n, d)))
     )
     assert provided - _names_assigned_in_settings() == set()
+
+
+def test_it_authenticates_to_smtp_with_a_password_file_and_refuses_tls_with_ssl(tmp_path):
+    secret = tmp_path / "smtp_password"
+    secret.write_text("mail-pass\n")
+    probe = (
+        "from django.conf import settings as s; "
+        "print(s.EMAIL_HOST_USER, s.EMAIL_HOST_PASSWORD, s.EMAIL_USE_TLS, s.EMAIL_PORT)"
+    )
+    environ = os.environ | {
+        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
+        "EMAIL_HOST_USER": "gpu-portal",
+        "EMAIL_HOST_PASSWORD_FILE": str(secret),
+        "EMAIL_USE_TLS": "1",
+        "EMAIL_PORT": "587",
+    }
+    shown = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", probe],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    last = shown.stdout.strip().splitlines()[-1]  # after the shell's own line about imports
+    assert last.split() == ["gpu-portal", "mail-pass", "True", "587"], shown.stderr
+
+    both = _start(EMAIL_USE_TLS="1", EMAIL_USE_SSL="1")
+    assert both.returncode != 0
+    assert "EMAIL_USE_TLS and EMAIL_USE_SSL are both on" in both.stderr
+    assert "Traceback" not in both.stderr

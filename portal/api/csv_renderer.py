@@ -8,7 +8,10 @@ from portal.csv_cells import csv_dict_writer
 
 
 class CsvRenderer(BaseRenderer):
-    """A list of flat objects as CSV with a header row; an error answer as its JSON text."""
+    """A list of flat objects as CSV with a header row; an error answer as its JSON text.
+
+    With no rows the header comes from the view's `csv_columns`, so an empty period is still a
+    CSV a spreadsheet or script can read."""
 
     media_type = "text/csv"
     format = "csv"
@@ -21,6 +24,8 @@ class CsvRenderer(BaseRenderer):
 
             return json.dumps(data).encode()
         out = io.StringIO()
-        if rows:
-            csv_dict_writer(out, rows[0]).writerows(rows)
+        view = (renderer_context or {}).get("view")
+        columns = list(rows[0]) if rows else getattr(view, "csv_columns", None)
+        if columns:
+            csv_dict_writer(out, columns).writerows(rows)
         return out.getvalue().encode()

@@ -17,11 +17,13 @@ from portal.api.serializers import (
     booking_output_file,
     booking_signal,
     booking_window,
+    gpus_shown,
     iso,
     node_run_row,
     reading_json,
 )
 from portal.models import Allocation, BookingDependency, MigInstance, NodeRun
+from portal.models.inventory import mig_label
 from portal.services.booking import fairshare
 from portal.services.booking.selectors import (
     array_view,
@@ -102,6 +104,7 @@ _ALLOCATION_FIELDS = (
     "mig_instance_id",
     "mig_instance__uuid",
     "mig_instance__profile",
+    "mig_instance__placement_start",
 )
 GPU_FIELDS = (
     "id",
@@ -138,6 +141,7 @@ def booking_rows(page: list[dict]) -> list[dict]:
         )
         booking["start"], booking["end"] = iso(start, tz), iso(end, tz)
         booking["id"] = row["id"]
+        booking["gpus"] = gpus_shown(row["gpus"], row["mig_profile"])
         booking["priority"] = fairshare.priority_breakdown(row["priority"])
         booking["owner"] = row["owner__username"]
         booking["project"] = row["project__slug"]
@@ -184,7 +188,13 @@ def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:
     for a in allocations:
         label = f"{a['gpu__node__hostname']}/gpu{a['gpu__index']}"
         if a["mig_instance_id"]:
-            label, uuid = f"{label}/{a['mig_instance__profile']}", a["mig_instance__uuid"]
+            label = mig_label(
+                hostname=a["gpu__node__hostname"],
+                gpu_index=a["gpu__index"],
+                profile=a["mig_instance__profile"],
+                placement_start=a["mig_instance__placement_start"],
+            )
+            uuid = a["mig_instance__uuid"]
         else:
             uuid = a["gpu__uuid"]
         row = {

@@ -197,6 +197,11 @@ class BookingExtendInput(StrictSerializer):
     by_s = serializers.IntegerField(min_value=60, max_value=MAX_SECONDS)
 
 
+def gpus_shown(gpus: int, mig_profile: str) -> int | None:
+    """A booking's `gpus` in the API: whole GPUs, or null for a MIG slice (not 0 GPUs)."""
+    return None if mig_profile else gpus
+
+
 def iso(value, tz=None) -> str | None:
     """A datetime as DRF's DateTimeField renders it: ISO 8601 in the current zone, UTC as Z.
 
@@ -312,6 +317,9 @@ class BookingOutput(serializers.ModelSerializer):
     )
     end = serializers.SerializerMethodField(
         help_text="a reservation's window end, else its devices' end (the real end once ended)"
+    )
+    gpus = serializers.IntegerField(
+        allow_null=True, help_text="whole GPUs; null for a MIG slice (see mig_profile)"
     )
     devices = serializers.SerializerMethodField()
     cuda_visible_devices = serializers.SerializerMethodField()
@@ -431,7 +439,7 @@ class BookingOutput(serializers.ModelSerializer):
             "project": obj.project.slug,
             "state": obj.state,
             "state_detail": obj.state_detail,
-            "gpus": obj.gpus,
+            "gpus": gpus_shown(obj.gpus, obj.mig_profile),
             "mig_profile": obj.mig_profile,
             "gpu_model": obj.gpu_model,
             "start": iso(start, tz),
@@ -511,6 +519,9 @@ def reading_json(reading: dict | None) -> dict | None:
 
 
 class MigInstanceOutput(serializers.ModelSerializer):
+    label = serializers.CharField(
+        source="__str__", help_text="node/gpuN/profile@first slice, e.g. gpu-a03/gpu4/1g.10gb@5"
+    )
     gpu = serializers.CharField(source="gpu.uuid")
     node = serializers.CharField(source="gpu.node.hostname")
     model = serializers.CharField(source="gpu.model")
@@ -521,8 +532,10 @@ class MigInstanceOutput(serializers.ModelSerializer):
         fields = [
             "id",
             "uuid",
+            "label",
             "profile",
             "slices",
+            "placement_start",
             "memory_mib",
             "gpu",
             "node",

@@ -32,7 +32,7 @@ from portal.services.booking.idempotency import booking_submit_once
 from portal.services.booking.quotas import quota_overview
 from portal.services.fleet import selectors as fleet_selectors
 from portal.services.inventory import telemetry_cache
-from portal.services.reporting.accounting import accounting_report
+from portal.services.reporting.accounting import accounting_report, report_columns
 
 
 class TokenThrottle(AnonRateThrottle):
@@ -229,7 +229,7 @@ class MigInstanceViewSet(viewsets.ReadOnlyModelViewSet):
         """The instance's readings over a time range (memory and processes: NVML gives no
         utilization, temperature or power per MIG instance)."""
         mig = self.get_object()
-        label = f"{mig.gpu.node.hostname}/gpu{mig.gpu.index}/{mig.profile}"
+        label = str(mig)
         return Response(_device_history(mig.uuid, label, _history_query(request)))
 
 
@@ -414,6 +414,7 @@ class AccountingView(APIView):
             user=request.user,
         )
         response = Response(rows)
+        self.csv_columns = report_columns(query["group_by"])
         if getattr(request.accepted_renderer, "format", "") == "csv":
             name = f"gpu-accounting-{query['group_by']}-{query['since']:%Y%m%d}.csv"
             response["Content-Disposition"] = f'attachment; filename="{name}"'

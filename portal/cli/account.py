@@ -1,5 +1,7 @@
 """Account commands: log in (store a token), and see one's quota."""
 
+from __future__ import annotations
+
 import getpass
 import socket
 import sys

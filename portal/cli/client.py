@@ -1,5 +1,7 @@
 """The portal's REST API over urllib: token auth, its one error shape, retries, pagination."""
 
+from __future__ import annotations
+
 import json
 import sys
 import time

@@ -1,6 +1,8 @@
 """The booking commands, one function each: (client, args) -> exit code. Human output unless
 args.json. (login and quota are in account.py, gpus in devices.py.)"""
 
+from __future__ import annotations
+
 import shlex
 import sys
 import time
@@ -56,9 +58,23 @@ def _booking_body(args) -> dict:
         body["env"] = dict(args.env)
     if args.signal:
         body["signal"] = args.signal
+    interactive = _interactive(args)
+    if interactive:
+        if command:
+            raise ValueError("--jupyter and --terminal run no command: give one or the other")
+        body["interactive"] = interactive
     if args.gpus is None and not args.mig and args.nodes is None:
         body["gpus"] = 1
     return body
+
+
+def _interactive(args) -> str:
+    """The API's `interactive` from --jupyter / --terminal (estimate has neither)."""
+    if getattr(args, "jupyter", False):
+        return "jupyterlab"
+    if getattr(args, "terminal", False):
+        return "terminal"
+    return ""
 
 
 def _command(words: list[str]) -> str:
@@ -72,6 +88,8 @@ def submit(client: Client, args) -> int:
     booking = client.post(BOOKINGS, _booking_body(args), headers=headers)
     if not args.wait:
         _show_or_json(booking, args, summary=f"Submitted booking {booking['id']}")
+        if booking.get("interactive") not in (None, "", "none") and not args.json:
+            print(f"Open it once it runs: gpu-portal open {booking['id']}", file=sys.stderr)
         return OK
     print(f"Submitted booking {booking['id']}; waiting for it to start", file=sys.stderr)
     return _wait(client, booking, args)

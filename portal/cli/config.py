@@ -5,6 +5,8 @@ written with mode 0600 because it holds an API token. GPU_PORTAL_URL and GPU_POR
 what it says (scripts, CI); a --url option overrides both.
 """
 
+from __future__ import annotations
+
 import json
 import os
 from dataclasses import dataclass

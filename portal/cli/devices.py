@@ -1,5 +1,7 @@
 """`gpus`: the devices free now (or all of them), with their latest readings."""
 
+from __future__ import annotations
+
 from .client import OK, Client
 from .output import print_json, table
 
@@ -30,8 +32,8 @@ def gpus(client: Client, args) -> int:
         return OK
     rows = [[_gpu_label(g), g["model"], _mib(g["memory_mib"]), g] for g in whole]
     rows += [
-        [f"{m['node']}/gpu{index.get(m['gpu'], '?')}/{m['profile']}", m["model"],
-         _mib(m["memory_mib"]), m]
+        [m.get("label") or f"{m['node']}/gpu{index.get(m['gpu'], '?')}/{m['profile']}",
+         m["model"], _mib(m["memory_mib"]), m]
         for m in migs
     ]  # fmt: skip
     headers = ["DEVICE", "MODEL", "MEMORY", "UTIL", "MEM USED", "TEMP", "POWER", "PROCS"]

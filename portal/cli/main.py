@@ -1,15 +1,18 @@
 """`gpu-portal`: arguments, the client, and one exit code per outcome (docs/cli.md)."""
 
+from __future__ import annotations
+
 import argparse
+import os
 import sys
 
-from . import __version__, account, commands, config, devices, output
+from . import __version__, account, commands, config, devices, output, sessions
 from .client import NOT_AUTHENTICATED, USAGE, Client, CliError
 
 EPILOG = """\
 exit codes: 0 ok, 1 refused or failed, 2 usage, 3 not authenticated, 4 not found,
 5 conflict (quota, no capacity, state), 6 portal busy or unreachable, 7 --wait timed out,
-8 --wait: the booking ended without starting.
+8 --wait: the booking ended without starting, 141 output closed (e.g. piped into head).
 The portal and token come from --url, GPU_PORTAL_URL, GPU_PORTAL_TOKEN, or the file
 `gpu-portal login` writes ($XDG_CONFIG_HOME/gpu-portal/config.json)."""
 
@@ -102,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-timeout", type=float, metavar="S", help="give up waiting after S s")
     p.add_argument("--interval", type=float, default=5.0, help="poll every S s (default 5)")
     p.add_argument("--idempotency-key", help="retrying with the same key submits once")
+    session = p.add_mutually_exclusive_group()
+    session.add_argument(
+        "--jupyter", action="store_true", help="a JupyterLab session (open it with `open ID`)"
+    )
+    session.add_argument("--terminal", action="store_true", help="a terminal session")
 
     p = add("estimate", "when would it start if submitted now? (writes nothing)", commands.estimate)
     _booking_options(p)
@@ -134,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--model")
     p.add_argument("-n", "--node")
 
+    p = add(
+        "open", "wait for an interactive booking's session, then open it", sessions.open_session
+    )
+    p.add_argument("id", type=int)
+    p.add_argument(
+        "--print", dest="print_only", action="store_true", help="print the URL, open no browser"
+    )
+    p.add_argument("--wait-timeout", type=float, default=300.0, metavar="S", help="default 300")
+    p.add_argument("--interval", type=float, default=3.0, help="poll every S s (default 3)")
+
     p = add("logs", "a batch booking's output", commands.logs)
     p.add_argument("id", type=int)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
@@ -155,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`gpu-portal queue | head`): stop quietly, as cat or ls do. Python
+        # would report the pipe again when it flushes stdout at exit, so point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _run(parser: argparse.ArgumentParser, args) -> int:

@@ -1,9 +1,14 @@
 """Human output: aligned plain-text tables, times and durations. --json bypasses all of this."""
 
+from __future__ import annotations
+
 import json
 import re
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
+
+# datetime.UTC is 3.11+; the client runs on Python 3.8 and later.
+UTC = timezone.utc
 
 # Set from --utc by main(); local time otherwise.
 USE_UTC = False
@@ -19,8 +24,7 @@ def table(headers: list[str], rows: list[list]) -> str:
     lines = [list(headers)] + [[_cell(v) for v in row] for row in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in lines
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines
     )
 
 

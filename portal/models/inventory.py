@@ -105,6 +105,12 @@ class Gpu(models.Model):
         return f"{self.node.hostname}/gpu{self.index}"
 
 
+def mig_label(*, hostname: str, gpu_index: int, profile: str, placement_start: int) -> str:
+    """A MIG slice's name: its GPU, its profile and the first compute slice it holds, so two
+    slices of one profile on one GPU (1g.10gb twice) are told apart: gpu-a03/gpu4/1g.10gb@5."""
+    return f"{hostname}/gpu{gpu_index}/{profile}@{placement_start}"
+
+
 class MigInstance(models.Model):
     """A MIG slice of a GPU in MIG mode (e.g. 3g.40gb); each one is a bookable device.
 
@@ -136,7 +142,12 @@ class MigInstance(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.gpu}/{self.profile}"
+        return mig_label(
+            hostname=self.gpu.node.hostname,
+            gpu_index=self.gpu.index,
+            profile=self.profile,
+            placement_start=self.placement_start,
+        )
 
     @property
     def fraction(self) -> float:

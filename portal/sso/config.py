@@ -1,8 +1,8 @@
 """Sign-in settings from the environment: which ways to sign in are on, and how each is set up.
 
 Read once by portal/settings.py. OpenID Connect is on when OIDC_RP_CLIENT_ID is set, LDAP when
-LDAP_SERVER_URI is set; python-ldap and django-auth-ldap are imported only then, so a site
-without LDAP needs neither installed.
+LDAP_SERVER_URI is set; ldap3 is imported only then, so a site without LDAP needs it not
+installed.
 """
 
 from collections.abc import Callable
@@ -94,7 +94,7 @@ def oidc_settings(env: Env) -> dict:
 
 
 def ldap_settings(env: Env) -> dict:
-    """django-auth-ldap's AUTH_LDAP_* settings from the LDAP_* variables."""
+    """The LDAP_* settings portal.sso.ldap_backend reads, checked."""
     uri = _read(env, "LDAP_SERVER_URI", "")
     if not uri:
         return {"LDAP_ENABLED": False}
@@ -110,31 +110,25 @@ def ldap_settings(env: Env) -> dict:
             f"LDAP_GROUP_TYPE={group_type!r}: expected one of {', '.join(LDAP_GROUP_TYPES)}"
         )
     try:
-        import ldap
-        from django_auth_ldap import config
+        import ldap3  # noqa: F401
     except ImportError:
         raise SettingError(
-            "LDAP_SERVER_URI is set but python-ldap / django-auth-ldap are not installed: "
-            "pip install 'gpu-portal[ldap]'."
+            "LDAP_SERVER_URI is set but ldap3 is not installed: pip install 'gpu-portal[ldap]'."
         ) from None
-    group_class = {
-        "groupOfNames": config.GroupOfNamesType,
-        "groupOfUniqueNames": config.GroupOfUniqueNamesType,
-        "posixGroup": config.PosixGroupType,
-    }[group_type]
     user_filter = _read(env, "LDAP_USER_SEARCH_FILTER", "(uid=%(user)s)")
+    if "%(user)s" not in user_filter:
+        raise SettingError(
+            f"LDAP_USER_SEARCH_FILTER={user_filter!r}: expected a filter with %(user)s in it"
+        )
     return {
         "LDAP_ENABLED": True,
-        "AUTH_LDAP_SERVER_URI": uri,
-        "AUTH_LDAP_BIND_DN": _read(env, "LDAP_BIND_DN", ""),
-        "AUTH_LDAP_BIND_PASSWORD": env("LDAP_BIND_PASSWORD", ""),
-        "AUTH_LDAP_START_TLS": _bool(env, "LDAP_START_TLS", False),
-        "AUTH_LDAP_USER_SEARCH": config.LDAPSearch(user_base, ldap.SCOPE_SUBTREE, user_filter),
-        "AUTH_LDAP_GROUP_SEARCH": config.LDAPSearch(
-            group_base, ldap.SCOPE_SUBTREE, f"(objectClass={group_type})"
-        ),
-        "AUTH_LDAP_GROUP_TYPE": group_class(name_attr="cn"),
-        "AUTH_LDAP_USER_ATTR_MAP": {"first_name": "givenName", "last_name": "sn", "email": "mail"},
-        "AUTH_LDAP_ALWAYS_UPDATE_USER": True,
-        "AUTH_LDAP_CONNECTION_OPTIONS": {ldap.OPT_NETWORK_TIMEOUT: 10, ldap.OPT_TIMEOUT: 10},
+        "LDAP_SERVER_URI": uri,
+        "LDAP_BIND_DN": _read(env, "LDAP_BIND_DN", ""),
+        "LDAP_BIND_PASSWORD": env("LDAP_BIND_PASSWORD", ""),
+        "LDAP_START_TLS": _bool(env, "LDAP_START_TLS", False),
+        "LDAP_USER_SEARCH_BASE": user_base,
+        "LDAP_USER_SEARCH_FILTER": user_filter,
+        "LDAP_GROUP_SEARCH_BASE": group_base,
+        "LDAP_GROUP_TYPE": group_type,
+        "LDAP_TIMEOUT_S": 10,
     }

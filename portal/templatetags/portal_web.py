@@ -84,7 +84,7 @@ def meter(reading, key: str = "utilization_gpu") -> str:
 
 @register.filter
 def duration(value) -> str:
-    """A timedelta or seconds as '2 d 3 h', '3 h 20 min' or '5 min'."""
+    """A timedelta or seconds as '2 d 3 h', '3 h 20 min', '5 min' or, under a minute, '31 s'."""
     if value is None or value == "":
         return "—"
     seconds = int(value.total_seconds() if isinstance(value, timedelta) else value)
@@ -95,7 +95,7 @@ def duration(value) -> str:
         return f"{days} d {hours} h" if hours else f"{days} d"
     if hours:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    return f"{minutes} min"
+    return f"{minutes} min" if minutes else f"{rest} s"
 
 
 @register.filter

@@ -11,7 +11,11 @@ from portal.services.access import login_throttle
 from portal.services.booking import booking_bounds
 from portal.services.inventory import selectors as inventory
 
-DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
+# Times are typed as UTC in 24-hour form; a browser's datetime-local picker would show the
+# viewer's locale (12-hour with AM/PM in many) on pages that say UTC. The T form is what links
+# from the calendar carry.
+DATETIME_UTC = "%Y-%m-%d %H:%M"
+DATETIME_INPUTS = [DATETIME_UTC, "%Y-%m-%dT%H:%M"]
 # Service field names that the form shows under another name.
 SERVICE_TO_FORM_FIELD = {"duration_s": "duration_hours", "by_s": "by_hours"}
 
@@ -43,11 +47,20 @@ class ThrottledAdminAuthenticationForm(ThrottledLoginMixin, AdminAuthenticationF
     pass
 
 
-class DateTimeLocalInput(forms.DateTimeInput):
-    input_type = "datetime-local"
+class UtcDateTimeInput(forms.DateTimeInput):
+    """A text box for 'YYYY-MM-DD HH:MM' (UTC, 24-hour), the same in every browser and locale."""
+
+    input_type = "text"
 
     def __init__(self, **kwargs):
-        super().__init__(format=DATETIME_LOCAL, **kwargs)
+        attrs = {
+            "placeholder": "YYYY-MM-DD HH:MM",
+            "pattern": r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}",
+            "inputmode": "numeric",
+            "autocomplete": "off",
+            "size": 16,
+        }
+        super().__init__(format=DATETIME_UTC, attrs=attrs, **kwargs)
 
 
 class AccessibleForm(forms.Form):
@@ -101,10 +114,18 @@ class BookForm(AccessibleForm):
         min_value=0.02, initial=4, required=False, label="Duration (hours)"
     )
     start = forms.DateTimeField(
-        required=False, widget=DateTimeLocalInput(), input_formats=[DATETIME_LOCAL]
+        required=False,
+        widget=UtcDateTimeInput(),
+        input_formats=DATETIME_INPUTS,
+        label="Start (UTC)",
+        help_text="24-hour, e.g. 2030-01-01 09:00",
     )
     end = forms.DateTimeField(
-        required=False, widget=DateTimeLocalInput(), input_formats=[DATETIME_LOCAL]
+        required=False,
+        widget=UtcDateTimeInput(),
+        input_formats=DATETIME_INPUTS,
+        label="End (UTC)",
+        help_text="24-hour, e.g. 2030-01-01 17:00",
     )
     qos = forms.ChoiceField(choices=Qos.choices, initial=Qos.NORMAL, label="QOS")
     preemptible = forms.BooleanField(

@@ -18,6 +18,7 @@ from portal.models import (
     NodeRun,
     ProcessUsage,
 )
+from portal.models.inventory import mig_label
 from portal.services.booking.selectors import visible_bookings
 from portal.services.inventory import selectors as inventory
 from portal.services.inventory.telemetry_cache import latest_by_uuid
@@ -62,6 +63,11 @@ class DeviceRow:
     booking: Booking | None = None
     reading: dict | None = None
     children: list = field(default_factory=list)
+
+    @property
+    def short_label(self) -> str:
+        """The label without its node and GPU: a MIG slice's `1g.10gb@5` under its GPU's row."""
+        return self.label.rsplit("/", 1)[-1]
 
     @property
     def state_label(self) -> str:
@@ -169,7 +175,12 @@ def _mig_row(
     return _row(
         gpu,
         uuid=mig.uuid,
-        label=f"{gpu.node.hostname}/gpu{gpu.index}/{mig.profile}",
+        label=mig_label(
+            hostname=gpu.node.hostname,
+            gpu_index=gpu.index,
+            profile=mig.profile,
+            placement_start=mig.placement_start,
+        ),
         profile=mig.profile,
         memory_mib=mig.memory_mib,
         mig_id=mig.pk,
@@ -467,7 +478,7 @@ def device_labels(uuids: set[str]) -> dict[str, str]:
         for g in Gpu.objects.filter(uuid__in=uuids).select_related("node")
     }
     for m in MigInstance.objects.filter(uuid__in=uuids).select_related("gpu__node"):
-        labels[m.uuid] = f"{m.gpu.node.hostname}/gpu{m.gpu.index}/{m.profile}"
+        labels[m.uuid] = str(m)
     return labels
 
 

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from portal.web import actions, notify, overview_page, tokens, views
+from portal.web import actions, mail, notify, overview_page, tokens, views
 
 urlpatterns = [
     path("", overview_page.overview, name="overview"),
@@ -16,6 +16,8 @@ urlpatterns = [
     path("favicon.ico", views.favicon, name="favicon"),
     path("queue/", views.queue, name="queue"),
     path("staff/", views.staff_panel, name="staff"),
+    path("staff/mail/", mail.mail_list, name="staff-mail"),
+    path("staff/mail/<str:name>/", mail.mail_detail, name="staff-mail-detail"),
     path("gpus/<int:gpu_id>/", views.gpu_detail, name="gpu-detail"),
     path("projects/<slug:slug>/", views.project_detail, name="project"),
     path("accounting/", views.accounting, name="accounting"),

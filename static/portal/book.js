@@ -41,8 +41,8 @@
     }
     if (value("when") === "window") {
       if (!value("start") || !value("end")) return null;
-      body.start = value("start") + ":00Z";
-      body.end = value("end") + ":00Z";
+      body.start = value("start").trim().replace(" ", "T") + ":00Z";
+      body.end = value("end").trim().replace(" ", "T") + ":00Z";
     } else {
       var hours = parseFloat(value("duration_hours"));
       if (!hours) return null;

@@ -182,3 +182,22 @@ def test_it_reconnects_the_push_websocket_and_asks_for_a_resync():
         server.shutdown()
     assert len(connects) >= 3  # every reconnect asks the agent to register and pull again
     assert pushes[:2] == [5, 5]
+
+
+def test_it_warns_only_once_the_portal_has_failed_for_a_while(portal, make_agent, caplog):
+    clock = [0.0]
+    agent = make_agent(clock=lambda: clock[0])
+    agent.handle_one_cycle()
+    portal.status_override = 503
+    caplog.set_level("INFO", logger="agents.agent")
+    for _ in range(3):  # a blip: a portal restarting, or stopping before its agents
+        clock[0] += 3
+        agent.handle_one_cycle()
+    assert [r.levelname for r in caplog.records if "portal request failed" in r.message] == [
+        "INFO"
+    ] * 3
+    caplog.clear()
+    clock[0] += 5  # failing for 11 s now
+    agent.handle_one_cycle()
+    (warning,) = [r for r in caplog.records if "portal request failed" in r.message]
+    assert warning.levelname == "WARNING" and "for 11 s" in warning.message

@@ -293,3 +293,21 @@ def test_it_mails_about_a_gpu_whose_stored_model_has_a_line_break(
     (mail,) = smtp
     assert "\n" not in mail["Subject"] and mail["Bcc"] is None
     assert Delivery.objects.get(channel="email").status == "sent"
+
+
+def test_it_says_a_command_that_exited_ended_the_booking_not_its_end_time(
+    smtp, started, django_capture_on_commit_callbacks
+):
+    from portal.models import Booking
+
+    Booking.objects.filter(pk=started.pk).update(
+        state="finished",
+        command="python train.py",
+        exit_code=0,
+        state_detail="command exited with code 0",
+    )
+    _record(started, "finished", django_capture_on_commit_callbacks)
+    (mail,) = smtp
+    text = mail.get_body(("plain",)).get_content()
+    assert "Your booking ended: its command exited with code 0." in text
+    assert "reached its end time" not in text

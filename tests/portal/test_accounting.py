@@ -139,6 +139,22 @@ def test_it_exports_the_same_report_as_csv(ledger):
     ]
 
 
+def test_it_exports_a_period_without_usage_as_a_header_row(ledger):
+    t0, staff, _ = ledger
+    client = Client()
+    client.force_login(staff)
+    quiet = {
+        "from": (t0 - timedelta(days=30)).isoformat(),
+        "to": (t0 - timedelta(days=29)).isoformat(),
+    }
+    response = client.get("/api/v1/accounting/", _query(t0, format="csv", group_by="user", **quiet))
+
+    assert response.status_code == 200
+    assert response.content.decode() == (
+        "user,bookings,gpu_hours,energy_kwh,mean_utilization,peak_memory_mib\n"
+    )
+
+
 def test_it_groups_by_user_and_by_booking(ledger):
     t0, staff, _ = ledger
     client = Client()

@@ -64,7 +64,7 @@ def test_it_places_a_mig_reservation_on_a_matching_slice(api, project, db):
     make_mig_gpu(node, 0)
     response = _reserve(api, gpus=None, mig_profile="2g.20gb")
     assert response.status_code == 201, response.json()
-    assert response.json()["devices"][0]["device"].endswith("2g.20gb")
+    assert response.json()["devices"][0]["device"] == "mig-node/gpu0/2g.20gb@3"
     assert Allocation.objects.get().fraction == pytest.approx(2 / 7)
 
 
@@ -459,3 +459,14 @@ def test_it_asks_for_a_model_when_the_quota_allows_several(api, project, db):
     assert response.status_code == 400
     assert "pick one" in error_of(response)["fields"]["gpu_model"]
     assert Booking.objects.count() == 0
+
+
+def test_it_shows_a_mig_booking_with_null_gpus_in_detail_and_list(api, project, db):
+    gpu = make_mig_gpu(make_node("mig-node", gpus=0), 0)
+    assert gpu.mig_instances.exists()
+    booking = _reserve(api, gpus=None, mig_profile="3g.40gb").json()
+
+    assert booking["gpus"] is None and booking["mig_profile"] == "3g.40gb"
+    assert api.get(f"/api/v1/bookings/{booking['id']}/").json()["gpus"] is None
+    (listed,) = api.get("/api/v1/bookings/").json()["results"]
+    assert listed["gpus"] is None

@@ -301,3 +301,74 @@ def test_it_stops_its_agents_and_their_jobs_when_up_is_stopped(embedded_portal, 
 def _with_job(found: dict[int, str]) -> dict[int, str] | None:
     """The descendants once the job (`sleep 600` twice) runs among them."""
     return found if sum("sleep 600" in command(pid) for pid in found) >= 2 else None
+
+
+# The demo's console keeps to the banner: a short session of `manage.py up` (agents register, the
+# demo's queue runs, a visitor's batch command runs, mails go out), then `up` stops; the console
+# holds the seed line and the banner, nothing else.
+BANNER_LINES = 4  # "Demo ready: ...", then the three lines of the banner
+
+
+@pytest.fixture
+def quiet_env(monkeypatch):
+    # The console as a user sees it: no LOG_LEVEL of the test run's own.
+    monkeypatch.delenv("LOG_LEVEL", raising=False)
+
+
+def test_it_keeps_the_console_of_a_demo_session_to_the_banner(quiet_env, embedded_portal):
+    base, log_path = embedded_portal
+    token = _json(f"{base}/api/v1/auth/token/", {"username": "admin", "password": DEMO_PASSWORD})[
+        "token"
+    ]
+    # The demo opens with its queue once the agents have registered.
+    queue = _wait(
+        lambda: (
+            (rows := _rows(f"{base}/api/v1/bookings/?state=pending&state=active", token))
+            and sum(b["state"] == "pending" for b in rows) >= 2
+            and rows
+        ),
+        90,
+        "the demo's queue",
+    )
+    assert any(b["state"] == "active" for b in queue)
+    assert len({b["pending_reason"] for b in queue if b["state"] == "pending"}) == 2
+    bob = _json(f"{base}/api/v1/auth/token/", {"username": "bob", "password": DEMO_PASSWORD})
+    _json(
+        f"{base}/api/v1/bookings/",
+        {"gpus": 1, "gpu_model": "A100-80GB", "duration_s": 600, "command": "echo done"},
+        bob["token"],
+    )
+    _wait(
+        lambda: _rows(f"{base}/api/v1/bookings/?state=finished", token),
+        60,
+        "the batch command to run",
+    )
+    mail = log_path.parent / "var" / "mail"
+    _wait(lambda: len(os.listdir(mail)) >= 4, 30, "the demo's mails in their folder")
+    up_pid = int(log_path.with_name("up.pid").read_text())
+    os.killpg(up_pid, 15)
+    _wait(lambda: "Traceback" in log_path.read_text() or _gone(up_pid), 30, "up to stop")
+
+    console = [line for line in log_path.read_text().splitlines() if line.strip()]
+    assert len(console) == BANNER_LINES, "\n".join(console)
+    assert console[0].startswith("Demo ready:") and console[1].startswith("GPU Portal running at")
+
+
+def _rows(url: str, token: str) -> list:
+    """The list's results; none while the portal answers busy (503, retry), as it may while
+    the demo's queue is being made on SQLite."""
+    try:
+        return _json(url, token=token)["results"]
+    except AssertionError as exc:
+        if str(exc).startswith("503 "):
+            return []
+        raise
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+        os.kill(pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        return True
+    return False

@@ -29,9 +29,11 @@ def _compose() -> dict:
 def test_it_defines_every_production_service():
     services = _compose()["services"]
     assert set(services) == {
-        "postgres", "redis", "migrate", "web", "pass-worker", "worker", "beat", "simnode"
+        "postgres", "redis", "migrate", "web", "pass-worker", "worker", "beat", "proxy", "simnode",
+        "agent"
     }  # fmt: skip
     assert services["simnode"]["profiles"] == ["demo"]  # only with --profile demo
+    assert services["agent"]["profiles"] == ["agent"]
 
 
 def test_it_migrates_once_before_web_worker_and_beat_start():

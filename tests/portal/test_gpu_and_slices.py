@@ -180,3 +180,21 @@ def test_it_offers_no_device_that_shares_compute_slices_with_a_held_one():
     assert free == 1
     Gpu.objects.filter(pk=held.gpu_id).update(mig_mode=False)  # the GPU leaves MIG mode
     assert devices_for_window(gpus=1, **window) == (None, 0)  # not while a slice of it is held
+
+
+def test_it_tells_two_slices_of_one_profile_on_one_gpu_apart(api):
+    from tests.factories import GpuFactory
+
+    gpu = GpuFactory(node=make_node("mig-node", gpus=0), index=0, mig_mode=True)
+    for profile, slices, start in (("3g.40gb", 3, 0), ("1g.10gb", 1, 5), ("1g.10gb", 1, 6)):
+        MigInstanceFactory(
+            gpu=gpu, profile=profile, slices=slices, placement_start=start, memory_mib=10240
+        )
+    labels = sorted(str(m) for m in MigInstance.objects.all())
+    assert labels == [
+        "mig-node/gpu0/1g.10gb@5",
+        "mig-node/gpu0/1g.10gb@6",
+        "mig-node/gpu0/3g.40gb@0",
+    ]
+    listed = [m["label"] for m in api.get("/api/v1/mig-instances/").json()["results"]]
+    assert sorted(listed) == labels

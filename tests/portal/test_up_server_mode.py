@@ -28,6 +28,7 @@ def no_servers(monkeypatch):
     monkeypatch.setattr(up, "_start_celery", lambda: started.append("celery") or [])
     monkeypatch.setattr(up, "serve", lambda **kwargs: started.append("web"))
     monkeypatch.setattr(up, "_when_listening", lambda host, port, then: then())
+    monkeypatch.setattr(up, "_demo_queue", lambda: None)  # it waits for agents that never come
     # The signal handlers would outlive the command in this process (pytest's own Ctrl-C).
     monkeypatch.setattr(up, "_stop_on_signals", lambda children: None)
     monkeypatch.setattr(

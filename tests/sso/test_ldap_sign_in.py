@@ -91,3 +91,11 @@ def test_it_signs_directory_users_in_with_local_login_off(client, settings, ldap
     )
     assert ok.status_code in (200, 201) and "token" in ok.json()
     assert refused.status_code in (400, 401, 403)
+
+
+def test_it_matches_the_username_literally_in_the_search_filter(client, ldap):
+    # Unescaped, "len*" would find lena's entry and bind with her password.
+    response = _sign_in(client, "len*")
+
+    assert response.status_code == 200
+    assert not User.objects.filter(username__startswith="len").exists()

@@ -56,3 +56,13 @@ def test_it_wants_the_ldap_search_bases_and_a_known_group_type():
             LDAP_GROUP_SEARCH_BASE="ou=groups,dc=x",
             LDAP_GROUP_TYPE="nisNetgroup",
         )
+
+
+def test_it_wants_the_user_placeholder_in_the_ldap_search_filter():
+    with pytest.raises(SettingError, match="LDAP_USER_SEARCH_FILTER"):
+        _settings(
+            LDAP_SERVER_URI="ldap://127.0.0.1",
+            LDAP_USER_SEARCH_BASE="ou=people,dc=x",
+            LDAP_GROUP_SEARCH_BASE="ou=groups,dc=x",
+            LDAP_USER_SEARCH_FILTER="(uid=everyone)",
+        )

@@ -42,6 +42,7 @@ USER_PAGES = [
 ]
 STAFF_PAGES = [
     ("staff", "/staff/"),
+    ("staff-mail", "/staff/mail/"),
     ("staff-queue", "/queue/"),
     ("staff-audit", "/audit/"),
     ("staff-notification-settings", "/settings/notifications/"),  # node alerts too

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from portal.models import Booking
-from portal.templatetags.portal_web import when
+from portal.templatetags.portal_web import duration, when
 from tests.factories import BookingFactory
 
 
@@ -62,3 +62,10 @@ def test_it_shows_a_pending_bookings_length_as_asked_and_this_years_dates_withou
     submitted = timezone.localtime(now)
     assert f"{submitted:%-d %b %H:%M} UTC" in page
     assert f"{submitted:%-d %b %Y}" not in page
+
+
+def test_it_shows_a_run_under_a_minute_in_seconds_not_as_0_min():
+    assert duration(31) == "31 s"
+    assert duration(timedelta(seconds=59)) == "59 s"
+    assert duration(60) == "1 min"
+    assert duration(3660) == "1 h 1 min"

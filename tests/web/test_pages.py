@@ -379,7 +379,33 @@ def test_it_charts_a_custom_range_with_the_bookings_on_the_gpu_shaded(
     )
     start = (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M")
     page = client_in.get(f"/gpus/{gpu.pk}/", {"range": "custom", "from": start}).content.decode()
-    assert f'name="from" value="{start}"' in page
+    # Shown back as UTC in 24-hour form, whichever form it came in.
+    assert f'name="from" value="{start.replace("T", " ")}"' in page
     assert '"shapes": [{"type": "rect"' in page and f"#{booking.pk} alice" in page
     bad = client_in.get(f"/gpus/{gpu.pk}/", {"range": "custom", "from": "soon"})
     assert bad.status_code == 200 and "From and to are dates and times." in bad.content.decode()
+
+
+def test_it_asks_for_times_as_utc_24_hour_text_not_a_locale_picker(client_in, project, cluster):
+    page = client_in.get("/book/").content.decode()
+    assert "datetime-local" not in page
+    assert 'name="start"' in page and 'placeholder="YYYY-MM-DD HH:MM"' in page
+    assert "Start (UTC)" in page and "24-hour" in page
+    gpu_page = client_in.get(f"/gpus/{cluster[0].gpus.first().pk}/").content.decode()
+    assert "datetime-local" not in gpu_page and "From (UTC)" in gpu_page
+
+    start = (timezone.now() + timedelta(hours=1)).replace(second=0, microsecond=0)
+    response = client_in.post(
+        "/book/",
+        {
+            "project": "vision",
+            "kind": "gpus",
+            "gpus": "1",
+            "when": "window",
+            "start": start.strftime("%Y-%m-%d %H:%M"),
+            "end": (start + timedelta(hours=2)).strftime("%Y-%m-%d %H:%M"),
+            "qos": "normal",
+        },
+    )
+    assert response.status_code == 302
+    assert Booking.objects.get().start == start

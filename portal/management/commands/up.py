@@ -14,6 +14,7 @@ import contextlib
 import getpass
 import json
 import logging
+import logging.config
 import os
 import signal
 import socket
@@ -30,7 +31,14 @@ from django.db import DatabaseError, OperationalError, close_old_connections, co
 
 from portal.management.commands.serve import serve, web_workers
 from portal.services.fleet.nodes import node_token_issue
-from portal.services.reporting.demo import DEMO_NODES, DEMO_PASSWORD, DEMO_USERS, demo_site_id
+from portal.services.reporting.demo import (
+    DEMO_NODES,
+    DEMO_PASSWORD,
+    DEMO_USERS,
+    demo_nodes_up,
+    demo_queue_seed,
+    demo_site_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,8 @@ class Command(BaseCommand):
             # and the banner is the last thing on the console: what to open, and the logins.
             if not no_demo:
                 children.add(lambda: _start_agents(url))
+                if not settings.REDIS_URL:  # the embedded demo (server mode: see _demo_queue)
+                    threading.Thread(target=_demo_queue, name="demo-queue", daemon=True).start()
             self._banner(url, no_demo)
 
         _when_listening(host, port, listening)
@@ -94,20 +104,33 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS("\n".join(lines)))
 
 
+_LOG_LEVEL_GIVEN = False
+
+
 def _quiet_console() -> None:
     """Keep `up`'s console to warnings unless LOG_LEVEL asks for more.
 
     Request logs (uvicorn's access log is off; Django's "Not Found" lines are request-level) and
     the periodic jobs' "task succeeded" lines would bury the banner and any real warning.
+    The levels go into LOGGING as well as onto the loggers: Celery's Django fixup configures
+    logging from LOGGING again when it loads the tasks, which resets levels set only in code.
     """
-    if "LOG_LEVEL" not in os.environ:
-        logging.getLogger().setLevel(logging.WARNING)
-        logging.getLogger("django.request").setLevel(logging.ERROR)
+    global _LOG_LEVEL_GIVEN
+    _LOG_LEVEL_GIVEN = "LOG_LEVEL" in os.environ
+    quiet = {}
+    if not _LOG_LEVEL_GIVEN:
+        # In the environment too, for the children (agents, Celery, web workers).
+        os.environ["LOG_LEVEL"] = "WARNING"
+        settings.LOGGING["root"]["level"] = "WARNING"
         # Celery sets its task-trace logger to INFO itself: one line per finished periodic job.
-        logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
+        quiet |= {"django.request": "ERROR", "celery.app.trace": "WARNING"}
     if not settings.REDIS_URL:
         # The embedded in-memory broker has no host name; kombu warns about that on every task.
-        logging.getLogger("kombu.connection").setLevel(logging.ERROR)
+        quiet["kombu.connection"] = "ERROR"
+    loggers = settings.LOGGING.setdefault("loggers", {})
+    for name, level in quiet.items():
+        loggers[name] = {"level": level}
+    logging.config.dictConfig(settings.LOGGING)
 
 
 def _when_listening(host: str, port: int, then) -> None:
@@ -232,10 +255,39 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             "--stop-jobs-on-exit",
             str(_AGENT_JOBS_GRACE_S),
             "--log-level",
-            "WARNING",
+            _agent_log_level(),
         ]
         children.append(_child(command, env=env))
     return children
+
+
+def _agent_log_level() -> str:
+    """The simulated agents' level: errors only, unless LOG_LEVEL was given to `up`. Their
+    warnings are about the demo machine, not a site (jobs unconfined when `up` is not root,
+    events left unsent when `up` stops the portal before them)."""
+    return os.environ["LOG_LEVEL"] if _LOG_LEVEL_GIVEN else "ERROR"
+
+
+def _demo_queue(timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
+    """Once the demo's agents have registered, give the demo its queue (running, waiting, a
+    reservation; portal.services.reporting.demo), unless the queue of an earlier start waits.
+
+    Embedded mode only for now: in server mode the Celery worker reported delivery_send tasks
+    for deliveries it could not find right after the queue was made, not yet understood."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not demo_nodes_up():
+            if time.monotonic() > deadline:
+                log.warning(
+                    "demo nodes not up after %d s: the demo starts without a queue", timeout_s
+                )
+                return
+            time.sleep(poll_s)
+        demo_queue_seed()
+    except Exception:  # the demo's queue is a nicety; the portal serves without it
+        log.exception("could not seed the demo's queue")
+    finally:
+        close_old_connections()
 
 
 def _start_celery() -> list[subprocess.Popen]:
@@ -441,15 +493,17 @@ def _stop(children: list[subprocess.Popen]) -> None:
 
 
 def notify_defaults(url: str, *, demo: bool) -> None:
-    """Links in messages point at this server unless SITE_URL says otherwise; the demo turns
-    idle reclaim on (short windows, so it shows). Set here and in the environment, so the Celery
+    """Links in messages point at this server unless SITE_URL says otherwise, mail is kept in
+    EMAIL_FILE_PATH unless EMAIL_BACKEND says otherwise; the demo turns idle reclaim on (short
+    windows, so it shows). Set here and in the environment, so the Celery
     processes started next agree."""
     import socket
 
     host = url.split("//", 1)[1].rsplit(":", 1)[0]
     if host in ("0.0.0.0", "[::]", "::"):  # listening everywhere: name this machine instead
         url = url.replace(host, socket.getfqdn(), 1)
-    defaults = {"SITE_URL": url}
+    # Mail goes to a folder (listed at /staff/mail/), not whole MIME messages on the console.
+    defaults = {"SITE_URL": url, "EMAIL_BACKEND": "portal.mailbox.FolderEmailBackend"}
     if demo:
         defaults |= {"IDLE_RECLAIM_ENABLED": "1", "IDLE_MINUTES": "10", "IDLE_GRACE_MINUTES": "5"}
     for name, value in defaults.items():

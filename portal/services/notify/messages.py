@@ -168,12 +168,19 @@ _ENDED_HOW = {
 }
 
 
+def _ended_how(b: Booking, what: str | None) -> str:
+    """How it ended; a batch command that exited on its own says so, not "reached its end"."""
+    if what == "finished" and b.command and b.state_detail.startswith("command "):
+        return f"ended: its {b.state_detail}"
+    return _ENDED_HOW.get(what, "ended")
+
+
 def _ended(b: Booking, ctx: dict) -> Message:
     usage = booking_usage(b)
     util = usage["mean_utilization"]
     return Message(
         f"Booking {b.pk} ended: {usage['gpu_hours']:g} GPU-hours",
-        f"Your booking {_ENDED_HOW.get(ctx.get('what'), 'ended')}.",
+        f"Your booking {_ended_how(b, ctx.get('what'))}.",
         facts=[
             ("GPU-hours used", f"{usage['gpu_hours']:g}"),
             ("Mean utilization", "not measured" if util is None else f"{util:g} %"),

@@ -160,6 +160,11 @@ def _held(since: datetime, until: datetime, now: datetime, user):
     )
 
 
+def report_columns(group_by: str) -> list[str]:
+    """The names of a report row's fields, in order (a CSV header even when no row has usage)."""
+    return list(Line(key="").as_dict(group_by))
+
+
 def report_totals(rows: list[dict]) -> dict:
     """The report's sums (GPU-hours, energy, bookings)."""
     return {

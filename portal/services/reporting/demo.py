@@ -1,12 +1,19 @@
-"""The seeded demo: users, two projects with quotas, three simulated nodes of 8 GPUs."""
+"""The seeded demo: users, two projects with quotas, three simulated nodes of 8 GPUs, and a queue
+(some bookings running, some waiting for different reasons, a reservation later on)."""
 
 import secrets
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
-from portal.models import Membership, Project, Quota
+from portal.models import Booking, Membership, Node, Project, Quota
+from portal.services.allocation.allocation import allocation_pass
+from portal.services.booking.bookings import booking_submit
 from portal.services.fleet.nodes import node_inventory_from_spec
 
 DEMO_PASSWORD = "gpu-demo-2026"
@@ -103,3 +110,85 @@ def _user(username: str, first_name: str, staff: bool):
         user.set_password(DEMO_PASSWORD)
         user.save()
     return user
+
+
+# The queue the demo opens with: (user, project, request). Running ones hold their devices with a
+# command that keeps them busy (so idle reclaim, on in the demo, leaves them be); the rest wait.
+# With the quotas above: alice's second H100 booking waits for devices (resources); carol's
+# A100s would fit now but vision would hold 14 of its 12 GPUs (quota).
+DEMO_RUNNING = [
+    ("alice", "vision", {"gpus": 6, "gpu_model": "H100-80GB", "duration_s": 4 * 3600}),
+    ("bob", "nlp", {"gpus": 4, "gpu_model": "A100-80GB", "duration_s": 3 * 3600}),
+    ("bob", "nlp", {"mig_profile": "3g.40gb", "duration_s": 2 * 3600}),
+]
+DEMO_WAITING = [
+    ("alice", "vision", {"gpus": 4, "gpu_model": "H100-80GB", "duration_s": 3600}),
+    ("carol", "vision", {"gpus": 8, "gpu_model": "A100-80GB", "duration_s": 2 * 3600}),
+]
+# A reservation of two A100s, starting this long after the demo's queue is made, for two hours.
+DEMO_RESERVATION_IN = timedelta(hours=2)
+DEMO_WAITS = (Booking.State.PENDING, Booking.State.PLANNED)
+# The demo's own bookings carry this idempotency key prefix (a visitor's never do).
+DEMO_KEY = "demo-queue-"
+
+
+def demo_queue_seed(*, clock: Callable[[], datetime] = timezone.now) -> list[int]:
+    """Submit the demo's queue unless the last one still has bookings waiting (a restart of `up`
+    soon after finds the queue it left; one days later, when all of it has run, gets a new one).
+    Needs the demo nodes up (their agents registered) so the running ones start at once. The
+    ids of the bookings made; none when it left things be.
+
+    Each step reads `clock` afresh: the passes the submits ask for run at the time they run, and
+    a pass with an earlier time would see the devices just started as not started yet."""
+    seeded = Booking.objects.filter(idempotency_key__startswith=DEMO_KEY)
+    if seeded.filter(state__in=DEMO_WAITS).exists():
+        return []
+    users = [name for name, _, _ in DEMO_USERS]
+    people = {u.username: u for u in get_user_model().objects.filter(username__in=users)}
+    batch = f"{DEMO_KEY}{secrets.token_hex(4)}-"
+    made: list[int] = []
+
+    def submit(username: str, project: str, request: dict, *, busy: bool = False) -> None:
+        command = f"sleep {request['duration_s']}" if busy else ""
+        booking = booking_submit(
+            user=people[username],
+            now=clock(),
+            project=project,
+            command=command,
+            idempotency_key=f"{batch}{len(made)}",
+            **request,
+        )
+        made.append(booking.pk)
+
+    for entry in DEMO_RUNNING:
+        submit(*entry, busy=True)
+    _pass(clock)
+    start = _next_half_hour(clock() + DEMO_RESERVATION_IN)
+    submit(
+        "bob",
+        "nlp",
+        {"gpus": 2, "gpu_model": "A100-80GB", "start": start, "end": start + timedelta(hours=2)},
+    )
+    for entry in DEMO_WAITING:
+        submit(*entry)
+    _pass(clock)
+    return made
+
+
+def demo_nodes_up() -> bool:
+    """Whether every demo node's agent has registered (the node is up)."""
+    up = Node.objects.filter(hostname__in=list(DEMO_NODES), state=Node.State.UP).count()
+    return up == len(DEMO_NODES)
+
+
+def _pass(clock: Callable[[], datetime], attempts: int = 50) -> None:
+    # Another pass (the periodic one) may hold the pass lock a moment; this one must run.
+    for _ in range(attempts):
+        if allocation_pass(now=clock()).ran:
+            return
+        time.sleep(0.1)
+
+
+def _next_half_hour(moment: datetime) -> datetime:
+    moment = moment.replace(second=0, microsecond=0)
+    return moment + timedelta(minutes=(30 - moment.minute % 30) % 30)

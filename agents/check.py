@@ -1,0 +1,275 @@
+"""`python -m agents check`: what a site admin runs on a new node before registering it.
+
+It looks, changes nothing on the node, and prints one line per check ([ok], [warn], [fail] or
+[skip]) with details under it: the GPUs and MIG layout NVML reports, one reading, which job
+confinement works, which container runtimes exist, whether the session host is an address of
+this node, whether the portal answers with the node's token, and the user map. The exit status
+is the sum of the failed checks' codes (EXIT_CODES), 0 when none failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import pwd
+import shutil
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from agents import confine as confinement
+from agents.dispatch import DEFAULT_MIN_UID
+from agents.portal import AuthError, PortalError, PortalUnavailable
+
+# What failed -> its bit in the exit status (1 is an unexpected error, 2 bad usage).
+EXIT_CODES = {
+    "nvml": 4,
+    "reading": 8,
+    "confinement": 16,
+    "session host": 32,
+    "portal": 64,
+    "user map": 128,
+}
+RUNTIMES = ("apptainer", "singularity", "podman", "docker")
+
+
+@dataclass
+class Result:
+    """One check: its name, ok / warn / fail / skip, a summary and detail lines."""
+
+    name: str
+    status: str
+    summary: str
+    details: list[str] = field(default_factory=list)
+
+
+def container_runtimes(which: Callable[[str], str | None] = shutil.which) -> dict[str, str]:
+    """The container runtimes on PATH: name -> path."""
+    found = {name: which(name) for name in RUNTIMES}
+    return {name: path for name, path in found.items() if path}
+
+
+def check_nvml(backend) -> tuple[Result, list]:
+    try:
+        gpus = backend.discover()
+    except Exception as exc:  # no driver, no library, NVML errors: what a new node shows
+        return Result("nvml", "fail", f"cannot read the GPUs: {exc}"), []
+    if not gpus:
+        return Result("nvml", "fail", "NVML reports no GPU"), []
+    details = []
+    for gpu in gpus:
+        mig = f", MIG on: {len(gpu.mig_instances)} instance(s)" if gpu.mig_mode else ""
+        details.append(f"GPU {gpu.index}  {gpu.model}  {gpu.memory_total_mib} MiB  {gpu.uuid}{mig}")
+        for instance in gpu.mig_instances:
+            details.append(
+                f"    {instance.profile} ({instance.slices} slices, "
+                f"{instance.memory_total_mib} MiB)  {instance.uuid}"
+            )
+    slices = sum(len(g.mig_instances) for g in gpus)
+    summary = f"{len(gpus)} GPU(s)" + (f", {slices} MIG instance(s)" if slices else "")
+    return Result("nvml", "ok", summary, details), gpus
+
+
+def check_reading(backend, gpus: list) -> Result:
+    if not gpus:
+        return Result("reading", "skip", "no GPU to read")
+    try:
+        readings = backend.sample()
+    except Exception as exc:
+        return Result("reading", "fail", f"cannot sample the GPUs: {exc}")
+    expected = len(gpus) + sum(len(g.mig_instances) for g in gpus)
+    details = [_reading_line(r) for r in readings]
+    if len(readings) != expected:
+        summary = f"{len(readings)} reading(s) for {expected} device(s)"
+        return Result("reading", "fail", summary, details)
+    return Result("reading", "ok", f"{len(readings)} device(s) read", details)
+
+
+def _reading_line(reading) -> str:
+    def value(number, unit: str) -> str:
+        return "n/a" if number is None else f"{number:g}{unit}"
+
+    return (
+        f"{reading.uuid}: util {value(reading.utilization_gpu, ' %')}, memory "
+        f"{value(reading.memory_used_mib, '')}/{value(reading.memory_total_mib, ' MiB')}, "
+        f"{value(reading.temperature_c, ' C')}, {value(reading.power_w, ' W')}, "
+        f"{len(reading.processes)} process(es)"
+    )
+
+
+def check_confinement(mode: str, hostname: str) -> Result:
+    works = {}
+    for each in ("systemd", "cgroup"):
+        try:
+            works[each] = confinement.choose(each, agent=hostname).how
+        except confinement.ConfinementError as exc:
+            works[each] = f"no: {exc}"
+    details = [f"{name}: {how}" for name, how in works.items()]
+    try:
+        chosen = confinement.choose(mode, agent=hostname)
+    except confinement.ConfinementError as exc:
+        return Result("confinement", "fail", str(exc), details)
+    if isinstance(chosen, confinement.NoConfinement):
+        status = "ok" if mode == "off" else "warn"
+        summary = f"--confine {mode}: jobs unconfined (CUDA_VISIBLE_DEVICES only): {chosen.reason}"
+        return Result("confinement", status, summary, details)
+    return Result("confinement", "ok", f"--confine {mode}: {chosen.how}", details)
+
+
+def check_runtimes(which: Callable[[str], str | None] = shutil.which) -> Result:
+    found = container_runtimes(which)
+    if not found:
+        return Result("container runtimes", "ok", f"none found ({', '.join(RUNTIMES)})")
+    details = [f"{name}: {path}" for name, path in found.items()]
+    return Result("container runtimes", "ok", ", ".join(found), details)
+
+
+def check_session_host(host: str) -> Result:
+    name = "session host"
+    try:
+        family, *_, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind(address[:2] if family == socket.AF_INET else address)
+    except OSError as exc:
+        return Result(name, "fail", f"{host}: not an address of this node ({exc})")
+    if _loopback(host):
+        return Result(
+            name,
+            "warn",
+            f"{host}: loopback; only a portal on this machine reaches sessions there "
+            "(set --session-host to this node's address on the portal's network)",
+        )
+    return Result(name, "ok", f"{host}: sessions listen here; the portal must reach its ports")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def check_portal(portal, url: str | None) -> Result:
+    if not url:
+        return Result("portal", "skip", "no --portal given")
+    if portal is None:
+        return Result("portal", "fail", f"{url}: no node token (--token, --token-file)")
+    try:
+        desired = portal.get_desired()
+    except AuthError as exc:
+        return Result("portal", "fail", f"{url} refused the token: {exc}")
+    except PortalUnavailable as exc:
+        return Result("portal", "fail", f"{url} does not answer: {exc}")
+    except PortalError as exc:
+        return Result("portal", "fail", f"{url}: {exc}")
+    bookings = len(desired.bookings)
+    return Result("portal", "ok", f"{url} answers; token accepted ({bookings} active booking(s))")
+
+
+def check_user_map(path: str | None, load, min_uid: int) -> Result:
+    if not path:
+        return Result("user map", "ok", "none: portal usernames run as the Unix user of that name")
+    try:
+        mapping = load(path)
+    except (OSError, ValueError) as exc:
+        return Result("user map", "fail", f"{path}: {exc}")
+    details, bad = [], 0
+    for portal_user, unix_user in sorted(mapping.items()):
+        try:
+            account = pwd.getpwnam(unix_user)
+        except KeyError:
+            details.append(f"{portal_user} -> {unix_user}: no such Unix user")
+            bad += 1
+            continue
+        if account.pw_uid < min_uid:
+            details.append(
+                f"{portal_user} -> {unix_user}: uid {account.pw_uid} < --min-uid {min_uid}"
+            )
+            bad += 1
+        else:
+            details.append(f"{portal_user} -> {unix_user} (uid {account.pw_uid})")
+    summary = f"{path}: {len(mapping)} user(s)" + (f", {bad} cannot run jobs" if bad else "")
+    return Result("user map", "fail" if bad else "ok", summary, details)
+
+
+def exit_status(results: list[Result]) -> int:
+    """The sum of the failed checks' codes."""
+    return sum(EXIT_CODES[r.name] for r in results if r.status == "fail" and r.name in EXIT_CODES)
+
+
+def report(results: list[Result], out: TextIO) -> None:
+    for result in results:
+        out.write(f"[{result.status}]".ljust(7) + f"{result.name}: {result.summary}\n")
+        for line in result.details:
+            out.write(f"         {line}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agents check", description=__doc__.split("\n")[0])
+    p.add_argument("--portal", help="portal base URL; checked with the token when given")
+    p.add_argument("--token", help="node token (or GPU_PORTAL_TOKEN, or --token-file)")
+    p.add_argument("--token-file", help="file holding the node token")
+    p.add_argument("--hostname", default=socket.gethostname())
+    p.add_argument("--simulate", metavar="SPEC", help="simulated GPUs, e.g. 8xH100-80GB")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--site-id", default="")
+    p.add_argument("--user-map", metavar="FILE", help='JSON {"portal_user": "unix_user"}')
+    p.add_argument("--min-uid", type=int, default=DEFAULT_MIN_UID)
+    p.add_argument("--confine", choices=list(confinement.MODES), default="auto")
+    p.add_argument("--session-host", default="127.0.0.1")
+    return p
+
+
+def main(argv: list[str], out: TextIO = sys.stdout) -> int:
+    """Run every check, print the report, return the exit status."""
+    from agents.__main__ import _backend, _token, _user_map  # the agent's own option readers
+    from agents.portal import PortalClient
+
+    args = build_parser().parse_args(argv)
+    out.write(f"GPU Portal agent check on {args.hostname}\n")
+    try:
+        backend = _backend(args)
+    except Exception as exc:  # the NVML library or driver missing, a bad SPEC
+        backend = _Broken(exc)
+    nvml, gpus = check_nvml(backend)
+    results = [nvml, check_reading(backend, gpus)]
+    try:
+        token = _token(args)
+    except OSError as exc:
+        results.append(Result("portal", "fail", f"cannot read the token: {exc}"))
+        token = None
+    results += [
+        check_confinement(args.confine, args.hostname),
+        check_runtimes(),
+        check_session_host(args.session_host),
+    ]
+    if not any(r.name == "portal" for r in results):
+        portal = PortalClient(args.portal, token) if args.portal and token else None
+        results.append(check_portal(portal, args.portal))
+    results.append(check_user_map(args.user_map, _user_map, args.min_uid))
+    backend.close()
+    report(results, out)
+    status = exit_status(results)
+    failed = [r.name for r in results if r.status == "fail"]
+    out.write(
+        f"exit {status}" + (f": failed {', '.join(failed)}" if failed else ": all passed") + "\n"
+    )
+    return status
+
+
+class _Broken:
+    """A backend that could not be made: every call says why."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def discover(self):
+        raise self._error
+
+    def sample(self):
+        raise self._error
+
+    def close(self) -> None:
+        pass

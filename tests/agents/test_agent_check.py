@@ -1,0 +1,117 @@
+"""`python -m agents check` on the simulated backend: a good node passes, a broken one is
+explained line by line and its exit status names what failed."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agents import check
+from tests.agents.conftest import TOKEN
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = "2xH100-80GB,1xA100-80GB:mig=3g.40gb+2g.20gb"
+
+
+def _check(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agents", "check", "--simulate", SPEC, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
+
+
+def _line(output: str, name: str) -> str:
+    """The check's summary line: `[status] name: ...`."""
+    (line,) = [
+        line
+        for line in output.splitlines()
+        if line.startswith("[") and line.split("]", 1)[1].strip().startswith(f"{name}:")
+    ]
+    return line
+
+
+def test_it_passes_a_simulated_node_that_reaches_its_portal(portal, tmp_path, me):
+    user_map = tmp_path / "users.json"
+    user_map.write_text(json.dumps({"alice": me}))
+    result = _check(
+        "--hostname",
+        "gpu-new-01",
+        "--portal",
+        portal.url,
+        "--token",
+        TOKEN,
+        "--user-map",
+        str(user_map),
+        "--min-uid",
+        "0",
+        "--session-host",
+        "127.0.0.1",
+        "--confine",
+        "off",
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.startswith("GPU Portal agent check on gpu-new-01\n")
+    assert _line(out, "nvml").startswith("[ok]") and "3 GPU(s), 2 MIG instance(s)" in out
+    assert "NVIDIA A100-80GB" in out and "3g.40gb (3 slices, 40960 MiB)  MIG-" in out
+    assert _line(out, "reading").startswith("[ok]") and "5 device(s) read" in out
+    assert "[ok]   portal: " in out and "token accepted (0 active booking(s))" in out
+    assert f"alice -> {me} (uid {os.geteuid()})" in out
+    assert _line(out, "confinement").startswith("[ok]")
+    assert _line(out, "session host").startswith("[warn]") and "loopback" in out
+    assert out.rstrip().endswith("exit 0: all passed")
+
+
+def test_it_explains_a_broken_node_and_sums_the_failures_in_its_exit_status(portal, tmp_path):
+    user_map = tmp_path / "users.json"
+    user_map.write_text(json.dumps({"alice": "no-such-unix-user"}))
+    result = _check(
+        "--portal",
+        portal.url,
+        "--token",
+        "not-the-token",
+        "--user-map",
+        str(user_map),
+        "--session-host",
+        "192.0.2.1",
+    )
+
+    out = result.stdout
+    assert result.returncode == 32 + 64 + 128, out
+    assert _line(out, "portal").startswith("[fail]") and "refused the token" in out
+    assert "[fail] session host: 192.0.2.1: not an address of this node" in out
+    assert "alice -> no-such-unix-user: no such Unix user" in out
+    assert out.rstrip().endswith("exit 224: failed session host, portal, user map")
+
+
+def test_it_fails_nvml_when_there_are_no_gpus_to_read():
+    result = _check("--simulate", "8xNOT-A-GPU")  # the last --simulate wins
+    assert result.returncode == 4
+    assert "[fail] nvml: cannot read the GPUs:" in result.stdout
+    assert "[skip] reading: no GPU to read" in result.stdout
+
+
+def test_it_fails_when_the_portal_does_not_answer():
+    result = _check("--portal", "http://127.0.0.1:9", "--token", TOKEN)
+    assert result.returncode == 64
+    assert "http://127.0.0.1:9 does not answer" in result.stdout
+
+
+def test_it_lists_the_container_runtimes_on_path(tmp_path, monkeypatch):
+    for name in ("podman", "apptainer"):
+        tool = tmp_path / name
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert check.container_runtimes() == {
+        "apptainer": str(tmp_path / "apptainer"),
+        "podman": str(tmp_path / "podman"),
+    }
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert check.check_runtimes().summary == "none found (apptainer, singularity, podman, docker)"
