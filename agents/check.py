@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from agents import confine as confinement
+from agents.containers import detect_runtimes
 from agents.dispatch import DEFAULT_MIN_UID
 from agents.portal import AuthError, PortalError, PortalUnavailable
+from agents.protocol import CONTAINER_RUNTIMES
 
 # What failed -> its bit in the exit status (1 is an unexpected error, 2 bad usage).
 EXIT_CODES = {
@@ -32,7 +34,6 @@ EXIT_CODES = {
     "portal": 64,
     "user map": 128,
 }
-RUNTIMES = ("apptainer", "singularity", "podman", "docker")
 
 
 @dataclass
@@ -46,9 +47,9 @@ class Result:
 
 
 def container_runtimes(which: Callable[[str], str | None] = shutil.which) -> dict[str, str]:
-    """The container runtimes on PATH: name -> path."""
-    found = {name: which(name) for name in RUNTIMES}
-    return {name: path for name, path in found.items() if path}
+    """The container runtimes on PATH, name -> path: the ones the agent offers at register
+    (agents.containers.detect_runtimes, the same probe), with where each was found."""
+    return {name: which(name) for name in detect_runtimes(which)}
 
 
 def check_nvml(backend) -> tuple[Result, list]:
@@ -121,7 +122,7 @@ def check_confinement(mode: str, hostname: str) -> Result:
 def check_runtimes(which: Callable[[str], str | None] = shutil.which) -> Result:
     found = container_runtimes(which)
     if not found:
-        return Result("container runtimes", "ok", f"none found ({', '.join(RUNTIMES)})")
+        return Result("container runtimes", "ok", f"none found ({', '.join(CONTAINER_RUNTIMES)})")
     details = [f"{name}: {path}" for name, path in found.items()]
     return Result("container runtimes", "ok", ", ".join(found), details)
 

@@ -114,4 +114,4 @@ def test_it_lists_the_container_runtimes_on_path(tmp_path, monkeypatch):
         "podman": str(tmp_path / "podman"),
     }
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert check.check_runtimes().summary == "none found (apptainer, singularity, podman, docker)"
+    assert check.check_runtimes().summary == "none found (podman, docker, apptainer, singularity)"
