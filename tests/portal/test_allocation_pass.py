@@ -100,7 +100,7 @@ def test_it_starts_a_mig_request_on_a_matching_slice(api, project, db):
     make_mig_gpu(node, 0)
     booking = _get(api, _submit(api, mig_profile="3g.40gb", duration_s=600)["id"])
     assert booking["state"] == "active"
-    assert booking["devices"][0]["device"].endswith("3g.40gb")
+    assert "/3g.40gb@" in booking["devices"][0]["device"]  # gpu0/3g.40gb@<first slice>
     assert booking["cuda_visible_devices"].startswith("MIG-")
 
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 from portal.models import Booking, Node
 from portal.services.booking.bookings import booking_cancel, booking_submit
 from portal.services.reporting.demo import demo_nodes_up, demo_queue_seed
+from tests.factories import node_seen
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
@@ -21,7 +22,9 @@ def demo(settings, tmp_path):
     settings.VAR_DIR = tmp_path / "var"
     call_command("seed_demo", verbosity=0)
     assert not demo_nodes_up()
-    Node.objects.update(state=Node.State.UP, last_seen=timezone.now())
+    Node.objects.update(state=Node.State.UP)
+    for node in Node.objects.all():
+        node_seen(node, timezone.now())
     assert demo_nodes_up()
 
 
