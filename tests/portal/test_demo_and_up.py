@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from portal.models import Gpu, MigInstance, Node, Project, Quota
-from portal.services.reporting.demo import DEMO_PASSWORD
+from portal.services.reporting.demo import DEMO_PASSWORD, DEMO_RUNNING, DEMO_WAITING
 from tests.process_tree import command, descendants, exit_status, living
 
 ROOT = Path(settings.BASE_DIR)
@@ -217,6 +217,20 @@ def test_it_runs_a_rendezvous_across_two_demo_nodes(embedded_portal):
         60,
         "the simulated nodes",
     )
+    # The demo opens with a queue that holds GPUs on both 8-GPU nodes for hours: the admin
+    # clears it (cancel), as a site would for a demonstration, so the two nodes are free.
+    admin = {"username": "admin", "password": DEMO_PASSWORD}
+    admin_token = _json(f"{base}/api/v1/auth/token/", admin)["token"]
+    queue = len(DEMO_RUNNING) + 1 + len(DEMO_WAITING)  # running, the reservation, waiting
+
+    def seeded():
+        found = _json(f"{base}/api/v1/bookings/?page_size=100", token=admin_token)["results"]
+        ids = [b["id"] for b in found if b["state"] in ("active", "pending", "planned")]
+        return ids if len(ids) == queue else None
+
+    seeded = _wait(seeded, 90, "the demo's whole queue")
+    for booking_id in seeded:
+        _json(f"{base}/api/v1/bookings/{booking_id}/cancel/", {}, admin_token)
     rendezvous = ROOT / "docs" / "examples" / "rendezvous.py"
     body = {"node_count": 2, "duration_s": 600, "command": f"{sys.executable} {rendezvous}"}
     booking = _json(f"{base}/api/v1/bookings/", body, token)
