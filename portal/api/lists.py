@@ -32,6 +32,17 @@ from portal.services.booking.selectors import (
 )
 from portal.services.inventory import telemetry_cache
 
+# Read to build a view of their own, not rendered as they are: the `session` summary (the
+# secret is never read), `signal`, the `array` view.
+_READ_FOR_VIEWS = (
+    "session_state",
+    "session_detail",
+    "signal_name",
+    "signal_before_s",
+    "array_parent_id",
+    "array_task_id",
+    "array_spec",
+)
 BOOKING_FIELDS = (
     "id",
     "owner__username",
@@ -61,16 +72,7 @@ BOOKING_FIELDS = (
     "workdir",
     "env",
     "restart_count",
-    # Read for the `session` summary, not rendered as they are (the secret is never read).
-    "session_state",
-    "session_detail",
-    # Read for `signal`.
-    "signal_name",
-    "signal_before_s",
-    # Read for the `array` view.
-    "array_parent_id",
-    "array_task_id",
-    "array_spec",
+    *_READ_FOR_VIEWS,
 )
 # Read with the fields: which allocations are the booking's current run, and whether it has
 # dependencies to read (most pages have none: no query for them then).
@@ -83,15 +85,7 @@ def booking_values(queryset):
     return queryset.annotate(has_dependencies=Exists(dependencies)).values(*BOOKING_VALUES)
 
 
-_NOT_RENDERED = {
-    "session_state",
-    "session_detail",
-    "signal_name",
-    "signal_before_s",
-    "array_parent_id",
-    "array_task_id",
-    "array_spec",
-}
+_NOT_RENDERED = set(_READ_FOR_VIEWS)
 _BOOKING_TIMES = ("submitted_at", "started_at", "ended_at", "planned_start")
 _ALLOCATION_FIELDS = (
     "booking_id",
