@@ -50,7 +50,12 @@ def admission_refusal(
     if request.gpus <= 0 or request.duration_s <= 0:
         text = "a booking needs at least one GPU and a positive duration"
         return Refusal("request", 0.0, float(request.gpus), text)
-    most = _most_reserved(request, devices) if fixed_window else _most_queued(request, devices)
+    if _fits_one_node(request, devices):
+        most = None
+    elif fixed_window:
+        most = _most_reserved(request, devices)
+    else:
+        most = _most_queued(request, devices)
     if most is not None:
         return Refusal("inventory", float(most), float(request.gpus), _inventory_text(request))
     size = request_size(request, profile_fractions(devices))
@@ -80,6 +85,20 @@ def never_fits(
     """Why ``request`` could never run on ``devices`` under ``quota``, in words (None: it could)."""
     refusal = admission_refusal(request, devices, quota)
     return refusal.text if refusal is not None else None
+
+
+def _fits_one_node(request: Request, devices: tuple[Device, ...]) -> bool:
+    """Some node has as many matching devices as the request asks: then both rules place it,
+    on an empty cluster, on one node (the common case, answered without building either)."""
+    if request.runtimes:
+        return False  # runtimes are node properties the full rules check
+    counts: dict[str, int] = {}
+    for device in devices:
+        if device.profile == request.mig_profile and (
+            request.gpu_model is None or device.model == request.gpu_model
+        ):
+            counts[device.node] = counts.get(device.node, 0) + 1
+    return max(counts.values(), default=0) >= request.gpus
 
 
 def _most_queued(request: Request, devices: tuple[Device, ...]) -> int | None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sched_factories import MIG_1G, MIG_3G, gpus, mig, req
 
 from scheduler import Device, Quota, admission_refusal
+from scheduler.admission import _fits_one_node, _most_queued, _most_reserved
 
 # a: 8 A100; b: 4 A100 and 4 H100 (a whole node of neither); c: 1 GPU in MIG mode.
 MIXED = (
@@ -50,3 +53,30 @@ def test_it_counts_a_mig_slice_by_its_fraction_against_the_quota():
     assert admission_refusal(req("x", mig_profile=MIG_1G), MIXED, quota) is None
     refusal = admission_refusal(req("x", mig_profile=MIG_3G), MIXED, quota)
     assert refusal.limit == "max_gpus" and refusal.asks == pytest.approx(3 / 7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nodes=st.lists(
+        st.tuples(st.integers(0, 8), st.integers(0, 8), st.booleans()), min_size=1, max_size=5
+    ),
+    wanted=st.integers(1, 24),
+    model=st.sampled_from([None, "A100", "H100"]),
+    fixed_window=st.booleans(),
+)
+def test_it_answers_the_one_node_case_as_the_full_rules_do(nodes, wanted, model, fixed_window):
+    # Each node: some A100, some H100, maybe a MIG GPU. The one-node shortcut admits only what
+    # the allocator's or reserve()'s own rule would place on an empty cluster.
+    devices = ()
+    for n, (a100, h100, has_mig) in enumerate(nodes):
+        name = f"n{n}"
+        devices += tuple(Device(f"{name}-a{i}", name, "A100") for i in range(a100))
+        devices += tuple(Device(f"{name}-h{i}", name, "H100") for i in range(h100))
+        if has_mig:
+            devices += mig(name, {0: [MIG_3G, MIG_1G]})
+    for request in (req("x", wanted, gpu_model=model), req("x", mig_profile=MIG_3G)):
+        full = _most_reserved(request, devices) if fixed_window else _most_queued(request, devices)
+        if _fits_one_node(request, devices):
+            assert full is None
+        got = admission_refusal(request, devices, fixed_window=fixed_window)
+        assert (got is None) is (full is None)

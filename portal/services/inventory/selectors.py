@@ -7,6 +7,7 @@ MIG mode. Everything that offers or plans devices starts from them; pages that s
 """
 
 from datetime import datetime
+from functools import lru_cache
 
 from django.db.models import Count, QuerySet
 
@@ -35,19 +36,22 @@ def mig_instances_bookable() -> QuerySet:
 
 
 def gpu_models() -> list[str]:
-    return sorted(set(gpus_bookable().values_list("model", flat=True)))
+    """The models of the bookable whole GPUs, each once (one row per model from the database)."""
+    return sorted(gpus_bookable().order_by().values_list("model", flat=True).distinct())
 
 
 def mig_gpu_models() -> list[str]:
     """Models of the GPUs that hold bookable MIG instances."""
-    return sorted(set(mig_instances_bookable().values_list("gpu__model", flat=True)))
+    return sorted(
+        mig_instances_bookable().order_by().values_list("gpu__model", flat=True).distinct()
+    )
 
 
 def mig_profiles(*, gpu_model: str = "") -> list[str]:
     qs = mig_instances_bookable()
     if gpu_model:
         qs = qs.filter(gpu__model=gpu_model)
-    return sorted(set(qs.values_list("profile", flat=True)))
+    return sorted(qs.order_by().values_list("profile", flat=True).distinct())
 
 
 def admission_devices() -> tuple[scheduler.Device, ...]:
@@ -56,12 +60,24 @@ def admission_devices() -> tuple[scheduler.Device, ...]:
     request that fits only once a node is back is queued (reason node_down), not refused."""
     whole = gpus_bookable().values_list("node_id", "model")
     migs = mig_instances_bookable().values_list("gpu__node_id", "gpu__model", "profile", "slices")
+    counts = (
+        tuple(whole.annotate(n=Count("id")).order_by()),
+        tuple(migs.annotate(n=Count("id")).order_by()),
+    )
+    return _admission_devices(counts)
+
+
+@lru_cache(maxsize=4)
+def _admission_devices(counts: tuple[tuple, tuple]) -> tuple[scheduler.Device, ...]:
+    # The counts are the whole input: the devices are built again only when they change (a
+    # thousand dataclasses a submission otherwise).
+    whole, migs = counts
     devices = []
-    for node, model, count in whole.annotate(n=Count("id")).order_by():
+    for node, model, count in whole:
         devices += [
             scheduler.Device(f"gpu:{node}/{model}/{i}", str(node), model) for i in range(count)
         ]
-    for node, model, profile, slices, count in migs.annotate(n=Count("id")).order_by():
+    for node, model, profile, slices, count in migs:
         devices += [
             scheduler.Device(
                 f"mig:{node}/{model}/{profile}/{i}", str(node), model, profile, mig_fraction(slices)
