@@ -4,7 +4,9 @@ The caller reads the candidate devices and the live holds that overlap the windo
 locks) and asks here; the same overlap rule says whether an extension's devices stay free.
 
 Rules: a request that fits on one node goes on one node, the fullest that still fits (best fit,
-so whole nodes stay free for large requests); a larger one takes whole free nodes, largest first;
+so whole nodes stay free for large requests), and there gets its GPUs by the allocation pass's
+rule (``topology.best_set``: NVLink-connected first, then one NUMA domain, then the lowest ids);
+a larger one takes whole free nodes, largest first;
 a MIG slice goes on the GPU with the most slices already held in the window. Ids are the
 inventory's own integers and every remaining tie goes to the lowest.
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+
+from scheduler.topology import best_set
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class Slot:
     profile: str | None = None
     fraction: float = 1.0
     compute: tuple[int, int] | None = None  # a MIG instance's compute slices [first, end)
+    links: tuple[int, ...] = ()  # the GPUs (``gpu`` ids) of its node it has an NVLink to
+    numa: int | None = None  # its NUMA node (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,7 @@ def _whole_gpus(matching: list[Slot], free: list[Slot], gpus: int) -> tuple[Slot
     fitting = [(len(devs), node) for node, devs in by_node.items() if len(devs) >= gpus]
     if fitting:
         _, node = min(fitting)
-        return tuple(by_node[node][:gpus])
+        return _tightest(by_node[node], gpus)
     whole = [devs for node, devs in by_node.items() if len(devs) == sizes[node]]
     whole.sort(key=lambda devs: (-len(devs), devs[0].node))
     chosen: list[Slot] = []
@@ -144,6 +150,16 @@ def _whole_gpus(matching: list[Slot], free: list[Slot], gpus: int) -> tuple[Slot
             break
         chosen += devs[: gpus - len(chosen)]
     return tuple(chosen) if len(chosen) == gpus else ()
+
+
+def _tightest(free: list[Slot], gpus: int) -> tuple[Slot, ...]:
+    """``gpus`` of one node's free GPUs (lowest id first) by ``topology.best_set``."""
+    if gpus < 2 or not any(s.links or s.numa is not None for s in free):
+        return tuple(free[:gpus])
+    by_gpu = {slot.gpu: slot for slot in free}
+    links = {slot.gpu: slot.links for slot in free}
+    numa = {slot.gpu: slot.numa for slot in free}
+    return tuple(by_gpu[gpu] for gpu in best_set(list(by_gpu), gpus, links, numa))
 
 
 def _one_slice(free: list[Slot], window: list[Hold]) -> Slot | None:

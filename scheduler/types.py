@@ -54,6 +54,9 @@ class Device:
 
     ``fraction`` is the device in GPU-equivalents (slices/7 for a MIG instance). ``parent`` names
     the physical GPU a MIG instance lives on, so placement can keep whole GPUs free.
+    Topology (docs/scheduling.md, Placement): ``links`` are the ids of the devices of its node it
+    has an NVLink to, ``numa`` its NUMA node (None: unknown), ``group`` its node's network group
+    (rack or switch; "": none).
     """
 
     id: str
@@ -66,6 +69,9 @@ class Device:
     utilization: float | None = None
     parent: str = ""
     runtimes: tuple[str, ...] = ()  # container runtimes of its node
+    links: tuple[str, ...] = ()
+    numa: int | None = None
+    group: str = ""
 
 
 @dataclass(frozen=True)
