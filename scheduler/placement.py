@@ -43,8 +43,9 @@ class Node:
         self.group = devices[0].group if devices else ""
         # Topology only where the node reports some: other nodes keep the plain choice.
         self.topology = any(d.links or d.numa is not None for d in devices)
-        self._links: dict[int, frozenset[int]] | None = None
+        self._maps: tuple[dict[int, frozenset[int]], dict[int, int | None]] | None = None
         self._sets: dict[tuple[int, int], int] = {}
+        self._quality: dict[int, tuple[int, int]] = {}
 
     def need(self, profile: str | None, match: str | None | tuple) -> int:
         """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and a
@@ -86,18 +87,22 @@ class Node:
         better; every set of a node without topology counts as one domain with no links."""
         if not self.topology or mask.bit_count() < 2:
             return (0, 1)
-        links, numa = self.topology_maps()
-        return set_quality(list(_bits(mask)), links, numa)
+        quality = self._quality.get(mask)
+        if quality is None:
+            links, numa = self.topology_maps()
+            quality = self._quality[mask] = set_quality(list(_bits(mask)), links, numa)
+        return quality
 
     def topology_maps(self) -> tuple[dict[int, frozenset[int]], dict[int, int | None]]:
         """NVLink peers and NUMA node of each device, by bit."""
-        if self._links is None:
+        if self._maps is None:
             bit_of = {device.id: bit for bit, device in enumerate(self.devices)}
-            self._links = {
+            links = {
                 bit: frozenset(bit_of[peer] for peer in device.links if peer in bit_of)
                 for bit, device in enumerate(self.devices)
             }
-        return self._links, {bit: device.numa for bit, device in enumerate(self.devices)}
+            self._maps = links, {bit: device.numa for bit, device in enumerate(self.devices)}
+        return self._maps
 
     def _choose(self, mask: int, count: int, topology: bool = False) -> int:
         bits = list(_bits(mask))
