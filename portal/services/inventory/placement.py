@@ -104,9 +104,19 @@ def _slots(
         )
     qs = inventory.gpus_bookable().filter(node__state=Node.State.UP)
     qs = _model_filter(qs, "model", gpu_model, allowed_models)
+    rows = list(qs.values_list("node_id", "id", "model", "index", "numa_node", "nvlink_peers"))
+    # NVLink peers are reported by index on their node; the rule names them by GPU id.
+    slot = {(node, index): gpu for node, gpu, _, index, _, _ in rows}
     return tuple(
-        Slot(node, gpu, None, model)
-        for node, gpu, model in qs.values_list("node_id", "id", "model")
+        Slot(
+            node,
+            gpu,
+            None,
+            model,
+            links=tuple(slot[node, p] for p in peers or () if (node, p) in slot),
+            numa=numa,
+        )
+        for node, gpu, model, _, numa, peers in rows
     )
 
 
