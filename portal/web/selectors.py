@@ -63,6 +63,7 @@ class DeviceRow:
     booking: Booking | None = None
     reading: dict | None = None
     children: list = field(default_factory=list)
+    topology: str = ""  # a whole GPU's NUMA node and NVLink peers, as its agent reported them
 
     @property
     def short_label(self) -> str:
@@ -166,7 +167,16 @@ def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None, busy: set[str]) 
         reading=readings.get(gpu.uuid),
         booking=booking,
         busy=gpu.uuid in busy,
+        topology=_topology_hint(gpu),
     )
+
+
+def _topology_hint(gpu: Gpu) -> str:
+    """"NUMA 0 · NVLink to 1, 2, 3, 4" ("" when its agent reported no topology)."""
+    parts = [] if gpu.numa_node is None else [f"NUMA {gpu.numa_node}"]
+    if gpu.nvlink_peers:
+        parts.append(f"NVLink to {', '.join(map(str, gpu.nvlink_peers))}")
+    return " · ".join(parts)
 
 
 def _mig_row(

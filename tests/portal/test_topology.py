@@ -118,6 +118,8 @@ def test_a_booking_gets_the_free_nvlink_quad_and_its_page_says_so(
     client.force_login(user)
     page = client.get(f"/bookings/{booking.pk}/").content.decode()
     assert "4 GPUs, fully NVLink-connected, NUMA 1" in page
+    node = client.get("/?node=dgx-1").content.decode()
+    assert "· NUMA 1 · NVLink to 0, 5, 6, 7" in node  # gpu4's row among the node's devices
 
 
 def test_a_reservation_gets_the_free_nvlink_quad_too(cube_mesh):
