@@ -172,7 +172,7 @@ def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None, busy: set[str]) 
 
 
 def _topology_hint(gpu: Gpu) -> str:
-    """"NUMA 0 · NVLink to 1, 2, 3, 4" ("" when its agent reported no topology)."""
+    """Its NUMA node and NVLink peers, e.g. "NUMA 0 · NVLink to 1, 2, 3, 4" ("": none reported)."""
     parts = [] if gpu.numa_node is None else [f"NUMA {gpu.numa_node}"]
     if gpu.nvlink_peers:
         parts.append(f"NVLink to {', '.join(map(str, gpu.nvlink_peers))}")
