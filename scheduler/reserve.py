@@ -6,8 +6,8 @@ locks) and asks here; the same overlap rule says whether an extension's devices 
 Rules: a request that fits on one node goes on one node, the fullest that still fits (best fit,
 so whole nodes stay free for large requests), and there gets its GPUs by the allocation pass's
 rule (``topology.best_set``: NVLink-connected first, then one NUMA domain, then the lowest ids);
-a larger one takes whole free nodes, largest first;
-a MIG slice goes on the GPU with the most slices already held in the window. Ids are the
+a larger one takes whole free nodes, largest first, those of one network group where one group
+can hold it; a MIG slice goes on the GPU with the most slices already held in the window. Ids are the
 inventory's own integers and every remaining tie goes to the lowest.
 """
 
@@ -33,6 +33,7 @@ class Slot:
     compute: tuple[int, int] | None = None  # a MIG instance's compute slices [first, end)
     links: tuple[int, ...] = ()  # the GPUs (``gpu`` ids) of its node it has an NVLink to
     numa: int | None = None  # its NUMA node (None: unknown)
+    group: str = ""  # its node's network group (rack or switch; "": none)
 
 
 @dataclass(frozen=True)
@@ -144,12 +145,31 @@ def _whole_gpus(matching: list[Slot], free: list[Slot], gpus: int) -> tuple[Slot
         return _tightest(by_node[node], gpus)
     whole = [devs for node, devs in by_node.items() if len(devs) == sizes[node]]
     whole.sort(key=lambda devs: (-len(devs), devs[0].node))
+    whole = _one_group(whole, gpus)
     chosen: list[Slot] = []
     for devs in whole:
         if len(chosen) >= gpus:
             break
         chosen += devs[: gpus - len(chosen)]
     return tuple(chosen) if len(chosen) == gpus else ()
+
+
+def _one_group(whole: list[list[Slot]], gpus: int) -> list[list[Slot]]:
+    """The whole free nodes of one network group, where one group can hold ``gpus``: the group
+    that needs the fewest nodes, then its name; else all of ``whole`` (same order)."""
+    groups: dict[str, list[list[Slot]]] = defaultdict(list)
+    for devs in whole:
+        if devs[0].group:
+            groups[devs[0].group].append(devs)
+    best = None
+    for group, nodes in groups.items():
+        taken, total = 0, 0
+        while taken < len(nodes) and total < gpus:
+            total += len(nodes[taken])
+            taken += 1
+        if total >= gpus and (best is None or (taken, group) < best[0]):
+            best = ((taken, group), nodes)
+    return whole if best is None else best[1]
 
 
 def _tightest(free: list[Slot], gpus: int) -> tuple[Slot, ...]:

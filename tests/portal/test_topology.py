@@ -129,3 +129,16 @@ def test_a_reservation_gets_the_free_nvlink_quad_too(cube_mesh):
         start=timezone.now(), end=start + timedelta(hours=1), gpus=4
     )
     assert sorted(slot.gpu for slot in slots) == sorted(cube_mesh[i].pk for i in (0, 1, 2, 3))
+
+
+def test_a_multi_node_reservation_takes_nodes_of_one_rack(db):
+    for hostname, group in (("n1", "r1"), ("n2", "r2"), ("n3", "r1")):
+        NodeFactory(hostname=hostname, network_group=group)
+        node_inventory_from_spec(hostname=hostname, spec="8xV100-32GB@cube-mesh")
+    Node.objects.update(state=Node.State.UP)
+    start = timezone.now() + timedelta(hours=1)
+    slots, _ = placement.devices_for_window(start=start, end=start + timedelta(hours=1), gpus=16)
+    hosts = set(
+        Gpu.objects.filter(pk__in=[s.gpu for s in slots]).values_list("node__hostname", flat=True)
+    )
+    assert hosts == {"n1", "n3"}

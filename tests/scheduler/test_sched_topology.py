@@ -222,3 +222,18 @@ def test_best_set_searches_large_nodes_greedily():
 )
 def test_it_describes_a_set(members, links, expected):
     assert describe(members, links, {i: _numa(i) for i in range(8)}) == expected
+
+
+def test_a_multi_node_reservation_stays_in_one_network_group():
+    def node(number: int, group: str) -> tuple[Slot, ...]:
+        return tuple(Slot(number, number * 10 + i, None, "V100", group=group) for i in range(8))
+
+    slots = node(1, "r1") + node(2, "r2") + node(3, "r1") + node(4, "r2")
+    placed = reserve(Wanted(16, 0.0, 500.0), slots, ())
+    assert {s.node for s in placed.slots} == {1, 3}  # without groups: nodes 1 and 2
+    busy = (Hold(30, None, 0.0, 1000.0),)  # node 3 is not whole: r2 holds it
+    placed = reserve(Wanted(16, 0.0, 500.0), slots, busy)
+    assert {s.node for s in placed.slots} == {2, 4}
+    busy += (Hold(40, None, 0.0, 1000.0),)  # no group can: whole nodes of both, as before
+    placed = reserve(Wanted(16, 0.0, 500.0), slots, busy)
+    assert {s.node for s in placed.slots} == {1, 2}

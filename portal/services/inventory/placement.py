@@ -104,9 +104,13 @@ def _slots(
         )
     qs = inventory.gpus_bookable().filter(node__state=Node.State.UP)
     qs = _model_filter(qs, "model", gpu_model, allowed_models)
-    rows = list(qs.values_list("node_id", "id", "model", "index", "numa_node", "nvlink_peers"))
+    rows = list(
+        qs.values_list(
+            "node_id", "id", "model", "index", "numa_node", "nvlink_peers", "node__network_group"
+        )
+    )
     # NVLink peers are reported by index on their node; the rule names them by GPU id.
-    slot = {(node, index): gpu for node, gpu, _, index, _, _ in rows}
+    slot = {(row[0], row[3]): row[1] for row in rows}
     return tuple(
         Slot(
             node,
@@ -115,8 +119,9 @@ def _slots(
             model,
             links=tuple(slot[node, p] for p in peers or () if (node, p) in slot),
             numa=numa,
+            group=group,
         )
-        for node, gpu, model, _, numa, peers in rows
+        for node, gpu, model, _, numa, peers, group in rows
     )
 
 
