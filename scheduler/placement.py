@@ -166,6 +166,7 @@ class Finder:
         self._whole: dict[float, dict] = {}
         self._need_lists: dict[tuple, list[int]] = {}
         self._whole_nodes: dict[str | None, list[Node]] = {}
+        self.grouped = any(node.group for node in nodes)  # some node has a network group
 
     def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
         """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
@@ -298,7 +299,8 @@ class Finder:
                 bounds[index] = found[0]
                 heapq.heappush(heap, (found[0], cool, index, True))
             if start == t:
-                chosen = self._one_group(eligible, chosen, bounds, request, t)
+                if self.grouped:
+                    chosen = self._one_group(eligible, chosen, bounds, request, t)
                 return Fit(t, tuple((index, self.nodes[index].full) for index in chosen))
             t = start
 
@@ -309,7 +311,7 @@ class Finder:
         hold the request: fewest spare GPUs, then fewest nodes, then coolest, then its name.
         Only nodes free at ``t`` are considered, so the start never moves."""
         groups = {self.nodes[index].group for index in chosen}
-        if len(groups) == 1 and "" not in groups or not any(n.group for n in eligible):
+        if len(groups) == 1 and "" not in groups:
             return chosen
         end = t + request.duration_s
         by_group: dict[str, list[Node]] = {}
