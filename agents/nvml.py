@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from agents.procfs import identify
-from agents.protocol import DeviceReading, GpuInventory, MigInventory, ProcessReading
+from agents.protocol import (
+    NUMA_NODE_MAX,
+    DeviceReading,
+    GpuInventory,
+    MigInventory,
+    ProcessReading,
+)
 
 try:
     import pynvml
@@ -20,6 +27,7 @@ except ImportError:  # the simulated backend works without nvidia-ml-py installe
     pynvml = None
 
 _MIB = 1024 * 1024
+_BUS_ID = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 class NvmlBackend:
@@ -100,7 +108,7 @@ class NvmlBackend:
     def _numa_node(self, handle: Any, bus: str | None) -> int | None:
         """NVML's NUMA node of the GPU (newer drivers), else the kernel's for its PCI device."""
         node = self._read("nvmlDeviceGetNumaNodeId", handle)
-        if isinstance(node, int) and node >= 0:
+        if isinstance(node, int) and 0 <= node <= NUMA_NODE_MAX:
             return node
         if bus is None:
             return None
@@ -109,7 +117,7 @@ class NvmlBackend:
                 node = int(f.read().strip())
         except (OSError, ValueError):
             return None
-        return node if node >= 0 else None
+        return node if 0 <= node <= NUMA_NODE_MAX else None
 
     def _discover_gpu(self, index: int) -> GpuInventory:
         handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
@@ -262,15 +270,17 @@ def _device_file_minor(access_path: str) -> int | None:
 
 
 def _bus(value: str | bytes | None) -> str | None:
-    """A PCI bus id as the kernel names it (0000:3b:00.0): NVML gives "00000000:3B:00.0"."""
+    """A PCI bus id as the kernel names it (0000:3b:00.0): NVML gives "00000000:3B:00.0".
+    Anything else is unknown (None), so a strange driver answer cannot fail the register."""
     if not value:
         return None
     domain, _, rest = _text(value).strip().lower().rpartition(":")
     domain, _, bus = domain.rpartition(":")
     try:
-        return f"{int(domain or '0', 16):04x}:{bus}:{rest}" if bus and rest else None
+        found = f"{int(domain or '0', 16):04x}:{bus}:{rest}"
     except ValueError:
         return None
+    return found if _BUS_ID.fullmatch(found) else None
 
 
 def _text(value: str | bytes) -> str:

@@ -3,6 +3,7 @@
 import os
 from types import SimpleNamespace
 
+from agents import protocol
 from agents.nvml import NvmlBackend
 
 MIB = 1024 * 1024
@@ -231,3 +232,23 @@ def test_gpus_on_an_nvswitch_are_all_peers(tmp_path):
 def test_an_older_driver_reports_no_topology_rather_than_failing(tmp_path):
     gpus = NvmlBackend(nvml=FakeNvml(), sys_root=str(tmp_path)).discover()
     assert [(g.pci_bus_id, g.numa_node, g.nvlink_peers) for g in gpus] == [(None, None, [])] * 2
+
+
+class OddNvml(TopologyNvml):
+    """A driver with answers the protocol would refuse: they must read as unknown."""
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(busId="00000000:3B:00.0\x07" + "x" * 40)
+
+    def nvmlDeviceGetNumaNodeId(self, h):
+        return 5000
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+        return 0  # a GPU, whose bus id could not be read
+
+
+def test_odd_driver_answers_read_as_unknown_so_the_register_still_passes(tmp_path):
+    gpus = NvmlBackend(nvml=OddNvml(), sys_root=str(tmp_path)).discover()
+    assert [(g.pci_bus_id, g.numa_node, g.nvlink_peers) for g in gpus] == [(None, None, [])] * 2
+    body = protocol.to_json(protocol.RegisterRequest("n", "0.1", gpus))
+    protocol.from_json(protocol.RegisterRequest, body, strict=True)  # the portal's own check
