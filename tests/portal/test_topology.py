@@ -142,3 +142,10 @@ def test_a_multi_node_reservation_takes_nodes_of_one_rack(db):
         Gpu.objects.filter(pk__in=[s.gpu for s in slots]).values_list("node__hostname", flat=True)
     )
     assert hosts == {"n1", "n3"}
+
+
+def test_the_nodes_api_and_the_gpu_page_show_the_network_group(cube_mesh, admin_client):
+    nodes = admin_client.get("/api/v1/nodes/").json()["results"]
+    assert [(n["hostname"], n["network_group"]) for n in nodes] == [("dgx-1", "r1")]
+    page = admin_client.get(f"/gpus/{cube_mesh[0].pk}/").content.decode()
+    assert "network group r1" in page
