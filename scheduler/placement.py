@@ -260,6 +260,35 @@ class Finder:
                 best = (key, node.index, chosen)
         return Fit(start, ((best[1], best[2]),))
 
+    def better(self, request: Request, fit: Fit, deadline: float) -> Fit | None:
+        """The earliest fit of a one-node ``request`` starting by ``deadline`` on a set better
+        connected (``Node.quality``) than ``fit``'s, the best-connected at that start; None
+        when there is none. Starts are ``fit.start`` or a timeline breakpoint: a set becomes
+        free only there."""
+        (index, mask), count = fit.parts[0], request.gpus
+        worst = self.nodes[index].quality(mask)
+        best = None
+        for node in self.nodes:
+            need = node.need(None, request.device_match)
+            if not node.topology or need.bit_count() < count:
+                continue
+            if node.quality(node.choose(need, count)) >= worst:
+                continue  # even all free, this node has no better set
+            times = node.timeline.times
+            starts = [fit.start] + [t for t in times if fit.start < t <= deadline]
+            for start in starts:
+                free = node.timeline.free_mask(start, start + request.duration_s) & need
+                if free.bit_count() < count:
+                    continue
+                chosen = node.choose(free, count)
+                quality = node.quality(chosen)
+                if quality < worst:
+                    key = (start, quality, node.heat(chosen), node.index)
+                    if best is None or key < best[0]:
+                        best = (key, node.index, chosen)
+                    break
+        return None if best is None else Fit(best[0][0], ((best[1], best[2]),))
+
     def whole_nodes(self, model: str | None) -> list[Node]:
         """Nodes of whole GPUs (of ``model``) that a multi-node request may take."""
         nodes = self._whole_nodes.get(model)

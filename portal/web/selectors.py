@@ -42,6 +42,7 @@ PENDING_REASONS = {
     "node_down": "The nodes that could run it are down or draining.",
     "dependency": "It starts after other bookings end (its dependencies).",
     "array_limit": "Its array already runs as many tasks at once as the array allows.",
+    "topology": "It waits a little (at most the site's limit) for better-connected GPUs.",
 }
 
 

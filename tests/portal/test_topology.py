@@ -149,3 +149,17 @@ def test_the_nodes_api_and_the_gpu_page_show_the_network_group(cube_mesh, admin_
     assert [(n["hostname"], n["network_group"]) for n in nodes] == [("dgx-1", "r1")]
     page = admin_client.get(f"/gpus/{cube_mesh[0].pk}/").content.decode()
     assert "network group r1" in page
+
+
+def test_a_site_may_let_a_booking_wait_a_bounded_time_for_a_better_set(
+    cube_mesh, api, project, submit, settings
+):
+    policy = {**settings.SCHEDULER_POLICY, "topology_wait_s": 3600.0, "protect_oldest": 0}
+    settings.SCHEDULER_POLICY = policy
+    make_active_booking([cube_mesh[0]])  # for an hour
+    soon = make_active_booking([cube_mesh[5]])
+    soon.allocations.update(end=timezone.now() + timedelta(minutes=10))
+    booking = Booking.objects.get(pk=submit(gpus=4, duration_s=600))
+    assert (booking.state, booking.pending_reason) == (Booking.State.PENDING, "topology")
+    assert "3600 s" in booking.state_detail
+    assert booking.planned_start <= timezone.now() + timedelta(minutes=10, seconds=5)

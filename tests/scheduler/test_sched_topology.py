@@ -237,3 +237,57 @@ def test_a_multi_node_reservation_stays_in_one_network_group():
     busy += (Hold(40, None, 0.0, 1000.0),)  # no group can: whole nodes of both, as before
     placed = reserve(Wanted(16, 0.0, 500.0), slots, busy)
     assert {s.node for s in placed.slots} == {1, 2}
+
+
+# The bounded wait for a better set (Policy.topology_wait_s): the oldest booking is protected by
+# default and never waits, so these policies protect none.
+def _waiting(wait: float) -> Policy:
+    return Policy(topology_wait_s=wait, protect_oldest=0)
+
+
+def _mesh_with_quad_free_at(t: float):
+    # 0 busy long, 5 busy until t: now the best 4 have 4 links; at t the quad 4-7 is free.
+    return cube_mesh("n"), [_busy("n", 0, end=1000.0), _busy("n", 5, end=t)]
+
+
+def test_it_waits_for_a_fully_connected_set_within_the_site_bound():
+    devices, busy = _mesh_with_quad_free_at(100.0)
+    line = by_id(plan(state(devices, [req("r", gpus=4)], busy), _waiting(200.0)))["r"]
+    assert (line.start, line.reason) == (100.0, "topology")
+    assert line.device_ids == ("n-g4", "n-g5", "n-g6", "n-g7")
+    assert "200 s" in line.detail
+
+
+def test_it_never_waits_longer_than_the_site_bound():
+    devices, busy = _mesh_with_quad_free_at(100.0)
+    for policy in (_waiting(50.0), Policy(protect_oldest=0)):  # bound below the wait; no wait
+        result = plan(state(devices, [req("r", gpus=4)], busy), policy)
+        assert result.starts[0].device_ids == ("n-g1", "n-g2", "n-g3", "n-g6")
+
+
+def test_a_protected_booking_never_waits_for_topology():
+    devices, busy = _mesh_with_quad_free_at(100.0)
+    result = plan(state(devices, [req("r", gpus=4)], busy), Policy(topology_wait_s=200.0))
+    assert len(result.starts) == 1  # protect_oldest=1: the oldest keeps its earliest start
+
+
+def test_the_wait_is_bounded_on_random_states():
+    rng = random.Random(11)
+    waits = 0
+    for _ in range(150):
+        devices = cube_mesh("a") + pcie("b") + cube_mesh("c")
+        busy = [
+            alloc(f"x{i}", [d.id], rng.choice([30.0, 100.0, 300.0, 900.0]))
+            for i, d in enumerate(devices)
+            if rng.random() < 0.4
+        ]
+        request = req("r", gpus=rng.choice([2, 3, 4, 6]), duration=rng.choice([50, 500]))
+        wait = rng.choice([60.0, 250.0])
+        waited = by_id(plan(state(devices, [request], busy), _waiting(wait)))["r"]
+        plain = by_id(plan(state(devices, [request], busy), _waiting(0.0)))["r"]
+        assert plain.start <= waited.start <= plain.start + wait
+        assert waited.reason != "starvation"
+        if waited.reason == "topology":
+            assert plain.reason == "starting" and waited.start > plain.start
+            waits += 1
+    assert waits > 0  # the states do exercise the wait
