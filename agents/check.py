@@ -68,9 +68,25 @@ def check_nvml(backend) -> tuple[Result, list]:
                 f"    {instance.profile} ({instance.slices} slices, "
                 f"{instance.memory_total_mib} MiB)  {instance.uuid}"
             )
+        details.append(f"    topology: {_topology_line(gpu)}")
     slices = sum(len(g.mig_instances) for g in gpus)
     summary = f"{len(gpus)} GPU(s)" + (f", {slices} MIG instance(s)" if slices else "")
+    linked = sum(1 for g in gpus if g.nvlink_peers)
+    if linked:
+        summary += f", NVLink on {linked}"
+    elif any(g.numa_node is not None for g in gpus):
+        summary += ", no NVLink"
     return Result("nvml", "ok", summary, details), gpus
+
+
+def _topology_line(gpu) -> str:
+    """What the scheduler will know of the GPU's place: PCI bus, NUMA node, NVLink peers."""
+    if gpu.pci_bus_id is None and gpu.numa_node is None and not gpu.nvlink_peers:
+        return "not reported (NVML gave no PCI, NUMA or NVLink information)"
+    numa = "unknown" if gpu.numa_node is None else str(gpu.numa_node)
+    peers = gpu.nvlink_peers
+    links = f"NVLink to GPU {', '.join(map(str, peers))}" if peers else "no NVLink (PCIe only)"
+    return f"PCI {gpu.pci_bus_id or 'unknown'}, NUMA node {numa}, {links}"
 
 
 def check_reading(backend, gpus: list) -> Result:

@@ -7,11 +7,19 @@ reading still goes out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from typing import Any
 
 from agents.procfs import identify
-from agents.protocol import DeviceReading, GpuInventory, MigInventory, ProcessReading
+from agents.protocol import (
+    NUMA_NODE_MAX,
+    DeviceReading,
+    GpuInventory,
+    MigInventory,
+    ProcessReading,
+)
 
 try:
     import pynvml
@@ -19,14 +27,16 @@ except ImportError:  # the simulated backend works without nvidia-ml-py installe
     pynvml = None
 
 _MIB = 1024 * 1024
+_BUS_ID = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 class NvmlBackend:
     """The Backend interface over NVML; `nvml` is the pynvml module (tests pass a fake)."""
 
-    def __init__(self, nvml: Any = None, proc_root: str = "/proc") -> None:
+    def __init__(self, nvml: Any = None, proc_root: str = "/proc", sys_root: str = "/sys") -> None:
         self._nvml = nvml or pynvml
         self._proc_root = proc_root
+        self._sys_root = sys_root
         self._nodes: dict[str, list[str]] = {}  # uuid -> the /dev nodes a job on it opens
         if self._nvml is None:
             raise RuntimeError("nvidia-ml-py is not installed: pip install 'gpu-portal[agent]'")
@@ -46,7 +56,68 @@ class NvmlBackend:
         return list(self._inventory)
 
     def _discover(self) -> list[GpuInventory]:
-        return [self._discover_gpu(i) for i in range(self._nvml.nvmlDeviceGetCount())]
+        gpus = [self._discover_gpu(i) for i in range(self._nvml.nvmlDeviceGetCount())]
+        return self._with_topology(gpus)
+
+    # -- topology: every call guarded, so an older driver gives "no topology", not an error --
+
+    def _with_topology(self, gpus: list[GpuInventory]) -> list[GpuInventory]:
+        """The GPUs with their PCI bus id, NUMA node and NVLink peers (indexes) where NVML
+        (or sysfs, for the NUMA node) tells them."""
+        buses = {gpu.index: self._bus_id(self._handles[gpu.uuid]) for gpu in gpus}
+        by_bus = {bus: index for index, bus in buses.items() if bus}
+        links = {gpu.index: self._nvlinks(self._handles[gpu.uuid], by_bus) for gpu in gpus}
+        # GPUs on an NVSwitch reach each other through it: all of them are peers.
+        fabric = {index for index, (_, switch) in links.items() if switch}
+        placed = []
+        for gpu in gpus:
+            peers = links[gpu.index][0] | (fabric if gpu.index in fabric else set())
+            peers.discard(gpu.index)
+            placed.append(
+                dataclasses.replace(
+                    gpu,
+                    pci_bus_id=buses[gpu.index],
+                    numa_node=self._numa_node(self._handles[gpu.uuid], buses[gpu.index]),
+                    nvlink_peers=sorted(peers),
+                )
+            )
+        return placed
+
+    def _bus_id(self, handle: Any) -> str | None:
+        info = self._read("nvmlDeviceGetPciInfo", handle)
+        return _bus(getattr(info, "busId", None)) if info is not None else None
+
+    def _nvlinks(self, handle: Any, by_bus: dict[str, int]) -> tuple[set[int], bool]:
+        """The GPU indexes this GPU has an active NVLink to, and whether one goes to a switch.
+        NotSupported (no NVLink) or InvalidArgument (past its last link) read as no link."""
+        nvml, peers, switch = self._nvml, set(), False
+        enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+        switch_type = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", None)
+        for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 0)):
+            if self._read("nvmlDeviceGetNvLinkState", handle, link) != enabled:
+                continue
+            remote = self._read("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+            bus = _bus(getattr(remote, "busId", None)) if remote is not None else None
+            if bus in by_bus:
+                peers.add(by_bus[bus])
+            elif switch_type is not None:
+                kind = self._read("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+                switch = switch or kind == switch_type
+        return peers, switch
+
+    def _numa_node(self, handle: Any, bus: str | None) -> int | None:
+        """NVML's NUMA node of the GPU (newer drivers), else the kernel's for its PCI device."""
+        node = self._read("nvmlDeviceGetNumaNodeId", handle)
+        if isinstance(node, int) and 0 <= node <= NUMA_NODE_MAX:
+            return node
+        if bus is None:
+            return None
+        try:
+            with open(f"{self._sys_root}/bus/pci/devices/{bus}/numa_node") as f:
+                node = int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+        return node if 0 <= node <= NUMA_NODE_MAX else None
 
     def _discover_gpu(self, index: int) -> GpuInventory:
         handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
@@ -196,6 +267,20 @@ def _device_file_minor(access_path: str) -> int | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def _bus(value: str | bytes | None) -> str | None:
+    """A PCI bus id as the kernel names it (0000:3b:00.0): NVML gives "00000000:3B:00.0".
+    Anything else is unknown (None), so a strange driver answer cannot fail the register."""
+    if not value:
+        return None
+    domain, _, rest = _text(value).strip().lower().rpartition(":")
+    domain, _, bus = domain.rpartition(":")
+    try:
+        found = f"{int(domain or '0', 16):04x}:{bus}:{rest}"
+    except ValueError:
+        return None
+    return found if _BUS_ID.fullmatch(found) else None
 
 
 def _text(value: str | bytes) -> str:

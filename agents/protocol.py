@@ -68,6 +68,9 @@ MAX_READINGS = MAX_GPUS * (1 + MIG_SLICES)
 MAX_PROCESSES = 1024
 MAX_EVENTS = 500
 MAX_BOOKINGS = 4096
+# A GPU's topology: NVML's PCI bus id ("00000000:3B:00.0", a 32-byte buffer) and NUMA node.
+PCI_BUS_ID_MAX = 32
+NUMA_NODE_MAX = 1023
 # A batch job's environment (portal booking_bounds holds the same numbers; a portal test checks).
 WORKDIR_MAX = 1024
 ENV_NAME_MAX = 128
@@ -162,6 +165,13 @@ class GpuInventory:
     memory_total_mib: int = bounded(low=0, ints=UINT)
     mig_mode: bool = bounded()
     mig_instances: list[MigInventory] = bounded(max_items=MIG_SLICES, default_factory=list)
+    # Topology (docs/agent-portal.md); an agent that cannot read it (or predates it) omits it.
+    # `nvlink_peers`: the `index` of every GPU of this node it has an active NVLink to.
+    pci_bus_id: str | None = bounded(max_length=PCI_BUS_ID_MAX, default=None)
+    numa_node: int | None = bounded(low=0, high=NUMA_NODE_MAX, ints=SMALL_UINT, default=None)
+    nvlink_peers: list[int] = bounded(
+        low=0, high=MAX_GPUS - 1, ints=SMALL_UINT, max_items=MAX_GPUS, default_factory=list
+    )
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,17 @@
 
 SPEC grammar (documented in docs/agent.md):
 
-    SPEC  := GROUP ("," GROUP)*
+    SPEC  := GROUP ("," GROUP)* ["@" TOPOLOGY]
     GROUP := COUNT "x" MODEL "-" MEM "GB" [":mig=" MIG]
     MIG   := ITEM ("+" ITEM)*
     ITEM  := [N "x"] SLICES "g." GB "gb"
+    TOPOLOGY := "cube-mesh" | "nvswitch" | "pcie"
+
+TOPOLOGY (none: the node reports no topology, as agents did before it): "cube-mesh" is DGX-1's
+8-GPU NVLink hybrid cube-mesh (two fully connected quads, 0-3 and 4-7, plus the links i <-> i+4:
+no fully connected set of 8, and a fully connected set of 4 only on a quad); "nvswitch" links
+every GPU to every other; "pcie" has no NVLink. The first half of the GPUs is on NUMA node 0, the
+rest on NUMA node 1.
 
 The simulated devices report as their processes the REAL processes of this machine
 whose CUDA_VISIBLE_DEVICES names the device's UUID, so launching, killing and
@@ -30,6 +37,9 @@ _MAX_POWER_W = {"H100": 700.0, "H200": 700.0, "A100": 400.0, "L40S": 350.0}
 _IDLE_POWER_W = 60.0
 
 
+TOPOLOGIES = ("cube-mesh", "nvswitch", "pcie")
+
+
 class SpecError(ValueError):
     """A --simulate SPEC that does not parse; the message says which part and why."""
 
@@ -52,14 +62,51 @@ class GpuSpec:
     mig: tuple[MigProfile, ...] = ()
 
 
+@dataclass(frozen=True)
+class Topology:
+    """One simulated GPU's place on its node: PCI bus id, NUMA node, NVLink peers (indexes)."""
+
+    pci_bus_id: str
+    numa_node: int
+    nvlink_peers: tuple[int, ...]
+
+
 def parse_spec(spec: str) -> list[GpuSpec]:
     """Parse a SPEC into one GpuSpec per GPU, or raise SpecError naming the bad part."""
-    if not spec.strip():
+    groups, _, _ = spec.partition("@")
+    if not groups.strip():
         raise SpecError("empty SPEC; expected e.g. 8xH100-80GB")
     gpus: list[GpuSpec] = []
-    for group in spec.split(","):
+    for group in groups.split(","):
         gpus.extend(_parse_group(group.strip()))
     return gpus
+
+
+def parse_topology(spec: str) -> list[Topology] | None:
+    """Each GPU's topology by the SPEC's "@TOPOLOGY" (None: none given), or raise SpecError."""
+    groups, at, name = spec.partition("@")
+    if not at:
+        return None
+    count = len(parse_spec(groups))
+    name = name.strip().lower()
+    if name not in TOPOLOGIES:
+        raise SpecError(f"unknown topology {name!r}: expected one of {', '.join(TOPOLOGIES)}")
+    if name == "cube-mesh" and count != 8:
+        raise SpecError(f"the cube-mesh topology has 8 GPUs, not {count}")
+    half = max(1, (count + 1) // 2)
+    return [
+        Topology(f"0000:{0x18 + i:02x}:00.0", i // half, _peers(name, i, count))
+        for i in range(count)
+    ]
+
+
+def _peers(name: str, index: int, count: int) -> tuple[int, ...]:
+    if name == "nvswitch":
+        return tuple(j for j in range(count) if j != index)
+    if name == "cube-mesh":
+        quad = index // 4
+        return tuple(j for j in range(8) if j != index and (j // 4 == quad or j == (index + 4) % 8))
+    return ()
 
 
 def _parse_group(group: str) -> list[GpuSpec]:
@@ -130,6 +177,7 @@ class SimulatedBackend:
         device_dir: str | None = None,
     ):
         self._gpus = parse_spec(spec)
+        self._topology = parse_topology(spec)
         # Simulated GPUs have no /dev nodes; a test may make some (mknod) to check confinement.
         self._device_dir = device_dir
         self._hostname = hostname
@@ -149,8 +197,17 @@ class SimulatedBackend:
             for j, p in enumerate(gpu.mig)
         ]
         uuid = stable_uuid("GPU", *self._site_parts(), index)
+        place = self._topology[index] if self._topology else None
         return GpuInventory(
-            index, uuid, f"NVIDIA {gpu.model}", gpu.memory_mib, bool(gpu.mig), instances
+            index,
+            uuid,
+            f"NVIDIA {gpu.model}",
+            gpu.memory_mib,
+            bool(gpu.mig),
+            instances,
+            pci_bus_id=place.pci_bus_id if place else None,
+            numa_node=place.numa_node if place else None,
+            nvlink_peers=list(place.nvlink_peers) if place else [],
         )
 
     def _site_parts(self) -> tuple[str, ...]:

@@ -114,8 +114,15 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(AuditedAdminMixin):
-    list_display = ["hostname", "state", "state_reason", "last_seen", "agent_version"]
-    list_filter = ["state"]
+    list_display = [
+        "hostname",
+        "state",
+        "state_reason",
+        "network_group",
+        "last_seen",
+        "agent_version",
+    ]
+    list_filter = ["state", "network_group"]
     search_fields = ["hostname"]
     exclude = ["agent_token_hash"]
     inlines = [GpuInline]
@@ -153,6 +160,8 @@ class GpuAdmin(admin.ModelAdmin):
     list_filter = ["model", "mig_mode", "node"]
     search_fields = ["uuid", "node__hostname"]
     list_select_related = ["node"]
+    # What its agent reports at each register: a change here would not last.
+    readonly_fields = ["pci_bus_id", "numa_node", "nvlink_peers"]
 
 
 @admin.register(MigInstance)

@@ -35,6 +35,7 @@ from scheduler.types import (
     REASON_RESERVATION,
     REASON_RESOURCES,
     REASON_STARTING,
+    REASON_TOPOLOGY,
     Plan,
     Planned,
     Policy,
@@ -309,6 +310,9 @@ class _Walk:
             if below:
                 return planned(None, None, REASON_QUOTA, below)
             return planned(None, None, *run.never(request))
+        waited = None if holds else self._topology_wait(request, multi, ledgers, amount, fit)
+        could_start = fit.start == run.now
+        fit = waited or fit
         if self.strict:
             self.last_start = fit.start
         if fit.start == run.now:
@@ -316,12 +320,33 @@ class _Walk:
             self.starts.append(Start(request.booking_id, run.device_ids(fit)))
             return planned(fit.start, fit, REASON_STARTING, "starts now")
         reason = self._explained(request, multi, ledgers, amount)
+        if waited is not None and could_start:
+            wait = run.policy.topology_wait_s
+            reason = REASON_TOPOLOGY, f"waits up to {wait:g} s for a better-connected set of GPUs"
         if not holds:
             if self.depth is not None and self.reserved >= self.depth:
                 return planned(fit.start, None, *reason)  # estimate only: no devices held
             self.reserved += 1
         run.reserve(request, fit)
         return planned(fit.start, fit, *reason)
+
+    def _topology_wait(
+        self, request: Request, multi: bool, ledgers, amount: float, fit: Fit
+    ) -> Fit | None:
+        """A fit on a better-connected set at most ``Policy.topology_wait_s`` after ``fit``
+        that the quotas allow as well, or None (``fit`` stands)."""
+        run = self.run
+        wait = run.policy.topology_wait_s
+        if not wait or multi or request.mig_profile is not None or request.gpus < 2:
+            return None
+        better = run.finder.better(request, fit, fit.start + wait)
+        if better is None or better.start == fit.start:
+            return better
+        if ledgers:
+            allowed = run.quotas.earliest(ledgers, amount, request.duration_s, better.start)
+            if allowed != better.start:
+                return None
+        return better
 
     def _skip_estimate(self, request: Request, multi: bool, ledgers, amount: float) -> bool:
         """Past the reservation depth with estimate_all off: plan only what starts now."""

@@ -14,6 +14,7 @@ from functools import lru_cache
 from itertools import combinations
 
 from scheduler.timeline import NodeTimeline
+from scheduler.topology import best_set, set_quality
 from scheduler.types import NODE_UP, Device, Request
 
 
@@ -39,6 +40,12 @@ class Node:
         self._need: dict[tuple, int] = {}
         self.runtimes = frozenset(r for device in devices for r in device.runtimes)
         self.cool = self.heat(self.full)
+        self.group = devices[0].group if devices else ""
+        # Topology only where the node reports some: other nodes keep the plain choice.
+        self.topology = any(d.links or d.numa is not None for d in devices)
+        self._maps: tuple[dict[int, frozenset[int]], dict[int, int | None]] | None = None
+        self._sets: dict[tuple[int, int], int] = {}
+        self._quality: dict[int, tuple[int, int]] = {}
 
     def need(self, profile: str | None, match: str | None | tuple) -> int:
         """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and a
@@ -64,7 +71,40 @@ class Node:
         return temp, util
 
     def choose(self, mask: int, count: int) -> int:
-        """Pick ``count`` devices of ``mask``: fullest physical GPU first, then coolest, idlest."""
+        """Pick ``count`` devices of ``mask``: fullest physical GPU first, then coolest, idlest;
+        on a node that reports topology, 2 or more GPUs by ``topology.best_set`` (NVLink-connected
+        first, then one NUMA domain), in that same order of preference."""
+        if count >= 2 and self.topology:
+            key = (mask, count)
+            chosen = self._sets.get(key)
+            if chosen is None:
+                chosen = self._sets[key] = self._choose(mask, count, topology=True)
+            return chosen
+        return self._choose(mask, count)
+
+    def quality(self, mask: int) -> tuple[int, int]:
+        """How tightly the devices of ``mask`` are connected (``topology.set_quality``): lower is
+        better; every set of a node without topology counts as one domain with no links."""
+        if not self.topology or mask.bit_count() < 2:
+            return (0, 1)
+        quality = self._quality.get(mask)
+        if quality is None:
+            links, numa = self.topology_maps()
+            quality = self._quality[mask] = set_quality(list(_bits(mask)), links, numa)
+        return quality
+
+    def topology_maps(self) -> tuple[dict[int, frozenset[int]], dict[int, int | None]]:
+        """NVLink peers and NUMA node of each device, by bit."""
+        if self._maps is None:
+            bit_of = {device.id: bit for bit, device in enumerate(self.devices)}
+            links = {
+                bit: frozenset(bit_of[peer] for peer in device.links if peer in bit_of)
+                for bit, device in enumerate(self.devices)
+            }
+            self._maps = links, {bit: device.numa for bit, device in enumerate(self.devices)}
+        return self._maps
+
+    def _choose(self, mask: int, count: int, topology: bool = False) -> int:
         bits = list(_bits(mask))
         if len(bits) == count:
             return mask
@@ -78,8 +118,11 @@ class Node:
             packing = siblings[device.parent] if device.parent else 0
             return (packing, device.temperature_c or 0.0, device.utilization or 0.0, bit)
 
+        ordered = sorted(bits, key=key)
+        if topology:
+            ordered = list(best_set(ordered, count, *self.topology_maps()))
         chosen = 0
-        for bit in sorted(bits, key=key)[:count]:
+        for bit in ordered[:count]:
             chosen |= 1 << bit
         return chosen
 
@@ -123,6 +166,7 @@ class Finder:
         self._whole: dict[float, dict] = {}
         self._need_lists: dict[tuple, list[int]] = {}
         self._whole_nodes: dict[str | None, list[Node]] = {}
+        self.grouped = any(node.group for node in nodes)  # some node has a network group
 
     def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
         """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
@@ -198,7 +242,8 @@ class Finder:
         return self._choose_single(exact, count)
 
     def _choose_single(self, entries: list, count: int) -> Fit | None:
-        """Earliest start; then best fit (fewest spare devices); then coolest, idlest node."""
+        """Earliest start; then best fit (fewest spare devices); then the best-connected set
+        (``Node.quality``); then coolest, idlest node."""
         if not entries:
             return None
         start, waste = min(entry[:2] for entry in entries)
@@ -210,10 +255,39 @@ class Finder:
         for entry in tied:
             node = self.nodes[entry[2]]
             chosen = node.choose(entry[4], count)
-            key = (entry[1], node.heat(chosen), node.index)
+            key = (entry[1], node.quality(chosen), node.heat(chosen), node.index)
             if best is None or key < best[0]:
                 best = (key, node.index, chosen)
         return Fit(start, ((best[1], best[2]),))
+
+    def better(self, request: Request, fit: Fit, deadline: float) -> Fit | None:
+        """The earliest fit of a one-node ``request`` starting by ``deadline`` on a set better
+        connected (``Node.quality``) than ``fit``'s, the best-connected at that start; None
+        when there is none. Starts are ``fit.start`` or a timeline breakpoint: a set becomes
+        free only there."""
+        (index, mask), count = fit.parts[0], request.gpus
+        worst = self.nodes[index].quality(mask)
+        best = None
+        for node in self.nodes:
+            need = node.need(None, request.device_match)
+            if not node.topology or need.bit_count() < count:
+                continue
+            if node.quality(node.choose(need, count)) >= worst:
+                continue  # even all free, this node has no better set
+            times = node.timeline.times
+            starts = [fit.start] + [t for t in times if fit.start < t <= deadline]
+            for start in starts:
+                free = node.timeline.free_mask(start, start + request.duration_s) & need
+                if free.bit_count() < count:
+                    continue
+                chosen = node.choose(free, count)
+                quality = node.quality(chosen)
+                if quality < worst:
+                    key = (start, quality, node.heat(chosen), node.index)
+                    if best is None or key < best[0]:
+                        best = (key, node.index, chosen)
+                    break
+        return None if best is None else Fit(best[0][0], ((best[1], best[2]),))
 
     def whole_nodes(self, model: str | None) -> list[Node]:
         """Nodes of whole GPUs (of ``model``) that a multi-node request may take."""
@@ -254,8 +328,43 @@ class Finder:
                 bounds[index] = found[0]
                 heapq.heappush(heap, (found[0], cool, index, True))
             if start == t:
+                if self.grouped:
+                    chosen = self._one_group(eligible, chosen, bounds, request, t)
                 return Fit(t, tuple((index, self.nodes[index].full) for index in chosen))
             t = start
+
+    def _one_group(
+        self, eligible: list[Node], chosen: list[int], bounds: dict, request: Request, t: float
+    ) -> list[int]:
+        """Nodes of one network group free at ``t`` instead of ``chosen``, where a group can
+        hold the request: fewest spare GPUs, then fewest nodes, then coolest, then its name.
+        Only nodes free at ``t`` are considered, so the start never moves."""
+        groups = {self.nodes[index].group for index in chosen}
+        if len(groups) == 1 and "" not in groups:
+            return chosen
+        end = t + request.duration_s
+        by_group: dict[str, list[Node]] = {}
+        for node in sorted(eligible, key=lambda n: (n.cool, n.index)):
+            if (
+                node.group
+                and bounds[node.index] <= t
+                and node.timeline.free_mask(t, end) == node.full
+            ):
+                by_group.setdefault(node.group, []).append(node)
+        best = None
+        for group, nodes in by_group.items():
+            picked, total = [], 0
+            for node in nodes:
+                if total >= request.gpus:
+                    break
+                picked.append(node)
+                total += node.full.bit_count()
+            if total >= request.gpus:
+                cool = tuple(map(sum, zip(*(node.cool for node in picked), strict=True)))
+                key = (total, len(picked), cool, group)
+                if best is None or key < best[0]:
+                    best = (key, [node.index for node in picked])
+        return chosen if best is None else best[1]
 
     @staticmethod
     def _whole_bound(node: Node, cache: dict, floor: float) -> float:

@@ -4,8 +4,10 @@ The caller reads the candidate devices and the live holds that overlap the windo
 locks) and asks here; the same overlap rule says whether an extension's devices stay free.
 
 Rules: a request that fits on one node goes on one node, the fullest that still fits (best fit,
-so whole nodes stay free for large requests); a larger one takes whole free nodes, largest first;
-a MIG slice goes on the GPU with the most slices already held in the window. Ids are the
+so whole nodes stay free for large requests), and there gets its GPUs by the allocation pass's
+rule (``topology.best_set``: NVLink-connected first, then one NUMA domain, then the lowest ids);
+a larger one takes whole free nodes, largest first, those of one network group where one group
+can hold it; a MIG slice goes on the GPU with the most slices already held in the window. Ids are the
 inventory's own integers and every remaining tie goes to the lowest.
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+
+from scheduler.topology import best_set
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,9 @@ class Slot:
     profile: str | None = None
     fraction: float = 1.0
     compute: tuple[int, int] | None = None  # a MIG instance's compute slices [first, end)
+    links: tuple[int, ...] = ()  # the GPUs (``gpu`` ids) of its node it has an NVLink to
+    numa: int | None = None  # its NUMA node (None: unknown)
+    group: str = ""  # its node's network group (rack or switch; "": none)
 
 
 @dataclass(frozen=True)
@@ -135,15 +142,44 @@ def _whole_gpus(matching: list[Slot], free: list[Slot], gpus: int) -> tuple[Slot
     fitting = [(len(devs), node) for node, devs in by_node.items() if len(devs) >= gpus]
     if fitting:
         _, node = min(fitting)
-        return tuple(by_node[node][:gpus])
+        return _tightest(by_node[node], gpus)
     whole = [devs for node, devs in by_node.items() if len(devs) == sizes[node]]
     whole.sort(key=lambda devs: (-len(devs), devs[0].node))
+    whole = _one_group(whole, gpus)
     chosen: list[Slot] = []
     for devs in whole:
         if len(chosen) >= gpus:
             break
         chosen += devs[: gpus - len(chosen)]
     return tuple(chosen) if len(chosen) == gpus else ()
+
+
+def _one_group(whole: list[list[Slot]], gpus: int) -> list[list[Slot]]:
+    """The whole free nodes of one network group, where one group can hold ``gpus``: the group
+    that needs the fewest nodes, then its name; else all of ``whole`` (same order)."""
+    groups: dict[str, list[list[Slot]]] = defaultdict(list)
+    for devs in whole:
+        if devs[0].group:
+            groups[devs[0].group].append(devs)
+    best = None
+    for group, nodes in groups.items():
+        taken, total = 0, 0
+        while taken < len(nodes) and total < gpus:
+            total += len(nodes[taken])
+            taken += 1
+        if total >= gpus and (best is None or (taken, group) < best[0]):
+            best = ((taken, group), nodes)
+    return whole if best is None else best[1]
+
+
+def _tightest(free: list[Slot], gpus: int) -> tuple[Slot, ...]:
+    """``gpus`` of one node's free GPUs (lowest id first) by ``topology.best_set``."""
+    if gpus < 2 or not any(s.links or s.numa is not None for s in free):
+        return tuple(free[:gpus])
+    by_gpu = {slot.gpu: slot for slot in free}
+    links = {slot.gpu: slot.links for slot in free}
+    numa = {slot.gpu: slot.numa for slot in free}
+    return tuple(by_gpu[gpu] for gpu in best_set(list(by_gpu), gpus, links, numa))
 
 
 def _one_slice(free: list[Slot], window: list[Hold]) -> Slot | None:

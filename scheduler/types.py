@@ -21,6 +21,8 @@ REASON_PREEMPTING = "preempting"  # lower-QOS bookings are being preempted to ma
 REASON_NEVER = "never"  # no set of up-or-down devices in the cluster can ever hold it
 REASON_DEPENDENCY = "dependency"  # a booking it depends on has not ended (or ended the wrong way)
 REASON_ARRAY_LIMIT = "array_limit"  # its array already runs as many tasks as the array allows
+# It could start now, but waits (at most Policy.topology_wait_s) for a better-connected GPU set.
+REASON_TOPOLOGY = "topology"
 REASONS = (
     REASON_STARTING,
     REASON_PRIORITY,
@@ -32,6 +34,7 @@ REASONS = (
     REASON_NEVER,
     REASON_DEPENDENCY,
     REASON_ARRAY_LIMIT,
+    REASON_TOPOLOGY,
 )
 
 # Dependency kinds (Slurm's): start after the target ended successfully, in any way, or not
@@ -54,6 +57,9 @@ class Device:
 
     ``fraction`` is the device in GPU-equivalents (slices/7 for a MIG instance). ``parent`` names
     the physical GPU a MIG instance lives on, so placement can keep whole GPUs free.
+    Topology (docs/scheduling.md, Placement): ``links`` are the ids of the devices of its node it
+    has an NVLink to, ``numa`` its NUMA node (None: unknown), ``group`` its node's network group
+    (rack or switch; "": none).
     """
 
     id: str
@@ -66,6 +72,9 @@ class Device:
     utilization: float | None = None
     parent: str = ""
     runtimes: tuple[str, ...] = ()  # container runtimes of its node
+    links: tuple[str, ...] = ()
+    numa: int | None = None
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,10 @@ class Policy:
     "blend" charges ``fairshare_blend`` * allocated + (1 - ``fairshare_blend``) * measured. An
     allocation with no utilization measured (a MIG slice, which NVML does not report, or a node
     that sent nothing) is charged in full: missing telemetry earns no discount.
+    ``topology_wait_s`` > 0: a request of 2 or more GPUs on one node whose best set at its
+    earliest start is not the best-connected its nodes offer may start up to that many seconds
+    later on a better-connected set (reason "topology"); never a protected booking. 0 (the
+    default): placement quality never delays a start.
     ``explain=False`` leaves the reason of a waiting booking at "resources" with no detail
     instead of working it out: the same decisions, a cheaper pass (used by the replay).
     """
@@ -219,6 +232,7 @@ class Policy:
     estimate_all: bool = True
     explain: bool = True
     predict_last: int = 0
+    topology_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         problems = policy_problems(self)
@@ -247,7 +261,14 @@ def policy_problems(policy: Policy) -> list[str]:
     for name in ("fairshare_idle_floor", "fairshare_blend"):
         if not 0 <= getattr(policy, name) <= 1:
             problems.append(f"{name} must be in [0, 1]")
-    for name in ("weight_age", "weight_fairshare", "weight_size", "weight_qos", "preempt_grace_s"):
+    for name in (
+        "weight_age",
+        "weight_fairshare",
+        "weight_size",
+        "weight_qos",
+        "preempt_grace_s",
+        "topology_wait_s",
+    ):
         if not getattr(policy, name) >= 0:
             problems.append(f"{name} must be >= 0")
     positive = (

@@ -109,6 +109,9 @@ GPU_FIELDS = (
     "memory_mib",
     "mig_mode",
     "retired_at",
+    "pci_bus_id",
+    "numa_node",
+    "nvlink_peers",
 )
 
 
@@ -227,6 +230,9 @@ def gpu_rows(page: list[dict]) -> list[dict]:
             "memory_mib": row["memory_mib"],
             "mig_mode": row["mig_mode"],
             "retired_at": iso(row["retired_at"], tz),
+            "pci_bus_id": row["pci_bus_id"],
+            "numa_node": row["numa_node"],
+            "nvlink_peers": row["nvlink_peers"],
             "mig_instances": migs.get(row["id"], []),
             "reading": reading_json(readings.get(row["uuid"])),
         }

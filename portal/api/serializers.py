@@ -486,6 +486,7 @@ class NodeOutput(serializers.ModelSerializer):
             "state_reason",
             "last_seen",
             "agent_version",
+            "network_group",
             "gpu_count",
         ]
 
@@ -600,6 +601,8 @@ class BookingHistoryOutput(serializers.Serializer):
 
 class GpuOutput(serializers.ModelSerializer):
     node = serializers.CharField(source="node.hostname")
+    # Its topology as its agent reported it: NVLink peers are GPU indexes on its node.
+    nvlink_peers = serializers.ListField(child=serializers.IntegerField(), read_only=True)
     mig_instances = serializers.SerializerMethodField()
     reading = serializers.SerializerMethodField()
 
@@ -614,9 +617,13 @@ class GpuOutput(serializers.ModelSerializer):
             "memory_mib",
             "mig_mode",
             "retired_at",
+            "pci_bus_id",
+            "numa_node",
+            "nvlink_peers",
             "mig_instances",
             "reading",
         ]
+        read_only_fields = fields
 
     def get_mig_instances(self, obj) -> list[dict]:
         # Its live instances (the present layout); retired ones are reachable by their own id.
@@ -639,6 +646,9 @@ class GpuOutput(serializers.ModelSerializer):
             "memory_mib": obj.memory_mib,
             "mig_mode": obj.mig_mode,
             "retired_at": iso(obj.retired_at),
+            "pci_bus_id": obj.pci_bus_id,
+            "numa_node": obj.numa_node,
+            "nvlink_peers": obj.nvlink_peers,
             "mig_instances": self.get_mig_instances(obj),
             "reading": self.get_reading(obj),
         }

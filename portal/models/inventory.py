@@ -39,6 +39,14 @@ class Node(models.Model):
         help_text="Where the agent last registered from; the portal reaches its sessions there.",
     )
 
+    # Where the node sits on the site network (a rack or switch), set by the site: a multi-node
+    # booking prefers nodes of one group (docs/scheduling.md, Placement). Blank: none.
+    network_group = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="Rack or switch the node hangs off; multi-node bookings prefer one group.",
+    )
+
     # sha256 of the agent token; the token itself is shown once by `manage.py agent_token`.
     agent_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     created = models.DateTimeField(auto_now_add=True)
@@ -74,6 +82,9 @@ class NodeHeartbeat(models.Model):
 class Gpu(models.Model):
     """A physical GPU in a node. Bookable as a whole when MIG mode is off.
 
+    Its topology (PCI bus id, NUMA node, NVLink peers by index on its node) is what its agent
+    reported at the last register; the scheduler places multi-GPU bookings by it.
+
     A slot (node, index) holds a part (the card, known by its UUID). A card that its agent stops
     reporting, or that another card replaces at its index, is retired, not deleted, once bookings
     have used it: its row stays for history, accounting and audit, and it is never offered
@@ -89,6 +100,12 @@ class Gpu(models.Model):
     mig_mode = models.BooleanField(default=False)
     retired_at = models.DateTimeField(
         null=True, blank=True, help_text="When its agent stopped reporting it; never offered since."
+    )
+    # Topology, as its agent last reported it (empty / null: not reported).
+    pci_bus_id = models.CharField(max_length=32, blank=True)
+    numa_node = models.PositiveSmallIntegerField(null=True, blank=True)
+    nvlink_peers = models.JSONField(
+        default=list, blank=True, help_text="Indexes of the GPUs of its node it has an NVLink to."
     )
 
     class Meta:

@@ -42,6 +42,7 @@ PENDING_REASONS = {
     "node_down": "The nodes that could run it are down or draining.",
     "dependency": "It starts after other bookings end (its dependencies).",
     "array_limit": "Its array already runs as many tasks at once as the array allows.",
+    "topology": "It waits a little (at most the site's limit) for better-connected GPUs.",
 }
 
 
@@ -63,6 +64,7 @@ class DeviceRow:
     booking: Booking | None = None
     reading: dict | None = None
     children: list = field(default_factory=list)
+    topology: str = ""  # a whole GPU's NUMA node and NVLink peers, as its agent reported them
 
     @property
     def short_label(self) -> str:
@@ -166,7 +168,16 @@ def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None, busy: set[str]) 
         reading=readings.get(gpu.uuid),
         booking=booking,
         busy=gpu.uuid in busy,
+        topology=_topology_hint(gpu),
     )
+
+
+def _topology_hint(gpu: Gpu) -> str:
+    """Its NUMA node and NVLink peers, e.g. "NUMA 0 · NVLink to 1, 2, 3, 4" ("": none reported)."""
+    parts = [] if gpu.numa_node is None else [f"NUMA {gpu.numa_node}"]
+    if gpu.nvlink_peers:
+        parts.append(f"NVLink to {', '.join(map(str, gpu.nvlink_peers))}")
+    return " · ".join(parts)
 
 
 def _mig_row(

@@ -20,6 +20,7 @@ from portal.models import Allocation, Booking, Gpu, Node, Project
 from portal.services.access import permissions
 from portal.services.booking.quotas import quota_position, usage_current
 from portal.services.booking.selectors import session_view
+from portal.services.inventory import selectors as inventory
 from portal.services.reporting import accounting as accounting_services
 from portal.web import calendar, charts, history, panels, selectors
 
@@ -94,6 +95,9 @@ def booking_detail(request, booking_id: int):
         "log_tail_kib": LOG_TAIL_BYTES // 1024,
         "node_runs": selectors.node_runs_current(booking=booking) if booking.command else [],
         "output_file": output_file_name(booking.pk),
+        "topology": inventory.gpus_topology_text(
+            [a.gpu for a in shown if a.mig_instance_id is None]
+        ),
     }
     fragments = {"booking": "portal/_booking_state.html", "output": "portal/_booking_output.html"}
     return render_page(request, "portal/booking_detail.html", context, fragments)
@@ -165,6 +169,7 @@ def gpu_detail(request, gpu_id: int):
             {label: samples or []}, is_mig=chosen is not None, marks=marks
         ),
         "upcoming": upcoming,
+        "nvlink_peers": inventory.gpu_nvlink_peers(gpu=gpu),
         "visible_ids": set(
             selectors.visible_bookings(request.user)
             .filter(pk__in=shown)

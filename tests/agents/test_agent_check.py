@@ -115,3 +115,14 @@ def test_it_lists_the_container_runtimes_on_path(tmp_path, monkeypatch):
     }
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert check.check_runtimes().summary == "none found (podman, docker, apptainer, singularity)"
+
+
+def test_it_prints_the_topology_it_reads():
+    result = _check("--simulate", "8xV100-32GB@cube-mesh")
+    assert "8 GPU(s), NVLink on 8" in _line(result.stdout, "nvml")
+    assert "topology: PCI 0000:18:00.0, NUMA node 0, NVLink to GPU 1, 2, 3, 4" in result.stdout
+    result = _check("--simulate", "8xL40S-48GB@pcie")
+    assert "8 GPU(s), no NVLink" in _line(result.stdout, "nvml")
+    assert "topology: PCI 0000:1f:00.0, NUMA node 1, no NVLink (PCIe only)" in result.stdout
+    result = _check()
+    assert "topology: not reported" in result.stdout

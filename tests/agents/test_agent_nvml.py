@@ -3,6 +3,7 @@
 import os
 from types import SimpleNamespace
 
+from agents import protocol
 from agents.nvml import NvmlBackend
 
 MIB = 1024 * 1024
@@ -175,3 +176,79 @@ def test_it_reads_fields_and_nulls_the_unsupported_ones(me):
     assert mig_gpu.processes == []  # reported once, on the instance it runs in
     assert mig2.processes == []
     backend.close()
+
+
+class TopologyNvml(FakeNvml):
+    """FakeNvml with NVLink: GPU 0 link 0 goes to GPU 1 (and back); other links are down or
+    past the last one. ``switch``: link 0 goes to an NVSwitch instead."""
+
+    NVML_NVLINK_MAX_LINKS = 4
+    NVML_FEATURE_ENABLED = 1
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
+
+    def __init__(self, switch=False):
+        super().__init__()
+        self.switch = switch
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(busId=f"00000000:{0x10 + h[1]:02X}:00.0".encode())
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        if link >= 2:
+            raise NVMLError("Invalid Argument")  # past this GPU's last link
+        return 1 if link == 0 else 0
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
+        if self.switch:
+            return SimpleNamespace(busId="00000000:FF:00.0")
+        return SimpleNamespace(busId=f"0000:{0x10 + 1 - h[1]:02x}:00.0")  # legacy form
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+        return self.NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    def nvmlDeviceGetNumaNodeId(self, h):
+        if h[1] == 1:
+            raise NVMLError("Not Supported")  # an older driver: sysfs tells
+        return 1
+
+
+def test_it_reads_nvlink_peers_numa_nodes_and_bus_ids(tmp_path):
+    numa = tmp_path / "bus" / "pci" / "devices" / "0000:11:00.0"
+    numa.mkdir(parents=True)
+    (numa / "numa_node").write_text("0\n")
+    gpus = NvmlBackend(nvml=TopologyNvml(), sys_root=str(tmp_path)).discover()
+    assert [(g.pci_bus_id, g.numa_node, g.nvlink_peers) for g in gpus] == [
+        ("0000:10:00.0", 1, [1]),
+        ("0000:11:00.0", 0, [0]),
+    ]
+
+
+def test_gpus_on_an_nvswitch_are_all_peers(tmp_path):
+    gpus = NvmlBackend(nvml=TopologyNvml(switch=True), sys_root=str(tmp_path)).discover()
+    assert [g.nvlink_peers for g in gpus] == [[1], [0]]
+    assert [g.numa_node for g in gpus] == [1, None]  # no sysfs entry: unknown, not an error
+
+
+def test_an_older_driver_reports_no_topology_rather_than_failing(tmp_path):
+    gpus = NvmlBackend(nvml=FakeNvml(), sys_root=str(tmp_path)).discover()
+    assert [(g.pci_bus_id, g.numa_node, g.nvlink_peers) for g in gpus] == [(None, None, [])] * 2
+
+
+class OddNvml(TopologyNvml):
+    """A driver with answers the protocol would refuse: they must read as unknown."""
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(busId="00000000:3B:00.0\x07" + "x" * 40)
+
+    def nvmlDeviceGetNumaNodeId(self, h):
+        return 5000
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+        return 0  # a GPU, whose bus id could not be read
+
+
+def test_odd_driver_answers_read_as_unknown_so_the_register_still_passes(tmp_path):
+    gpus = NvmlBackend(nvml=OddNvml(), sys_root=str(tmp_path)).discover()
+    assert [(g.pci_bus_id, g.numa_node, g.nvlink_peers) for g in gpus] == [(None, None, [])] * 2
+    body = protocol.to_json(protocol.RegisterRequest("n", "0.1", gpus))
+    protocol.from_json(protocol.RegisterRequest, body, strict=True)  # the portal's own check

@@ -156,6 +156,41 @@ def test_it_names_the_bad_field_in_a_register(mutate, field, reason):
             "gpus[0].memory_total_mib",
             "must be at most 2147483647",
         ),
+        (
+            lambda b: b["gpus"][0].update(nvlink_peers=[1, -1]),
+            "gpus[0].nvlink_peers[1]",
+            "must be between 0 and 63",
+        ),
+        (
+            lambda b: b["gpus"][0].update(nvlink_peers=[64]),
+            "gpus[0].nvlink_peers[0]",
+            "must be between 0 and 63",
+        ),
+        (
+            lambda b: b["gpus"][0].update(nvlink_peers=["1"]),
+            "gpus[0].nvlink_peers[0]",
+            "must be an integer",
+        ),
+        (
+            lambda b: b["gpus"][0].update(nvlink_peers=list(range(64)) * 2),
+            "gpus[0].nvlink_peers",
+            "has 128 items; at most 64 per request",
+        ),
+        (
+            lambda b: b["gpus"][0].update(numa_node=1024),
+            "gpus[0].numa_node",
+            "must be between 0 and 1023",
+        ),
+        (
+            lambda b: b["gpus"][0].update(pci_bus_id="0000:3b:00.0\n"),
+            "gpus[0].pci_bus_id",
+            "must not contain control characters",
+        ),
+        (
+            lambda b: b["gpus"][0].update(pci_bus_id="0" * 33),
+            "gpus[0].pci_bus_id",
+            "longer than 32 characters",
+        ),
     ],
 )
 def test_it_holds_both_sides_to_the_schemas_bounds(mutate, field, reason):
@@ -217,3 +252,12 @@ def test_it_accepts_integers_for_floats_and_omitted_optionals():
     event = from_json(Event, {"kind": "started", "time": "2026-11-30T08:00:00+01:00"})
     assert event.booking_id is None and event.detail == ""
     assert event.time == datetime(2026, 11, 30, 7, 0, tzinfo=UTC)
+
+
+def test_a_register_without_topology_still_parses():
+    body = _register_body()
+    for gpu in body["gpus"]:
+        for name in ("pci_bus_id", "numa_node", "nvlink_peers"):
+            gpu.pop(name)
+    message = from_json(RegisterRequest, body, strict=True)
+    assert (message.gpus[0].nvlink_peers, message.gpus[0].numa_node) == ([], None)

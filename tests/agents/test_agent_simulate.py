@@ -111,3 +111,41 @@ def test_it_reports_real_processes_that_were_given_the_device(spawn, me):
     sleeper.wait()
     time.sleep(0.05)
     assert backend.sample()[1].processes == []
+
+
+def test_it_models_a_cube_mesh_nvlink_node():
+    gpus = SimulatedBackend("8xV100-32GB@cube-mesh", "node-a").discover()
+    peers = {g.index: set(g.nvlink_peers) for g in gpus}
+    # Two fully connected quads plus the links i <-> i+4, symmetric.
+    assert peers[0] == {1, 2, 3, 4} and peers[5] == {1, 4, 6, 7}
+    assert all(i in peers[j] for i in peers for j in peers[i])
+    assert not all(len(p) == 7 for p in peers.values())  # no fully connected set of 8
+    assert [g.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len({g.pci_bus_id for g in gpus}) == 8 and gpus[0].pci_bus_id == "0000:18:00.0"
+
+
+def test_it_models_a_pcie_node_with_two_numa_domains():
+    gpus = SimulatedBackend("8xL40S-48GB@pcie", "node-p").discover()
+    assert all(g.nvlink_peers == [] for g in gpus)
+    assert [g.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_its_topology_keeps_the_devices_it_had():
+    # Adding a topology to a SPEC must not replace the node's devices (UUIDs stay).
+    plain = SimulatedBackend("8xH100-80GB", "node-a", site="s1").discover()
+    linked = SimulatedBackend("8xH100-80GB@nvswitch", "node-a", site="s1").discover()
+    assert [g.uuid for g in plain] == [g.uuid for g in linked]
+    assert plain[0].nvlink_peers == [] and plain[0].numa_node is None
+    assert linked[0].nvlink_peers == [1, 2, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("4xV100-32GB@cube-mesh", "cube-mesh topology has 8 GPUs, not 4"),
+        ("8xV100-32GB@torus", "unknown topology 'torus'"),
+    ],
+)
+def test_it_rejects_bad_topologies(spec, message):
+    with pytest.raises(SpecError, match=message):
+        SimulatedBackend(spec, "node-a")

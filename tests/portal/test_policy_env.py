@@ -40,6 +40,7 @@ VALUES = {
     "estimate_all": ("false", False),
     "explain": ("false", False),
     "predict_last": ("2", 2),
+    "topology_wait_s": ("600", 600.0),
 }
 
 

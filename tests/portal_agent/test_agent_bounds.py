@@ -37,6 +37,9 @@ COLUMNS = {
     ("GpuInventory", "uuid"): (Gpu, "uuid"),
     ("GpuInventory", "model"): (Gpu, "model"),
     ("GpuInventory", "memory_total_mib"): (Gpu, "memory_mib"),
+    ("GpuInventory", "pci_bus_id"): (Gpu, "pci_bus_id"),
+    ("GpuInventory", "numa_node"): (Gpu, "numa_node"),
+    ("GpuInventory", "nvlink_peers"): None,  # indexes of other GPUs, in Gpu.nvlink_peers (JSON)
     ("RegisterRequest", "hostname"): (Node, "hostname"),
     ("RegisterRequest", "agent_version"): (Node, "agent_version"),
     ("RegisterRequest", "protocol"): None,  # compared to PROTOCOL_VERSION, not stored

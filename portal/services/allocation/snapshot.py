@@ -248,6 +248,10 @@ def _devices() -> dict[str, tuple]:
             "node__hostname",
             "node__state",
             "node__container_runtimes",
+            "node__network_group",
+            "index",
+            "numa_node",
+            "nvlink_peers",
         )
     )
     migs = inventory.mig_instances_bookable().values_list(
@@ -260,10 +264,13 @@ def _devices() -> dict[str, tuple]:
         "gpu__node__hostname",
         "gpu__node__state",
         "gpu__node__container_runtimes",
+        "gpu__node__network_group",
     )
     readings = latest_by_uuid([row[1] for row in gpus])
+    # NVLink peers are reported by index on their node: the scheduler names them by device id.
+    slot = {(row[3], row[8]): f"gpu:{row[0]}" for row in gpus}
     devices: dict[str, tuple] = {}
-    for pk, uuid, model, node_id, hostname, node_state, runtimes in gpus:
+    for pk, uuid, model, node_id, hostname, node_state, runtimes, group, _, numa, peers in gpus:
         reading = readings.get(uuid, {})
         devices[f"gpu:{pk}"] = (
             scheduler.Device(
@@ -275,10 +282,13 @@ def _devices() -> dict[str, tuple]:
                 temperature_c=reading.get("temperature_c"),
                 utilization=reading.get("utilization_gpu"),
                 runtimes=runtimes_of(runtimes),
+                links=tuple(slot[node_id, p] for p in peers or () if (node_id, p) in slot),
+                numa=numa,
+                group=group,
             ),
             DeviceRow(node_id, pk, None, 1.0),
         )
-    for pk, profile, slices, gpu_id, model, node_id, hostname, node_state, runtimes in migs:
+    for pk, profile, slices, gpu_id, model, node_id, hostname, node_state, runtimes, group in migs:
         fraction = mig_fraction(slices)
         devices[f"mig:{pk}"] = (
             scheduler.Device(
@@ -290,6 +300,7 @@ def _devices() -> dict[str, tuple]:
                 node_state=node_state,
                 parent=f"gpu:{gpu_id}",
                 runtimes=runtimes_of(runtimes),
+                group=group,
             ),
             DeviceRow(node_id, gpu_id, pk, fraction),
         )

@@ -97,6 +97,18 @@ def _check_indexes_unique(gpus: list[dict]) -> None:
         if info["index"] in seen:
             raise ValidationFailed.field(f"gpus[{i}].index", "the same index as another GPU")
         seen.add(info["index"])
+    _check_peers(gpus, seen)
+
+
+def _check_peers(gpus: list[dict], indexes: set[int]) -> None:
+    """An NVLink peer is another GPU of the same register, named by its index."""
+    for i, info in enumerate(gpus):
+        for j, peer in enumerate(info.get("nvlink_peers") or ()):
+            where = f"gpus[{i}].nvlink_peers[{j}]"
+            if peer == info["index"]:
+                raise ValidationFailed.field(where, "a GPU is not its own NVLink peer")
+            if peer not in indexes:
+                raise ValidationFailed.field(where, f"no GPU of this node has index {peer}")
 
 
 def _gpu_retire(gpu: Gpu, now: datetime) -> None:
@@ -163,6 +175,10 @@ def _gpu_upsert(node: Node, info: dict) -> tuple[Gpu, bool]:
             "memory_mib": info["memory_total_mib"],
             "mig_mode": bool(info.get("mig_mode")),
             "retired_at": None,
+            # Topology is the slot's as last reported: a card replaced or moved gets its new one.
+            "pci_bus_id": info.get("pci_bus_id") or "",
+            "numa_node": info.get("numa_node"),
+            "nvlink_peers": sorted(set(info.get("nvlink_peers") or ())),
         },
     )
     return gpu, before is not None and not before[0]

@@ -112,9 +112,24 @@ def _slots(qs, *, mig_profile: str) -> tuple[Slot, ...]:
             )
             for node, gpu, mig, model, slices, first in rows
         )
+    rows = list(
+        qs.values_list(
+            "node_id", "id", "model", "index", "numa_node", "nvlink_peers", "node__network_group"
+        )
+    )
+    # NVLink peers are reported by index on their node; the rule names them by GPU id.
+    slot = {(row[0], row[3]): row[1] for row in rows}
     return tuple(
-        Slot(node, gpu, None, model)
-        for node, gpu, model in qs.values_list("node_id", "id", "model")
+        Slot(
+            node,
+            gpu,
+            None,
+            model,
+            links=tuple(slot[node, p] for p in peers or () if (node, p) in slot),
+            numa=numa,
+            group=group,
+        )
+        for node, gpu, model, _, numa, peers, group in rows
     )
 
 

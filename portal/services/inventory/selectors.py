@@ -6,6 +6,7 @@ MIG mode. Everything that offers or plans devices starts from them; pages that s
 (a booking's devices, accounting) read the rows as they are, retired ones included.
 """
 
+from collections import defaultdict
 from datetime import datetime
 from functools import lru_cache
 
@@ -14,6 +15,7 @@ from django.db.models import Count, QuerySet
 import scheduler
 from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
 from portal.models.inventory import runtimes_of
+from scheduler.topology import describe
 
 
 def gpus_live() -> QuerySet:
@@ -33,6 +35,30 @@ def mig_instances_bookable() -> QuerySet:
     return MigInstance.objects.filter(
         retired_at__isnull=True, gpu__retired_at__isnull=True, gpu__mig_mode=True
     )
+
+
+def gpu_nvlink_peers(*, gpu: Gpu) -> list[Gpu]:
+    """The live GPUs of its node that it reported an NVLink to (peers are named by index)."""
+    peers = gpu.nvlink_peers or []
+    return list(gpus_live().filter(node_id=gpu.node_id, index__in=peers).order_by("index"))
+
+
+def gpus_topology_text(gpus: list[Gpu]) -> str:
+    """How these whole GPUs are connected, node by node, in the scheduler's words
+    (``scheduler.topology.describe``): "4 GPUs, fully NVLink-connected, NUMA 0"; "" where no GPU
+    reports topology or a node holds one of them. The GPUs' nodes should be selected with them."""
+    by_node: dict[str, list[Gpu]] = defaultdict(list)
+    for gpu in gpus:
+        by_node[gpu.node.hostname].append(gpu)
+    parts = []
+    for hostname, members in sorted(by_node.items()):
+        if not any(g.nvlink_peers or g.numa_node is not None for g in members):
+            continue
+        links = {g.index: tuple(g.nvlink_peers or ()) for g in members}
+        text = describe([g.index for g in members], links, {g.index: g.numa_node for g in members})
+        if text:
+            parts.append(f"{hostname}: {text}" if len(by_node) > 1 else text)
+    return "; ".join(parts)
 
 
 def gpu_models() -> list[str]:

@@ -17,10 +17,12 @@ from portal.services.booking.bookings import booking_submit
 from portal.services.fleet.nodes import node_inventory_from_spec
 
 DEMO_PASSWORD = "gpu-demo-2026"
-# hostname -> simulated agent SPEC (see docs/agent.md); one node has MIG slices.
+# hostname -> simulated agent SPEC (see docs/agent.md); one node has MIG slices. The topology
+# ("@...") changes no device id: an H100 node on an NVSwitch, an A100 PCIe node with two NUMA
+# domains.
 DEMO_NODES = {
-    "gpu-a01": "8xH100-80GB",
-    "gpu-a02": "8xA100-80GB",
+    "gpu-a01": "8xH100-80GB@nvswitch",
+    "gpu-a02": "8xA100-80GB@pcie",
     "gpu-a03": "4xA100-80GB,4xA100-80GB:mig=3g.40gb+2g.20gb+1g.10gb+1g.10gb",
 }
 DEMO_USERS = [
