@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scheduler.allocator import _copy, _Pass, _Walk
-from scheduler.placement import Finder
+from scheduler.placement import Finder, Node
 from scheduler.preemption import preempt_phase
 from scheduler.priority import fairshare_factors, priority_of
 from scheduler.quota import Ledger, Quotas
@@ -42,6 +42,7 @@ class _Saved:
     reserved: int
     last_start: float
     failed: dict
+    bounds: tuple
 
 
 def keep_walk(state: State, policy: Policy, every: int = 128) -> KeptWalk:
@@ -173,7 +174,8 @@ def _save(done: int, run: _Pass, walk: _Walk, last: _Saved | None) -> _Saved:
             twin = _ledger_copy(ledger)
         ledgers[key] = twin
     failed = {key: dict(value) for key, value in walk.failed.items()}
-    return _Saved(done, tuple(timelines), ledgers, walk.reserved, walk.last_start, failed)
+    saved = (tuple(timelines), ledgers, walk.reserved, walk.last_start, failed)
+    return _Saved(done, *saved, run.finder.bounds())
 
 
 def _ledger_mark(ledger: Ledger) -> tuple:
@@ -182,23 +184,41 @@ def _ledger_mark(ledger: Ledger) -> tuple:
 
 
 def _ledger_copy(ledger: Ledger) -> Ledger:
-    twin = copy.copy(ledger)
+    twin = object.__new__(type(ledger))
+    twin.__dict__.update(ledger.__dict__)
     twin.intervals = list(ledger.intervals)
     steps = ledger._steps
     twin._steps = None if steps is None else (list(steps[0]), list(steps[1]))
     return twin
 
 
+class _CopiedOnRead(dict):
+    """Saved ledgers, each copied the first time the walk reads it (most are never read)."""
+
+    def __init__(self, saved: dict) -> None:
+        super().__init__(saved)
+        self.copied: set = set()
+
+    def __getitem__(self, key):
+        if key not in self.copied:
+            self.copied.add(key)
+            self[key] = _ledger_copy(super().__getitem__(key))
+        return super().__getitem__(key)
+
+
 def _resume(saved: _Saved, twin: _Pass, kept: _Walk) -> _Walk:
     """Point ``twin`` (and a twin of the walk) at fresh copies of a saved state."""
     twin.nodes = []
     for node, timeline in zip(kept.run.nodes, saved.timelines, strict=True):
-        node = copy.copy(node)
-        node.timeline = _copy(timeline)
-        twin.nodes.append(node)
+        copied = object.__new__(Node)
+        copied.__dict__.update(node.__dict__)
+        copied.timeline = _copy(timeline)
+        copied.timeline.version = timeline.version  # the saved bounds name these versions
+        twin.nodes.append(copied)
     twin.finder = Finder(twin.nodes, twin.now)
+    twin.finder.resume(saved.bounds)
     twin.quotas = Quotas({}, {})
-    twin.quotas.ledgers = {key: _ledger_copy(ledger) for key, ledger in saved.ledgers.items()}
+    twin.quotas.ledgers = _CopiedOnRead(saved.ledgers)
     walk = copy.copy(kept)
     walk.run, walk.starts = twin, []
     walk.reserved, walk.last_start = saved.reserved, saved.last_start

@@ -124,6 +124,21 @@ class Finder:
         self._need_lists: dict[tuple, list[int]] = {}
         self._whole_nodes: dict[str | None, list[Node]] = {}
 
+    def bounds(self) -> tuple[dict, dict]:
+        """A copy of the lazy lower bounds (the shape heaps and the whole-node bounds).
+
+        Occupying only makes starts later, so they stay lower bounds for any later state of
+        the same timelines: a Finder on copies of those timelines may ``resume`` from them.
+        """
+        heaps = {shape: list(heap) for shape, heap in self._heaps.items()}
+        return heaps, {floor: dict(cache) for floor, cache in self._whole.items()}
+
+    def resume(self, bounds: tuple[dict, dict]) -> None:
+        """Start from ``bounds()`` taken on an earlier state of these nodes' timelines."""
+        heaps, whole = bounds
+        self._heaps = {shape: list(heap) for shape, heap in heaps.items()}
+        self._whole = {floor: dict(cache) for floor, cache in whole.items()}
+
     def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
         """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
 

@@ -3,21 +3,26 @@
 The answer is named as on a booking (planned_start, queue_position, pending_reason,
 state_detail). A queued request is planned on a snapshot of the queue that is shared for
 ESTIMATE_SNAPSHOT_TTL_S seconds: the Book page asks as the user types, and reading the whole
-queue for each keystroke would cost more than the pass itself. The plan stops once the
-hypothetical booking is placed: a request of high priority costs a short walk, not a whole pass.
+queue for each keystroke would cost more than the pass itself. The queue's walk is kept with
+it (``scheduler.keep_walk``): a request resumes the walk from a copy of its state a few hundred
+bookings before its own place, wherever it ranks, instead of walking the whole queue again.
 """
 
+import os
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db import connection
+from django.utils import timezone
 
 import scheduler
 from portal.errors import ApplicationError
 from portal.services.allocation.snapshot import (
     Snapshot,
+    snapshot_extra,
     snapshot_plus,
     snapshot_take,
 )
@@ -28,7 +33,7 @@ from portal.services.booking.dependencies import after_check, array_check, queue
 from portal.services.booking.job_env import job_env_check, node_count_gpus
 from portal.services.booking.sessions import session_request_check
 from portal.services.core import counters
-from portal.services.core.clock import from_epoch
+from portal.services.core.clock import from_epoch, to_epoch
 
 ESTIMATE_ID = 0  # the hypothetical booking's id in the snapshot; real ids start at 1
 
@@ -107,13 +112,10 @@ def _estimate_reservation(user, request: BookingRequest, now: datetime, image: s
 def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:
     hypothetical = booking_services.booking_from_request(user, request, now)
     hypothetical.pk = ESTIMATE_ID
-    snap = estimate_snapshot(now=now)
-    state = snapshot_plus(snap, now=now, bookings=[hypothetical])
-    # The walk stops at the hypothetical booking: what comes after it in priority order
-    # cannot change its line.
-    plan = scheduler.plan(state, snap.policy, until=str(ESTIMATE_ID))
-    mine = plan.planned[-1]
-    start = from_epoch(mine.start) if mine.start is not None else None
+    queue = estimate_queue(now=now)
+    mine = _line(queue, now, hypothetical)
+    # The queue is planned at its snapshot's time, at most the TTL ago: not before now.
+    start = from_epoch(max(mine.start, to_epoch(now))) if mine.start is not None else None
     return Estimate(
         planned_start=start,
         pending_reason=mine.reason,
@@ -123,27 +125,86 @@ def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:
     )
 
 
+def _line(queue: "_Queue", now: datetime, hypothetical) -> scheduler.Planned:
+    """The hypothetical booking's line in the plan of the queue with it."""
+    snap, kept = queue.snap, queue.kept
+    if kept is not None:
+        requests, users, projects, shares = snapshot_extra(snap, now=now, bookings=[hypothetical])
+        line = kept.line(
+            requests[0], user_quotas=users, project_quotas=projects, project_shares=shares
+        )
+        if line is not None:
+            return line
+    state = snapshot_plus(snap, now=now, bookings=[hypothetical])
+    # The walk stops at the hypothetical booking: what comes after it in priority order
+    # cannot change its line.
+    return scheduler.plan(state, snap.policy, until=str(ESTIMATE_ID)).planned[-1]
+
+
+@dataclass
+class _Queue:
+    """The queue the estimates of this process plan on: a snapshot, when it was read
+    (``time.monotonic()``), and its walk kept between estimates (None with a TTL of 0)."""
+
+    taken: float
+    snap: Snapshot
+    kept: scheduler.KeptWalk | None = None
+
+
 _lock = threading.Lock()
-_shared: tuple[float, Snapshot] | None = None
+_shared: _Queue | None = None
+_refreshing = threading.Event()  # a refresh ahead of the TTL is under way
 
 
-def estimate_snapshot(*, now: datetime) -> Snapshot:
-    """The queue as the estimates of this process see it: taken at most ESTIMATE_SNAPSHOT_TTL_S
-    seconds ago (0: each time). Requests that come while it is taken wait for it, not take
-    their own."""
+def estimate_queue(*, now: datetime) -> _Queue:
+    """The queue as the estimates of this process see it: read at most ESTIMATE_SNAPSHOT_TTL_S
+    seconds ago (0: each time), with its walk kept (docs/scheduling.md, "The estimate").
+    Requests that come while it is read or walked wait for it, not take their own; past half
+    the TTL the next one is read and walked in the background, so the queue in use stays
+    within the TTL without a request waiting for the walk."""
     global _shared
     ttl = settings.ESTIMATE_SNAPSHOT_TTL_S
     with _lock:
-        if _shared is not None and time.monotonic() - _shared[0] < ttl:
-            return _shared[1]
-        snap = snapshot_take(now=now)
-        _shared = (time.monotonic(), snap)
-        counters.counter_add("estimate_snapshots")
-        return snap
+        if _shared is None or time.monotonic() - _shared.taken >= ttl:
+            _shared = _take(now, walk=ttl > 0)
+        elif _refresh_due(_shared, ttl):
+            _refreshing.set()
+            threading.Thread(target=_refresh, name="estimate-queue", daemon=True).start()
+        return _shared
+
+
+def _refresh_due(queue: _Queue, ttl: float) -> bool:
+    # Not from inside a transaction (a test's): a read on another connection would not see
+    # what the transaction wrote.
+    if connection.in_atomic_block or _refreshing.is_set():
+        return False
+    return time.monotonic() - queue.taken >= ttl / 2
+
+
+def _take(now: datetime, *, walk: bool) -> _Queue:
+    taken = time.monotonic()
+    snap = snapshot_take(now=now)
+    counters.counter_add("estimate_snapshots")
+    kept = scheduler.keep_walk(snap.state, snap.policy) if walk else None
+    return _Queue(taken, snap, kept)
+
+
+def _refresh() -> None:
+    global _shared
+    try:
+        # Behind the requests of every process: this is work ahead of need.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        queue = _take(timezone.now(), walk=True)
+        with _lock:
+            if _shared is None or _shared.taken < queue.taken:
+                _shared = queue
+    finally:
+        connection.close()
+        _refreshing.clear()
 
 
 def estimate_snapshot_forget() -> None:
-    """Drop this process's shared snapshot: the next estimate reads the queue afresh."""
+    """Drop this process's shared queue: the next estimate reads the queue afresh."""
     global _shared
     with _lock:
         _shared = None
