@@ -143,50 +143,49 @@ def _line(queue: "_Queue", now: datetime, hypothetical) -> scheduler.Planned:
 
 @dataclass
 class _Queue:
-    """The queue the estimates of this process plan on: a snapshot, when it was read
-    (``time.monotonic()``), and its walk kept between estimates (None with a TTL of 0)."""
+    """The queue the estimates of this process plan on: a snapshot, when it was ready
+    (``time.monotonic()``, once read and walked), and its walk kept between estimates (None with
+    a TTL of 0)."""
 
-    taken: float
+    ready: float
     snap: Snapshot
     kept: scheduler.KeptWalk | None = None
 
 
 _lock = threading.Lock()
 _shared: _Queue | None = None
-_refreshing = threading.Event()  # a refresh ahead of the TTL is under way
+_refreshing = threading.Event()  # the next queue is being read and walked in the background
 
 
 def estimate_queue(*, now: datetime) -> _Queue:
-    """The queue as the estimates of this process see it: read at most ESTIMATE_SNAPSHOT_TTL_S
-    seconds ago (0: each time), with its walk kept (docs/scheduling.md, "The estimate").
-    Requests that come while it is read or walked wait for it, not take their own; past half
-    the TTL the next one is read and walked in the background, so the queue in use stays
-    within the TTL without a request waiting for the walk."""
+    """The queue as the estimates of this process see it, with its walk kept (0: read for each
+    estimate, not walked ahead).
+
+    A queue serves for ESTIMATE_SNAPSHOT_TTL_S seconds once ready. Past that the next one is
+    read and walked in the background while this one still answers, so no estimate waits for a
+    walk of the whole queue; only the first of a process does (and every one inside a
+    transaction, a test's, where a read on another connection would not see its writes).
+    """
     global _shared
     ttl = settings.ESTIMATE_SNAPSHOT_TTL_S
     with _lock:
-        if _shared is None or time.monotonic() - _shared.taken >= ttl:
-            _shared = _take(now, walk=ttl > 0)
-        elif _refresh_due(_shared, ttl):
-            _refreshing.set()
-            threading.Thread(target=_refresh, name="estimate-queue", daemon=True).start()
+        queue = _shared
+        if queue is not None and time.monotonic() - queue.ready < ttl:
+            return queue
+        if queue is not None and ttl > 0 and not connection.in_atomic_block:
+            if not _refreshing.is_set():
+                _refreshing.set()
+                threading.Thread(target=_refresh, name="estimate-queue", daemon=True).start()
+            return queue
+        _shared = _take(now, walk=ttl > 0)
         return _shared
 
 
-def _refresh_due(queue: _Queue, ttl: float) -> bool:
-    # Not from inside a transaction (a test's): a read on another connection would not see
-    # what the transaction wrote.
-    if connection.in_atomic_block or _refreshing.is_set():
-        return False
-    return time.monotonic() - queue.taken >= ttl / 2
-
-
 def _take(now: datetime, *, walk: bool) -> _Queue:
-    taken = time.monotonic()
     snap = snapshot_take(now=now)
     counters.counter_add("estimate_snapshots")
     kept = scheduler.keep_walk(snap.state, snap.policy) if walk else None
-    return _Queue(taken, snap, kept)
+    return _Queue(time.monotonic(), snap, kept)
 
 
 def _refresh() -> None:
@@ -196,8 +195,7 @@ def _refresh() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         queue = _take(timezone.now(), walk=True)
         with _lock:
-            if _shared is None or _shared.taken < queue.taken:
-                _shared = queue
+            _shared = queue
     finally:
         connection.close()
         _refreshing.clear()
