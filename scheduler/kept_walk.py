@@ -29,6 +29,7 @@ from scheduler.placement import Finder, Node
 from scheduler.preemption import preempt_phase
 from scheduler.priority import fairshare_factors, priority_of
 from scheduler.quota import Ledger, Quotas
+from scheduler.timeline import NodeTimeline
 from scheduler.types import Planned, Policy, Quota, Request, State
 
 
@@ -192,6 +193,30 @@ def _ledger_copy(ledger: Ledger) -> Ledger:
     return twin
 
 
+class _Borrowed(NodeTimeline):
+    """A saved timeline read as is and copied the first time it changes (most never do)."""
+
+    __slots__ = ("owned",)
+
+    def __init__(self, saved: NodeTimeline) -> None:
+        self.times, self.masks, self.owned = saved.times, saved.masks, False
+        self.version = saved.version  # the saved bounds name these versions
+
+    def occupy(self, bits: int, start: float, end: float) -> None:
+        """Mark devices ``bits`` busy over [start, end), on a copy of its own."""
+        self._own()
+        super().occupy(bits, start, end)
+
+    def release(self, bits: int, start: float, end: float) -> None:
+        """Mark devices ``bits`` free over [start, end), on a copy of its own."""
+        self._own()
+        super().release(bits, start, end)
+
+    def _own(self) -> None:
+        if not self.owned:
+            self.times, self.masks, self.owned = list(self.times), list(self.masks), True
+
+
 class _CopiedOnRead(dict):
     """Saved ledgers, each copied the first time the walk reads it (most are never read)."""
 
@@ -212,8 +237,7 @@ def _resume(saved: _Saved, twin: _Pass, kept: _Walk) -> _Walk:
     for node, timeline in zip(kept.run.nodes, saved.timelines, strict=True):
         copied = object.__new__(Node)
         copied.__dict__.update(node.__dict__)
-        copied.timeline = _copy(timeline)
-        copied.timeline.version = timeline.version  # the saved bounds name these versions
+        copied.timeline = _Borrowed(timeline)
         twin.nodes.append(copied)
     twin.finder = Finder(twin.nodes, twin.now)
     twin.finder.resume(saved.bounds)
