@@ -180,3 +180,42 @@ def test_it_plans_the_queue_for_a_request_that_would_change_the_walk_before_it(
     body = _estimate(api, {"gpus": 1, "duration_s": 600, "qos": "high"}).json()
     assert body["queue_position"] == 1
     assert [kwargs["until"] for kwargs in plans] == ["0"]
+
+
+def _refreshed(estimate) -> None:
+    deadline = time.monotonic() + 60
+    while estimate._refreshing.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_from_the_last_queue_while_the_next_is_walked(
+    api, user, project, cluster, settings
+):
+    from portal.services.allocation import estimate
+
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 1.0
+    before = counter_value("estimate_snapshots")
+    assert _estimate(api).json()["pending_reason"] == "starting"
+    _hog(user, project)
+    time.sleep(1.1)
+    # Past the TTL the last queue (no hog in it) answers at once; the next is read meanwhile.
+    assert _estimate(api).json()["pending_reason"] == "starting"
+    _refreshed(estimate)
+    assert _estimate(api).json()["pending_reason"] == "resources"
+    assert counter_value("estimate_snapshots") >= before + 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_reads_the_queue_again_before_answering_once_it_is_long_past_its_ttl(
+    api, user, project, cluster, settings, monkeypatch
+):
+    from portal.services.allocation import estimate
+
+    monkeypatch.setattr(estimate, "STALE_GRACE_S", 0.0)  # "long past" at once
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 0.5
+    assert _estimate(api).json()["pending_reason"] == "starting"
+    _hog(user, project)
+    time.sleep(0.6)
+    assert _estimate(api).json()["pending_reason"] == "resources"
+    assert not estimate._refreshing.is_set()

@@ -154,6 +154,9 @@ class _Queue:
 
 
 REFRESH_SWITCH_INTERVAL_S = 0.0005
+# Past its TTL a queue still answers while the next one is walked, for at most this long: an
+# idle process's queue from long ago is read again before answering.
+STALE_GRACE_S = 30.0
 _lock = threading.Lock()
 _shared: _Queue | None = None
 _refreshing = threading.Event()  # the next queue is being read and walked in the background
@@ -164,9 +167,10 @@ def estimate_queue(*, now: datetime) -> _Queue:
     estimate, not walked ahead).
 
     A queue serves for ESTIMATE_SNAPSHOT_TTL_S seconds once ready. Past that the next one is
-    read and walked in the background while this one still answers, so no estimate waits for a
-    walk of the whole queue; only the first of a process does (and every one inside a
-    transaction, a test's, where a read on another connection would not see its writes).
+    read and walked in the background while this one still answers (for STALE_GRACE_S more at
+    most), so no estimate waits for a walk of the whole queue; only the first of a process does,
+    one after an idle spell, and every one inside a transaction (a test's: a read on another
+    connection would not see its writes).
     """
     global _shared
     ttl = settings.ESTIMATE_SNAPSHOT_TTL_S
@@ -174,13 +178,21 @@ def estimate_queue(*, now: datetime) -> _Queue:
         queue = _shared
         if queue is not None and time.monotonic() - queue.ready < ttl:
             return queue
-        if queue is not None and ttl > 0 and not connection.in_atomic_block:
+        if _may_answer_stale(queue, ttl):
             if not _refreshing.is_set():
                 _refreshing.set()
                 threading.Thread(target=_refresh, name="estimate-queue", daemon=True).start()
             return queue
         _shared = _take(now, walk=ttl > 0)
         return _shared
+
+
+def _may_answer_stale(queue: _Queue | None, ttl: float) -> bool:
+    # Not from inside a transaction (a test's): a read on another connection would not see what
+    # the transaction wrote. Not a queue left from long ago either (a process that was idle).
+    if queue is None or ttl <= 0 or connection.in_atomic_block:
+        return False
+    return time.monotonic() - queue.ready < ttl + STALE_GRACE_S
 
 
 def _take(now: datetime, *, walk: bool) -> _Queue:
