@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
@@ -157,6 +158,8 @@ REFRESH_SWITCH_INTERVAL_S = 0.0005
 # Past its TTL a queue still answers while the next one is walked, for at most this long: an
 # idle process's queue from long ago is read again before answering.
 STALE_GRACE_S = 30.0
+WALK_LOCK_KEY = "estimate:walking"  # held by the process reading and walking its next queue
+WALK_LOCK_S = 60  # a process that died walking holds it no longer than this
 _lock = threading.Lock()
 _shared: _Queue | None = None
 _refreshing = threading.Event()  # the next queue is being read and walked in the background
@@ -179,7 +182,9 @@ def estimate_queue(*, now: datetime) -> _Queue:
         if queue is not None and time.monotonic() - queue.ready < ttl:
             return queue
         if _may_answer_stale(queue, ttl):
-            if not _refreshing.is_set():
+            # One process of the site walks at a time: walks side by side would share the cores
+            # with every request. The others answer from their last queue and try again later.
+            if not _refreshing.is_set() and cache.add(WALK_LOCK_KEY, 1, timeout=WALK_LOCK_S):
                 _refreshing.set()
                 threading.Thread(target=_refresh, name="estimate-queue", daemon=True).start()
             return queue
@@ -217,6 +222,7 @@ def _refresh() -> None:
             _shared = queue
     finally:
         sys.setswitchinterval(interval)
+        cache.delete(WALK_LOCK_KEY)
         connection.close()
         _refreshing.clear()
 
