@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from scheduler.allocator import _copy, _Pass, _Walk
@@ -46,15 +46,25 @@ class _Saved:
     bounds: tuple
 
 
-def keep_walk(state: State, policy: Policy, every: int = 128) -> KeptWalk:
-    """Walk the queue of ``state`` once, keeping its working state every ``every`` positions."""
-    return KeptWalk(state, policy, every)
+def keep_walk(
+    state: State, policy: Policy, every: int = 128, pause: Callable[[], object] | None = None
+) -> KeptWalk:
+    """Walk the queue of ``state`` once, keeping its working state every ``every`` positions.
+
+    ``pause`` is called every ``PAUSE_EVERY`` bookings of the walk: a caller that walks in the
+    background may wait there while its requests run."""
+    return KeptWalk(state, policy, every, pause)
+
+
+PAUSE_EVERY = 16
 
 
 class KeptWalk:
     """One queue walked in priority order, with copies of its state to resume estimates from."""
 
-    def __init__(self, state: State, policy: Policy, every: int) -> None:
+    def __init__(
+        self, state: State, policy: Policy, every: int, pause: Callable[[], object] | None = None
+    ) -> None:
         self.state, self.policy, self.every = state, policy, every
         run = self.run = _Pass(state, policy)
         self.ranked = run.ordered()
@@ -69,6 +79,8 @@ class KeptWalk:
                 self.saved.append(_save(done, run, walk, self.saved[-1] if self.saved else None))
             if done < len(self.ranked):
                 walk.place(done + 1, *self.ranked[done])
+            if pause is not None and done % PAUSE_EVERY == 0:
+                pause()
         projects = {request.project for request in state.pending}
         self.fair = fairshare_factors(projects, state.project_shares, state.project_usage)
         self.users = {request.user for request in state.pending}

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -115,7 +116,8 @@ def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:
     hypothetical = booking_services.booking_from_request(user, request, now)
     hypothetical.pk = ESTIMATE_ID
     queue = estimate_queue(now=now)
-    mine = _line(queue, now, hypothetical)
+    with _answering():
+        mine = _line(queue, now, hypothetical)
     # The queue is planned at its snapshot's time, at most the TTL ago: not before now.
     start = from_epoch(max(mine.start, to_epoch(now))) if mine.start is not None else None
     return Estimate(
@@ -160,6 +162,8 @@ REFRESH_SWITCH_INTERVAL_S = 0.0005
 STALE_GRACE_S = 30.0
 WALK_LOCK_KEY = "estimate:walking"  # held by the process reading and walking its next queue
 WALK_LOCK_S = 60  # a process that died walking holds it no longer than this
+PAUSE_LIMIT_S = 0.2  # the longest the background walk waits for requests at one pause
+_lock_in_flight = threading.Lock()
 _lock = threading.Lock()
 _shared: _Queue | None = None
 _refreshing = threading.Event()  # the next queue is being read and walked in the background
@@ -200,11 +204,37 @@ def _may_answer_stale(queue: _Queue | None, ttl: float) -> bool:
     return time.monotonic() - queue.ready < ttl + STALE_GRACE_S
 
 
-def _take(now: datetime, *, walk: bool) -> _Queue:
+def _take(now: datetime, *, walk: bool, pause=None) -> _Queue:
     snap = snapshot_take(now=now)
     counters.counter_add("estimate_snapshots")
-    kept = scheduler.keep_walk(snap.state, snap.policy) if walk else None
+    kept = scheduler.keep_walk(snap.state, snap.policy, pause=pause) if walk else None
     return _Queue(time.monotonic(), snap, kept)
+
+
+_in_flight = 0  # estimates of this process placing their request now
+_quiet = threading.Event()  # set while none is
+_quiet.set()
+
+
+@contextmanager
+def _answering():
+    global _in_flight
+    with _lock_in_flight:
+        _in_flight += 1
+        _quiet.clear()
+    try:
+        yield
+    finally:
+        with _lock_in_flight:
+            _in_flight -= 1
+            if not _in_flight:
+                _quiet.set()
+
+
+def _let_requests_go() -> None:
+    # The background walk waits between bookings while a request of its process places its
+    # own: they share one interpreter lock. A bounded wait: a stream of requests only slows it.
+    _quiet.wait(PAUSE_LIMIT_S)
 
 
 def _refresh() -> None:
@@ -217,7 +247,7 @@ def _refresh() -> None:
     try:
         # Behind the requests of every process: this is work ahead of need.
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        queue = _take(timezone.now(), walk=True)
+        queue = _take(timezone.now(), walk=True, pause=_let_requests_go)
         with _lock:
             _shared = queue
     finally:
