@@ -170,3 +170,13 @@ def _random_queue(rng: random.Random) -> tuple[State, Policy]:
         project_quotas=projects,
     )
     return state, Policy()
+
+
+def test_it_pauses_between_bookings_when_asked_and_walks_the_same():
+    state, policy = _random_queue(random.Random(11))
+    pauses = []
+    paused = keep_walk(state, policy, every=8, pause=lambda: pauses.append(1))
+    plain = keep_walk(state, policy, every=8)
+    request = Request("0", "u1", "p1", NOW, 600.0, gpus=2)
+    assert len(pauses) == len(state.pending) // 16 + 1  # every 16 bookings, from the first
+    assert paused.line(request) == plain.line(request) == _line_in_plan(state, policy, request, {})
