@@ -118,7 +118,7 @@ def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:
     queue = estimate_queue(now=now)
     with _answering():
         mine = _line(queue, now, hypothetical)
-    # The queue is planned at its snapshot's time, at most the TTL ago: not before now.
+    # The queue is planned at its snapshot's time, seconds ago: a start not before now.
     start = from_epoch(max(mine.start, to_epoch(now))) if mine.start is not None else None
     return Estimate(
         planned_start=start,
