@@ -190,7 +190,10 @@ class Finder:
         exact, kept, best = [], [], None
         nodes, count, duration = self.nodes, request.gpus, request.duration_s
         needs = self._needs(request.mig_profile, request.device_match)
-        while heap and (best is None or max(heap[0][0], not_before) <= best):
+        while heap:
+            bound = heap[0][0]  # max(bound, not_before) <= best, without the call (hot loop)
+            if best is not None and (bound if bound > not_before else not_before) > best:
+                break
             entry = heapq.heappop(heap)
             timeline = nodes[entry[2]].timeline
             need = needs[entry[2]]
@@ -202,7 +205,8 @@ class Finder:
                     heapq.heappush(heap, again + (found[1],))
                 continue
             kept.append(entry)
-            found = timeline.earliest(need, count, duration, max(entry[0], not_before))
+            begin = entry[0] if entry[0] > not_before else not_before
+            found = timeline.earliest(need, count, duration, begin)
             if found is not None:
                 start, mask = found
                 exact.append((start, mask.bit_count() - count, entry[2], timeline.version, mask))
