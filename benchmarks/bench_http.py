@@ -19,11 +19,13 @@ one JSON line, with calib_s (benchmarks/calib.py, timed before the server starts
 2-core machine (calib_s 0.39; they scale with it) with this generator on it: GET 200/s at p95 < 100 ms,
 POST 50/s at p95 < 200 ms, no 5xx other than 503 at twice those rates, websocket p95 delay < 1 s,
 overview 50 opens/s at p95 < 300 ms, estimate p95 < 150 ms. --overview-only runs just the overview
-steps.
+steps; --estimate-only just the estimate, after one step of estimates that warms every web
+process's copy of the queue.
 
     flock /tmp/gp-bench.lock python benchmarks/bench_http.py
     python benchmarks/bench_http.py --gpus 64 --bookings 500 --seconds 3 --ws-clients 20  # smoke
     python benchmarks/bench_http.py --overview-only --gpus 4096 --bookings 10000 --seconds 10
+    python benchmarks/bench_http.py --estimate-only --bookings 20000 --pending 10000
 """
 
 import argparse
@@ -445,6 +447,12 @@ async def _run(args, seeded: dict, port: int, server_pid: int) -> tuple[list[dic
         load = Load(session, f"http://127.0.0.1:{port}", seeded)
         s = args.seconds
         await _step(server_pid, "warm-up", [("", load.get, 20)], 3)
+        if args.estimate_only:
+            # Every web process reads and walks its own copy of the queue on its first
+            # estimate: warm them all before the step that counts.
+            rows += await _step(server_pid, "estimate warm-up 5/s", [("", load.estimate, 5)], s)
+            rows += await _step(server_pid, ESTIMATE_LOAD, [("", load.estimate, 5)], s)
+            return rows, {}
         for rate in () if args.overview_only else (50, 100, 200):
             rows += await _step(
                 server_pid, f"GET bookings/+gpus/ {rate}/s", [("", load.get, rate)], s
@@ -583,6 +591,9 @@ def main() -> None:
     parser.add_argument("--request-timeout", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     parser.add_argument("--overview-only", action="store_true", help="only the overview steps")
+    parser.add_argument(
+        "--estimate-only", action="store_true", help="only the estimate (after a warm-up step)"
+    )
     args = parser.parse_args()
 
     var_dir = tempfile.mkdtemp(prefix="bench-http-")
@@ -617,6 +628,13 @@ def main() -> None:
     print(_table(rows))
     print(f"websockets: {ws}")
     print(f"server log: {Path(var_dir) / 'server.log'}")
+    if args.estimate_only:
+        result = {"bench": "http", "gpus": args.gpus, "bookings": args.bookings}
+        result |= {"pending": args.pending, "seconds_per_step": args.seconds}
+        result |= {"web_workers": workers, "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
+        by_load = {r["load"]: r for r in rows}
+        print(json.dumps({**result, "calib_s": calib, **_estimate_result(by_load)}))
+        return
     overview = _overview_result(rows, calib)
     if args.overview_only:
         result = {"bench": "http", "gpus": args.gpus, "bookings": args.bookings}

@@ -464,7 +464,8 @@ if not 1 <= AUDIT_EXPORT_MAX_ROWS <= 10_000_000:
     )
 # POST bookings/estimate/ per user (the Book page asks as one types): "N/s", "N/min", "N/hour"
 # or "N/day"; past it 429 with Retry-After. Queued requests are planned on a copy of the queue
-# taken at most ESTIMATE_SNAPSHOT_TTL_S seconds ago (0: read it for every estimate).
+# and its walk, used for ESTIMATE_SNAPSHOT_TTL_S seconds once ready and then while the next one
+# is read and walked in the background (0: read it for every estimate).
 ESTIMATE_RATE = env("ESTIMATE_RATE", "60/min").strip() or "60/min"
 ESTIMATE_SNAPSHOT_TTL_S = envfloat("ESTIMATE_SNAPSHOT_TTL_S", 5.0)
 if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)", ESTIMATE_RATE):

@@ -2,6 +2,7 @@
 
 from scheduler.admission import Refusal, admission_refusal, never_fits
 from scheduler.allocator import plan
+from scheduler.kept_walk import KeptWalk, keep_walk
 from scheduler.priority import carry_usage, charged_fraction, decay_usage, predict_run
 from scheduler.quota import (
     QuotaRefusal,
@@ -29,6 +30,7 @@ __all__ = [
     "REASONS",
     "Allocation",
     "Device",
+    "KeptWalk",
     "Plan",
     "Planned",
     "Policy",
@@ -46,6 +48,7 @@ __all__ = [
     "carry_usage",
     "charged_fraction",
     "decay_usage",
+    "keep_walk",
     "never_fits",
     "plan",
     "position_refusal",

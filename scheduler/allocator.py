@@ -36,6 +36,7 @@ from scheduler.types import (
     REASON_RESOURCES,
     REASON_STARTING,
     REASON_TOPOLOGY,
+    Allocation,
     Plan,
     Planned,
     Policy,
@@ -110,16 +111,11 @@ class _Pass:
         for alloc in self.state.allocations:
             if alloc.end <= now:
                 continue  # overran its end: the portal is stopping it, treat it as gone
-            amount = sum(
-                self.where[d][0].devices[self.where[d][1]].fraction
-                for d in alloc.device_ids
-                if d in self.where
-            )
             self.quotas.add(
                 alloc.user,
                 alloc.project,
                 (max(alloc.start, now), alloc.end),
-                amount,
+                self.held(alloc),
                 alloc.booking_id,
                 alloc.array,
             )
@@ -127,6 +123,13 @@ class _Pass:
                 if device_id in self.where:
                     node, bit = self.where[device_id]
                     node.timeline.occupy(1 << bit, max(alloc.start, now), alloc.end)
+
+    def held(self, alloc: Allocation) -> float:
+        """GPU-equivalents a live allocation holds on the known devices."""
+        where = self.where
+        return sum(
+            where[d][0].devices[where[d][1]].fraction for d in alloc.device_ids if d in where
+        )
 
     def size(self, request: Request) -> float:
         """GPU-equivalents of a request."""

@@ -168,6 +168,21 @@ class Finder:
         self._whole_nodes: dict[str | None, list[Node]] = {}
         self.grouped = any(node.group for node in nodes)  # some node has a network group
 
+    def bounds(self) -> tuple[dict, dict]:
+        """A copy of the lazy lower bounds (the shape heaps and the whole-node bounds).
+
+        Occupying only makes starts later, so they stay lower bounds for any later state of
+        the same timelines: a Finder on copies of those timelines may ``resume`` from them.
+        """
+        heaps = {shape: list(heap) for shape, heap in self._heaps.items()}
+        return heaps, {floor: dict(cache) for floor, cache in self._whole.items()}
+
+    def resume(self, bounds: tuple[dict, dict]) -> None:
+        """Start from ``bounds()`` taken on an earlier state of these nodes' timelines."""
+        heaps, whole = bounds
+        self._heaps = {shape: list(heap) for shape, heap in heaps.items()}
+        self._whole = {floor: dict(cache) for floor, cache in whole.items()}
+
     def find(self, request: Request, multi: bool, not_before: float) -> Fit | None:
         """Earliest fit of ``request`` at or after ``not_before`` (None: never on these nodes).
 
@@ -219,7 +234,10 @@ class Finder:
         exact, kept, best = [], [], None
         nodes, count, duration = self.nodes, request.gpus, request.duration_s
         needs = self._needs(request.mig_profile, request.device_match)
-        while heap and (best is None or max(heap[0][0], not_before) <= best):
+        while heap:
+            bound = heap[0][0]  # max(bound, not_before) <= best, without the call (hot loop)
+            if best is not None and (bound if bound > not_before else not_before) > best:
+                break
             entry = heapq.heappop(heap)
             timeline = nodes[entry[2]].timeline
             need = needs[entry[2]]
@@ -231,7 +249,8 @@ class Finder:
                     heapq.heappush(heap, again + (found[1],))
                 continue
             kept.append(entry)
-            found = timeline.earliest(need, count, duration, max(entry[0], not_before))
+            begin = entry[0] if entry[0] > not_before else not_before
+            found = timeline.earliest(need, count, duration, begin)
             if found is not None:
                 start, mask = found
                 exact.append((start, mask.bit_count() - count, entry[2], timeline.version, mask))

@@ -157,9 +157,11 @@ class Ledger:
             return None
         times, levels = self.steps()
         n, t = len(times), not_before
+        # over(limit, level + amount), without a call per step (a third of the pass's quota time)
+        bound = limit + _EPS
         j = max(0, bisect_right(times, t) - 1)
         while j < n and times[j] < t + duration:
-            if over(limit, levels[j] + amount) and (j + 1 == n or times[j + 1] > t):
+            if levels[j] + amount > bound and (j + 1 == n or times[j + 1] > t):
                 if j + 1 == n:
                     return None
                 t = times[j + 1]

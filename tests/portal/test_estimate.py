@@ -124,3 +124,99 @@ def test_it_stops_planning_once_the_estimate_is_placed(
     assert body["queue_position"] == 1  # ahead of the five older bookings (higher QOS)
     ((pending, walked, _),) = walks
     assert (pending, walked) == (6, 1)  # not the five behind it
+
+
+def _queue_behind_hog(user, project):
+    from portal.models import Booking
+
+    _hog(user, project)
+    old = timezone.now() - timezone.timedelta(hours=1)
+    Booking.objects.bulk_create(
+        Booking(owner=user, project=project, gpus=g, duration_s=600 * (i + 1), submitted_at=old)
+        for i, g in enumerate([1, 2, 4, 8, 1, 16, 3])
+    )
+
+
+def _counting_plans(monkeypatch) -> list:
+    import scheduler
+    from portal.services.allocation import estimate
+
+    plans, real = [], scheduler.plan
+
+    def plan(*args, **kwargs):
+        plans.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(estimate.scheduler, "plan", plan)
+    return plans
+
+
+@pytest.mark.both_databases
+def test_it_answers_from_the_kept_walk_what_the_whole_plan_answers(
+    api, user, project, cluster, settings, monkeypatch
+):
+    from portal.services.allocation.estimate import estimate_snapshot_forget
+
+    _queue_behind_hog(user, project)
+    plans = _counting_plans(monkeypatch)
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 60
+    asks = [{"gpus": g, "duration_s": d} for g, d in ((2, 1200), (8, 600), (1, 3000))]
+    kept = [_estimate(api, ask).json() for ask in asks]
+    assert plans == []  # the walk kept with the queue answered, not a plan of the queue
+    estimate_snapshot_forget()
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 0  # a plan of the queue with the request, each time
+    assert [_estimate(api, ask).json() for ask in asks] == kept
+    assert len(plans) == 3
+    assert {body["pending_reason"] for body in kept} == {"resources"}
+
+
+def test_it_plans_the_queue_for_a_request_that_would_change_the_walk_before_it(
+    api, user, project, cluster, settings, monkeypatch
+):
+    _queue_behind_hog(user, project)
+    plans = _counting_plans(monkeypatch)
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 60
+    # A higher QOS than the whole queue's moves protection to it: not the kept walk's order.
+    body = _estimate(api, {"gpus": 1, "duration_s": 600, "qos": "high"}).json()
+    assert body["queue_position"] == 1
+    assert [kwargs["until"] for kwargs in plans] == ["0"]
+
+
+def _refreshed(estimate) -> None:
+    deadline = time.monotonic() + 60
+    while estimate._refreshing.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_from_the_last_queue_while_the_next_is_walked(
+    api, user, project, cluster, settings
+):
+    from portal.services.allocation import estimate
+
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 1.0
+    before = counter_value("estimate_snapshots")
+    assert _estimate(api).json()["pending_reason"] == "starting"
+    _hog(user, project)
+    time.sleep(1.1)
+    # Past the TTL the last queue (no hog in it) answers at once; the next is read meanwhile.
+    assert _estimate(api).json()["pending_reason"] == "starting"
+    _refreshed(estimate)
+    assert _estimate(api).json()["pending_reason"] == "resources"
+    assert counter_value("estimate_snapshots") >= before + 2
+    _refreshed(estimate)  # none left reading when the test's tables are emptied
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_reads_the_queue_again_before_answering_once_it_is_long_past_its_ttl(
+    api, user, project, cluster, settings, monkeypatch
+):
+    from portal.services.allocation import estimate
+
+    monkeypatch.setattr(estimate, "STALE_GRACE_S", 0.0)  # "long past" at once
+    settings.ESTIMATE_SNAPSHOT_TTL_S = 0.5
+    assert _estimate(api).json()["pending_reason"] == "starting"
+    _hog(user, project)
+    time.sleep(0.6)
+    assert _estimate(api).json()["pending_reason"] == "resources"
+    assert not estimate._refreshing.is_set()

@@ -168,22 +168,40 @@ def _runtimes(image: str) -> tuple[str, ...]:
 
 
 def snapshot_plus(snap: Snapshot, *, now: datetime, bookings: list[Booking]):
-    """The snapshot's scheduler State at `now` with these unsaved bookings queued too.
-
-    Their owners' quotas and use are read afresh: a snapshot taken a moment ago may not have
-    them (no pending booking of theirs), and their own latest use matters most to them.
-    """
-    keys = {(b.project.pk, b.owner.pk): (b.project.slug, b.owner.username) for b in bookings}
-    user_quotas, project_quotas, shares = _quotas(now, keys)
-    requests = tuple(_predicted(_request(b), snap.recent_runs) for b in bookings)
+    """The snapshot's scheduler State with these unsaved bookings queued too (see
+    ``snapshot_extra``): the state ``plan()`` of an estimate sees."""
+    requests, user_quotas, project_quotas, shares = snapshot_extra(snap, now=now, bookings=bookings)
     state = snap.state
     return replace(
         state,
-        now=_ts(now),
         pending=state.pending + requests,
         user_quotas={**state.user_quotas, **user_quotas},
         project_quotas={**state.project_quotas, **project_quotas},
         project_shares={**state.project_shares, **shares},
+    )
+
+
+def snapshot_extra(snap: Snapshot, *, now: datetime, bookings: list[Booking]):
+    """These unsaved bookings as the scheduler's requests, and the user quotas, project quotas
+    and project shares the snapshot lacks for them, read at ``now``.
+
+    The snapshot's own quotas stand for owners and projects it has (one consistent read, at the
+    snapshot's time like the rest of the queue): the walk an estimate resumes was planned with
+    them. Owners or projects with nothing queued are read afresh.
+    """
+    state = snap.state
+    keys = {
+        (b.project.pk, b.owner.pk): (b.project.slug, b.owner.username)
+        for b in bookings
+        if _user_key(b) not in state.user_quotas or b.project.slug not in state.project_quotas
+    }
+    user_quotas, project_quotas, shares = _quotas(now, keys) if keys else ({}, {}, {})
+    requests = tuple(_predicted(_request(b), snap.recent_runs) for b in bookings)
+    return (
+        requests,
+        {key: quota for key, quota in user_quotas.items() if key not in state.user_quotas},
+        {key: quota for key, quota in project_quotas.items() if key not in state.project_quotas},
+        {key: share for key, share in shares.items() if key not in state.project_quotas},
     )
 
 
