@@ -154,11 +154,25 @@ class _Pass:
         return ranked
 
     def _rank(self, pair: tuple[Request, Priority]) -> tuple:
-        """Sort key: protected bookings first in arrival order, then by priority, age, id."""
+        """Sort key: protected bookings first in arrival order, then in ``Policy.order`` (by
+        priority, or by QOS level then the order's key), then age, then id."""
         request, prio = pair
         if self.protected(request):
             return (0, request.submit_time, 0.0, request.booking_id)
-        return (1, -prio.total, request.submit_time, request.booking_id)
+        if self.policy.order == "priority":
+            return (1, -prio.total, request.submit_time, request.booking_id)
+        level = -self.policy.qos_level(request.qos)
+        return (1, level, self._order_key(request), request.submit_time, request.booking_id)
+
+    def _order_key(self, request: Request) -> float:
+        """Smaller walks first: GPU-seconds (sjf), minus the response ratio (hrrn), 0 (arrival)."""
+        order = self.policy.order
+        if order == "sjf":
+            return self.size(request) * request.duration_s
+        if order == "hrrn":
+            duration = max(request.duration_s, 1.0)
+            return -(self.now - request.submit_time + duration) / duration
+        return 0.0
 
     def protected(self, request: Request) -> bool:
         """Pending at least the protection age: it goes first and nothing later may delay it.
@@ -181,11 +195,15 @@ class _Pass:
         eligible = [pair for pair in ranked if pair[0].booking_id not in self.waiting]
         preemptions, preempting = preempt_phase(self, eligible)
         walk = _Walk(self, preempting)
-        planned = []
-        for position, (request, prio) in enumerate(ranked, 1):
+        planned: list[Planned] = []
+        while len(planned) < len(ranked):
             if starts_only and not self.free_now():
                 break
-            planned.append(walk.place(position, request, prio))
+            request, prio = ranked[len(planned)]
+            line = walk.place(len(planned) + 1, request, prio)
+            planned.append(line)
+            if line.reason == REASON_STARTING and request.booking_id in self.oldest:
+                self._hand_on(ranked, len(planned))
             if request.booking_id == until:
                 break
         never_met = tuple(bid for bid, verdict in self.waiting.items() if verdict.never)
@@ -195,6 +213,25 @@ class _Pass:
             preemptions=tuple(preemptions),
             never_met=never_met,
         )
+
+    def _hand_on(self, ranked: list[tuple[Request, Priority]], walked: int) -> None:
+        """One of the oldest bookings starts now: the next oldest not yet protected takes its
+        place (EASY's head: the oldest booking that cannot start), walked next after the
+        protected ones still to walk."""
+        rest = range(walked, len(ranked))
+        first = next((i for i in rest if not self.protected(ranked[i][0])), None)
+        if first is None:
+            return
+        candidates = [
+            i
+            for i in range(first, len(ranked))
+            if self.policy.qos_level(ranked[i][0].qos) == self.top_qos
+        ]
+        if not candidates:
+            return
+        oldest = min(candidates, key=lambda i: (ranked[i][0].submit_time, ranked[i][0].booking_id))
+        self.oldest.add(ranked[oldest][0].booking_id)
+        ranked.insert(first, ranked.pop(oldest))
 
     def free_now(self) -> bool:
         """Some device of an up node is free at this instant (timelines start at now)."""
@@ -316,10 +353,9 @@ class _Walk:
             self.starts.append(Start(request.booking_id, run.device_ids(fit)))
             return planned(fit.start, fit, REASON_STARTING, "starts now")
         reason = self._explained(request, multi, ledgers, amount)
-        if not holds:
-            if self.depth is not None and self.reserved >= self.depth:
-                return planned(fit.start, None, *reason)  # estimate only: no devices held
-            self.reserved += 1
+        if not holds and self.depth is not None and self.reserved >= self.depth:
+            return planned(fit.start, None, *reason)  # estimate only: no devices held
+        self.reserved += 1  # a protected booking's reservation counts towards the depth too
         run.reserve(request, fit)
         return planned(fit.start, fit, *reason)
 

@@ -1,7 +1,7 @@
 """Trace replay: drive ``plan()`` through a discrete-event loop and print one JSON line of metrics.
 
     python -m scheduler.replay TRACE.csv --gpus N [--gpus-per-node 8] [--estimate-factor F]
-        --policy fifo|easy|portal [--project-column vc]
+        --policy fifo|easy|portal|<reference> [--project-column vc]
 
 Optional trace columns: ``dependency`` (``afterok:JOB[:JOB],afterany:JOB``, as the portal's
 ``--after``) and ``exit_code`` (non-zero: the job fails, for ``afterok``/``afternotok``). A job
@@ -11,7 +11,9 @@ of the other metrics, as the portal ends such a booking.
 The loop calls the allocator only at events (submits and ends) with that instant as ``now``.
 "portal" is ``plan`` with ``PORTAL_POLICY``, the default the workers use; "fifo" and "easy" are
 the same function with ``backfill="none"`` / ``"easy"`` and all priority weights at zero, so the
-queue is in arrival order. Traces carry no users: each job gets the synthetic user
+queue is in arrival order. The reference policies (``easy-sjbf``, ``hrrn-easy``, ``sjf-easy``,
+``sjf-protect-12h|1d|2d``, ``conservative``) are the presets of scheduler/presets.py. Traces carry
+no users: each job gets the synthetic user
 ``synthetic-<crc32(job_id) % 32>``; they are only labels (no user quotas in a replay).
 """
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from scheduler.allocator import plan
 from scheduler.dependencies import parse_dependency
+from scheduler.presets import REFERENCE_NAMES, preset_policy
 from scheduler.priority import carry_usage, decay_usage, predict_run
 from scheduler.types import (
     OUTCOME_NOT_OK,
@@ -57,6 +60,8 @@ POLICIES = {
     "fifo": Policy(backfill="none", reservation_depth=1, estimate_all=False, **_ARRIVAL),
     "easy": Policy(backfill="easy", estimate_all=False, **_ARRIVAL),
     "portal": PORTAL_POLICY,
+    # The reference policies (scheduler/presets.py); no estimates past the head: same decisions.
+    **{name: preset_policy(name, estimate_all=False, explain=False) for name in REFERENCE_NAMES},
 }
 SYNTHETIC_USERS = 32
 BSLD_BOUND_S = 10.0
