@@ -204,8 +204,12 @@ class Replay:
                 submitted.append(arrivals[i].job_id)
                 i += 1
             self._decay(now, finished)
-            if self.pending and (self._may_start() or (self.track_planned and submitted)):
+            if not self.pending:
+                continue
+            if self._may_start():
                 self._schedule(now, submitted)
+            elif self.track_planned and submitted:
+                self._show(now, submitted)
 
     def _may_start(self) -> bool:
         """False when no pending job fits in the free GPUs: the pass would start nothing.
@@ -264,8 +268,22 @@ class Replay:
             out.append(alloc)
         return tuple(out)
 
-    def _schedule(self, now: float, submitted: list[str]) -> None:
-        state = State(
+    def _show(self, now: float, submitted: list[str]) -> None:
+        """Record the planned start shown to bookings submitted when nothing can start: the
+        walk up to the last of them in the order is enough (``plan(until=...)``)."""
+        result = plan(
+            self._state(now), self.policy, until=submitted[-1] if len(submitted) == 1 else None
+        )
+        self._record_shown(result, submitted)
+
+    def _record_shown(self, result, submitted: list[str]) -> None:
+        fresh = set(submitted)
+        for line in result.planned:
+            if line.booking_id in fresh:
+                self.shown[line.booking_id] = line.start
+
+    def _state(self, now: float) -> State:
+        return State(
             now=now,
             devices=self.devices,
             allocations=self._allocations(now),
@@ -274,13 +292,12 @@ class Replay:
             project_usage=self._running_usage(now) if self.policy.weight_fairshare else {},
             outcomes=self.outcomes,
         )
+
+    def _schedule(self, now: float, submitted: list[str]) -> None:
         # Only the starts matter here, unless the planned starts shown are being measured.
-        result = plan(state, self.policy, starts_only=not self.track_planned)
+        result = plan(self._state(now), self.policy, starts_only=not self.track_planned)
         if self.track_planned and submitted:
-            fresh = set(submitted)
-            for line in result.planned:
-                if line.booking_id in fresh:
-                    self.shown[line.booking_id] = line.start
+            self._record_shown(result, submitted)
         for booking_id in result.never_met:
             # Ended by the portal; a job after it sees it as not ended successfully.
             del self.pending[booking_id]

@@ -46,6 +46,20 @@ def test_it_prints_one_row_per_trace_size_and_walltime_model(tmp_path, capsys, m
     (tmp_path / "public_a.csv").write_text(WEEK.read_text())
     assert main(["--sweep", "--traces", str(tmp_path), "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert out.count("| public_a | 74 | 70% |") == 2  # exact and x1-4
+    assert out.count("| public_a | 74 | 70% |") == 4  # exact and x1-4, in both tables
     assert "portal meets all four targets on" in out
-    assert out.count("| trace | GPUs |") == 1  # one table
+    assert "portal dominated on" in out and "| dominated by |" in out
+    assert "shown-start error (p50 and p90) no worse than EASY's on" in out
+    assert out.count("| trace | GPUs |") == 2  # the targets and the frontier
+    assert "| fifo | easy-sjbf | hrrn-easy | sjf-easy |" in out
+
+
+def test_it_runs_only_the_policies_asked_for(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("scheduler.sweep.TRACES", {"public_a": None})
+    (tmp_path / "public_a.csv").write_text(WEEK.read_text())
+    rows = tmp_path / "rows.json"
+    argv = ["--traces", str(tmp_path), "--workers", "1", "--loads", "0.7", "--no-shown"]
+    assert main(["--sweep", *argv, "--policies", "sjf-easy", "--json", str(rows)]) == 0
+    out = capsys.readouterr().out
+    assert "| trace | GPUs | load | walltime | sjf-easy |" in out
+    assert '"sjf-easy"' in rows.read_text() and '"fifo"' not in rows.read_text()
