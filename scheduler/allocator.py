@@ -56,7 +56,9 @@ def plan(
 
     ``until`` (the estimate) stops the walk once the booking of that id has been planned: the
     walk is in priority order and a booking's line depends only on the bookings before it, so
-    its line is the same as in the whole pass, and ``planned`` ends with it.
+    its line is the same as in the whole pass, and ``planned`` ends with it. The bookings before
+    it past the reservation depth get no estimate (start None): an estimate holds nothing, so
+    its line does not depend on theirs.
     """
     return _Pass(state, policy).run(starts_only, until)
 
@@ -194,7 +196,7 @@ class _Pass:
         ranked = self.ordered()
         eligible = [pair for pair in ranked if pair[0].booking_id not in self.waiting]
         preemptions, preempting = preempt_phase(self, eligible)
-        walk = _Walk(self, preempting)
+        walk = _Walk(self, preempting, until)
         planned: list[Planned] = []
         while len(planned) < len(ranked):
             if starts_only and not self.free_now():
@@ -304,8 +306,8 @@ def _copy(timeline: NodeTimeline) -> NodeTimeline:
 class _Walk:
     """The priority-order walk that plans every pending booking."""
 
-    def __init__(self, run: _Pass, preempting: dict[str, Fit]) -> None:
-        self.run, self.preempting = run, preempting
+    def __init__(self, run: _Pass, preempting: dict[str, Fit], until: str | None = None) -> None:
+        self.run, self.preempting, self.until = run, preempting, until
         self.starts: list[Start] = []
         self.reserved = 0
         self.last_start = run.now
@@ -362,7 +364,8 @@ class _Walk:
     def _skip_estimate(self, request: Request, multi: bool, ledgers, amount: float) -> bool:
         """Past the reservation depth with estimate_all off: plan only what starts now."""
         run = self.run
-        if run.policy.estimate_all or self.depth is None or self.reserved < self.depth:
+        wanted = self.until is None or request.booking_id == self.until
+        if (run.policy.estimate_all and wanted) or self.depth is None or self.reserved < self.depth:
             return False
         if self.strict and self.last_start > run.now:
             return True

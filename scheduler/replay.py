@@ -204,12 +204,14 @@ class Replay:
                 submitted.append(arrivals[i].job_id)
                 i += 1
             self._decay(now, finished)
-            if not self.pending:
+            show = self.track_planned and submitted
+            if not self.pending or not (show or self._may_start()):
                 continue
+            state = self._state(now)
+            if show:
+                self._show(state, submitted)
             if self._may_start():
-                self._schedule(now, submitted)
-            elif self.track_planned and submitted:
-                self._show(now, submitted)
+                self._schedule(state)
 
     def _may_start(self) -> bool:
         """False when no pending job fits in the free GPUs: the pass would start nothing.
@@ -268,17 +270,13 @@ class Replay:
             out.append(alloc)
         return tuple(out)
 
-    def _show(self, now: float, submitted: list[str]) -> None:
-        """Record the planned start shown to bookings submitted when nothing can start: the
-        walk up to the last of them in the order is enough (``plan(until=...)``)."""
-        result = plan(
-            self._state(now), self.policy, until=submitted[-1] if len(submitted) == 1 else None
-        )
-        self._record_shown(result, submitted)
-
-    def _record_shown(self, result, submitted: list[str]) -> None:
+    def _show(self, state: State, submitted: list[str]) -> None:
+        """Record the planned start shown to the bookings just submitted, by a pass on the state
+        that decides this instant's starts: for one booking the walk up to it is enough
+        (``plan(until=...)``, as the portal's estimate)."""
+        until = submitted[0] if len(submitted) == 1 else None
         fresh = set(submitted)
-        for line in result.planned:
+        for line in plan(state, self.policy, until=until).planned:
             if line.booking_id in fresh:
                 self.shown[line.booking_id] = line.start
 
@@ -293,11 +291,10 @@ class Replay:
             outcomes=self.outcomes,
         )
 
-    def _schedule(self, now: float, submitted: list[str]) -> None:
-        # Only the starts matter here, unless the planned starts shown are being measured.
-        result = plan(self._state(now), self.policy, starts_only=not self.track_planned)
-        if self.track_planned and submitted:
-            self._record_shown(result, submitted)
+    def _schedule(self, state: State) -> None:
+        # Only the starts matter here (the planned starts shown come from _show).
+        now = state.now
+        result = plan(state, self.policy, starts_only=True)
         for booking_id in result.never_met:
             # Ended by the portal; a job after it sees it as not ended successfully.
             del self.pending[booking_id]
