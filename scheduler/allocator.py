@@ -1,10 +1,11 @@
 """The allocation pass: ``plan(state, policy) -> Plan``. Pure: no Django, no I/O, no clock.
 
-One pass sorts the pending bookings by multifactor priority, lets eligible high-QOS bookings
-preempt, then walks the queue in priority order and gives every booking the earliest start that
-fits on the devices, the quotas and everything planned before it (conservative backfill: a booking
-can only take what higher-priority bookings leave free, so it never delays them). Bookings whose
-planned start is ``now`` start now.
+One pass sorts the pending bookings (protected ones first, then in ``Policy.order``: by default
+the highest response ratio), lets eligible high-QOS bookings preempt, then walks the queue in
+that order and gives every booking the earliest start that fits on the devices, the quotas and
+every reservation made before it; the bookings that hold a reservation (all of them under
+conservative backfill, the protected ones and the first that cannot start under easy) are never
+delayed by later ones. Bookings whose planned start is ``now`` start now.
 """
 
 from __future__ import annotations

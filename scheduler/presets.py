@@ -13,6 +13,10 @@ field). See docs/scheduling.md, "Reference policies".
 - ``sjf-protect-12h``, ``-1d``, ``-2d``: as ``sjf-easy``, but a booking pending longer than the
   threshold goes ahead of every unprotected one, oldest first, each with a reservation.
 - ``conservative``: arrival order, a reservation for every pending booking.
+
+One more named point for a site, not a reference policy: ``multifactor``, the default before
+issue 26 (the multifactor priority of age, fair share, size and QOS orders the walk, and every
+booking holds a reservation; the oldest is protected).
 """
 
 from __future__ import annotations
@@ -45,9 +49,10 @@ PRESETS = MappingProxyType(
         "sjf-protect-1d": _sjf_protect(24),
         "sjf-protect-2d": _sjf_protect(48),
         "conservative": {"order": "arrival", "backfill": "conservative", **_UNPROTECTED},
+        "multifactor": {"order": "priority", "backfill": "conservative"},
     }
 )
-REFERENCE_NAMES = tuple(PRESETS)
+REFERENCE_NAMES = tuple(name for name in PRESETS if name != "multifactor")
 
 
 def preset_policy(name: str, **overrides) -> Policy:

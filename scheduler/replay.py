@@ -48,6 +48,7 @@ from scheduler.types import (
 PORTAL_POLICY = Policy()
 # Arrival order: every weight 0 and no protection (EASY's head reservation is its own).
 _ARRIVAL = dict(
+    order="arrival",
     weight_age=0.0,
     weight_fairshare=0.0,
     weight_size=0.0,
@@ -62,6 +63,7 @@ POLICIES = {
     "portal": PORTAL_POLICY,
     # The reference policies (scheduler/presets.py); no estimates past the head: same decisions.
     **{name: preset_policy(name, estimate_all=False, explain=False) for name in REFERENCE_NAMES},
+    "multifactor": preset_policy("multifactor"),  # the default before issue 26
 }
 SYNTHETIC_USERS = 32
 BSLD_BOUND_S = 10.0

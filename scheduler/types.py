@@ -159,12 +159,13 @@ class Policy:
 
     Priority is ``sum(weight_x * factor_x)`` with every factor in [0, 1] (Slurm multifactor).
     ``backfill``: "conservative" (every booking up to ``reservation_depth`` gets a reservation that
-    later ones may not delay), "easy" (only the first booking gets one) or "none" (strict order).
+    later ones may not delay), "easy" (the default: only the first booking that cannot start
+    gets one) or "none" (strict order).
     A protected booking always holds its reservation and counts towards the depth.
     ``order``: how unprotected bookings are walked: "priority" (the multifactor priority below),
-    "arrival" (oldest first), "sjf" (smallest GPU-equivalents x duration first) or "hrrn" (highest
-    response ratio (waited + duration) / duration first); besides "priority", a higher QOS level
-    goes first and ties go to the older booking.
+    "arrival" (oldest first), "sjf" (smallest GPU-equivalents x duration first) or "hrrn" (the
+    default: highest response ratio (waited + duration) / duration first); besides "priority", a
+    higher QOS level goes first, ties go to the older booking, and the priority is only shown.
 
     Scales are relative to the site, not to a trace. The *typical run* R of a pass is the
     ``run_quantile`` quantile of the requested durations of the running allocations (at least
@@ -224,8 +225,8 @@ class Policy:
     fairshare_blend: float = 0.5
     qos_levels: tuple[tuple[str, int], ...] = DEFAULT_QOS_LEVELS
     preempt_grace_s: float = 300.0
-    backfill: str = "conservative"
-    order: str = "priority"
+    backfill: str = "easy"
+    order: str = "hrrn"
     reservation_depth: int | None = None
     estimate_all: bool = True
     explain: bool = True

@@ -35,7 +35,7 @@ VALUES = {
     "fairshare_blend": ("0.7", 0.7),
     "qos_levels": ("low:0,normal:1,high:5", (("low", 0), ("normal", 1), ("high", 5))),
     "preempt_grace_s": ("0", 0.0),
-    "backfill": ("easy", "easy"),
+    "backfill": ("conservative", "conservative"),
     "order": ("sjf", "sjf"),
     "reservation_depth": ("8", 8),
     "estimate_all": ("false", False),

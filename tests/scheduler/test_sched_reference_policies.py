@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler import Policy, plan
-from scheduler.presets import PRESETS, preset_policy
+from scheduler.presets import PRESETS, REFERENCE_NAMES, preset_policy
 from scheduler.replay import POLICIES
 from tests.scheduler.sched_factories import alloc, gpus, req, state
 
@@ -61,8 +61,8 @@ def test_it_walks_the_queue_in_each_reference_policys_order(name):
 
 
 def test_it_names_every_reference_policy_in_the_replay():
-    assert set(PRESETS) == set(EXPECTED)
-    for name in PRESETS:
+    assert set(REFERENCE_NAMES) == set(EXPECTED)
+    for name in REFERENCE_NAMES:
         replayed = POLICIES[name]
         assert (replayed.order, replayed.backfill) == (
             PRESETS[name]["order"],
@@ -73,3 +73,17 @@ def test_it_names_every_reference_policy_in_the_replay():
 def test_it_refuses_an_unknown_order():
     with pytest.raises(ValueError, match="order must be one of"):
         Policy(order="random")
+
+
+def test_it_keeps_the_previous_default_as_a_named_preset():
+    previous = preset_policy("multifactor")
+    assert (previous.order, previous.backfill, previous.protect_oldest) == (
+        "priority",
+        "conservative",
+        1,
+    )
+    walked = sorted(
+        plan(state(NODE, QUEUE, BUSY, now=200_000.0), previous).planned, key=lambda p: p.position
+    )
+    assert all(line.device_ids for line in walked if line.start > 200_000.0)  # all reserved
+    assert "multifactor" in PRESETS and "multifactor" in POLICIES
