@@ -17,7 +17,8 @@ from scheduler.types import Policy
 
 WEEK = Path(__file__).parent / "data" / "public_a_week1.csv"
 # (GPUs, walltime factor range): rows where the shipped default meets EASY on max wait and
-# utilization; the same policy without the oldest booking's reservation waits 2.1x EASY at 80.
+# utilization; the same policy without the oldest booking's reservation waits 1.12x EASY at 80
+# (the issue-9 default without it: 2.1x).
 ROWS = [(72, None), (72, (1.0, 4.0)), (80, None)]
 
 
