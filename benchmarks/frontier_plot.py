@@ -6,6 +6,8 @@
 Each point is a policy's geometric mean, over the trace's rows (sizes x walltime models), of its
 mean and max wait as multiples of EASY's; rows where nobody waits under EASY are left out. The
 dashed lines are EASY (1, 1); the shaded corner is the target (mean <= 0.5 x, max <= 1 x).
+FIFO is left out (1.1-50 x EASY on mean: off the scale). Points are numbered, the legend names
+them with their coordinates.
 Written by hand (no plotting library): one file per trace, frontier-<trace>.svg.
 """
 
@@ -16,8 +18,10 @@ import json
 import math
 from pathlib import Path
 
-WIDTH, HEIGHT, MARGIN = 560, 380, 56
+WIDTH, HEIGHT, MARGIN, LEGEND = 760, 380, 56, 220
 DEFAULT = "portal"
+# FIFO waits 1.1-50 x EASY on mean: off the scale of the others, so left out of the plot.
+LEFT_OUT = ("fifo",)
 
 
 def _geomean(values: list[float]) -> float:
@@ -35,6 +39,7 @@ def frontier_points(rows: list[dict], trace: str) -> dict[str, tuple[float, floa
         and row["easy"]["max_wait_s"] > 0
     ]
     names = [key for key, value in kept[0].items() if isinstance(value, dict)] if kept else []
+    names = [name for name in names if name not in LEFT_OUT]
     points = {}
     for name in names:
         means = [row[name]["mean_wait_s"] / row["easy"]["mean_wait_s"] for row in kept]
@@ -56,13 +61,13 @@ def svg(points: dict[str, tuple[float, float]], title: str) -> str:
     xs = [x for x, _ in points.values()] + [0.0, 1.1]
     ys = [y for _, y in points.values()] + [0.0, 1.1]
     x_hi, y_hi = max(xs) * 1.08, max(ys) * 1.08
-    plot_w, plot_h = WIDTH - 2 * MARGIN, HEIGHT - 2 * MARGIN
+    plot_w, plot_h = WIDTH - 2 * MARGIN - LEGEND, HEIGHT - 2 * MARGIN
     px, py = _scale(0.0, x_hi, plot_w, False), _scale(0.0, y_hi, plot_h, True)
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
         f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        f'<text x="{WIDTH / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
+        f'<text x="{(WIDTH - LEGEND) / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
         f'<rect x="{px(0):.1f}" y="{py(1.0):.1f}" width="{px(0.5) - px(0):.1f}" '
         f'height="{py(0) - py(1.0):.1f}" fill="#e6f4e6"/>',
         f'<line x1="{px(1):.1f}" y1="{py(0):.1f}" x2="{px(1):.1f}" y2="{py(y_hi):.1f}" '
@@ -73,18 +78,20 @@ def svg(points: dict[str, tuple[float, float]], title: str) -> str:
         'stroke="black"/>',
         f'<line x1="{px(0):.1f}" y1="{py(0):.1f}" x2="{px(0):.1f}" y2="{py(y_hi):.1f}" '
         'stroke="black"/>',
-        f'<text x="{WIDTH / 2}" y="{HEIGHT - 12}" text-anchor="middle">'
+        f'<text x="{(WIDTH - LEGEND) / 2}" y="{HEIGHT - 12}" text-anchor="middle">'
         "mean wait / EASY (geometric mean over the rows)</text>",
         f'<text x="16" y="{HEIGHT / 2}" text-anchor="middle" '
         f'transform="rotate(-90 16 {HEIGHT / 2})">max wait / EASY</text>',
     ]
     out += _ticks(px, py, x_hi, y_hi)
-    for name, (x, y) in sorted(points.items()):
+    legend_x = WIDTH - LEGEND + 8
+    for number, (name, (x, y)) in enumerate(sorted(points.items()), 1):
         colour = "#c0392b" if name == DEFAULT else "#2c3e50"
         out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{colour}"/>')
+        out.append(f'<text x="{px(x) + 5:.1f}" y="{py(y) - 4:.1f}" fill="{colour}">{number}</text>')
         out.append(
-            f'<text x="{px(x) + 6:.1f}" y="{py(y) - 5:.1f}" fill="{colour}">'
-            f"{name} ({x:.2f}, {y:.2f})</text>"
+            f'<text x="{legend_x}" y="{MARGIN + 16 * number}" fill="{colour}">'
+            f"{number} {name} ({x:.2f}, {y:.2f})</text>"
         )
     out.append("</svg>")
     return "\n".join(out) + "\n"
