@@ -4,6 +4,9 @@
 ``SCHEDULER_PROTECT_AFTER_RUNS=none``, ``SCHEDULER_QOS_LEVELS=low:0,normal:1,high:2``). A value
 that does not parse, or a policy that ``scheduler.Policy`` refuses (an unknown ``backfill``, a
 negative weight), is a SettingError at settings load naming the variable.
+``SCHEDULER_PRESET=<name>`` starts from a named policy of ``scheduler.presets`` (a reference
+point of the wait-time trade-off, docs/scheduling.md) instead of the defaults; the
+``SCHEDULER_<FIELD>`` values set beside it override its fields.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from collections.abc import Mapping
 
 import scheduler
 from portal.env import SettingError, parse_bool
+from scheduler.presets import PRESETS
 
 PREFIX = "SCHEDULER_"
+PRESET_ENV = PREFIX + "PRESET"
 
 
 def policy_env_names() -> dict[str, str]:
@@ -52,10 +57,19 @@ def _number(kind: type, text: str, expected: str):
         raise ValueError(f"expected {expected}") from None
 
 
+def _preset(name: str) -> dict:
+    """The fields of preset ``name`` ({} for none)."""
+    if not name:
+        return {}
+    if name not in PRESETS:
+        raise SettingError(f"{PRESET_ENV}={name!r}: expected one of {', '.join(PRESETS)}")
+    return dict(PRESETS[name])
+
+
 def policy_settings(environ: Mapping[str, str]) -> dict:
     """The Policy overrides set in ``environ`` (field -> value), checked by building the Policy."""
     kinds = {f.name: str(f.type) for f in dataclasses.fields(scheduler.Policy)}
-    overrides = {}
+    overrides = _preset(environ.get(PRESET_ENV, "").strip())
     for field, name in policy_env_names().items():
         if name not in environ:
             continue
@@ -66,8 +80,8 @@ def policy_settings(environ: Mapping[str, str]) -> dict:
     try:
         scheduler.Policy(**overrides)
     except ValueError as error:
-        names = policy_env_names()
+        used = [name for name in [PRESET_ENV, *policy_env_names().values()] if name in environ]
         raise SettingError(
-            f"scheduler policy from {', '.join(names[f] for f in overrides) or 'defaults'}: {error}"
+            f"scheduler policy from {', '.join(used) or 'defaults'}: {error}"
         ) from None
     return overrides

@@ -14,7 +14,7 @@ from portal.env import SettingError, env, envbool, envfloat, envint, envlist, en
 from portal.headers import policy_header
 from portal.job_env import port_range_parse, signal_parse
 from portal.notify_env import notify_settings
-from portal.policy_env import policy_env_names, policy_settings
+from portal.policy_env import PRESET_ENV, policy_env_names, policy_settings
 from portal.sso.config import sign_in_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -375,7 +375,9 @@ TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
 TELEMETRY_ROLLUP_RETENTION_D = envfloat("TELEMETRY_ROLLUP_RETENTION_D", 30.0)
 # Allocator policy: scheduler.Policy's defaults (the ones the trace replay measures, see
 # docs/scheduling.md); every field overridable as SCHEDULER_<FIELD> and validated here.
-SCHEDULER_POLICY = policy_settings({n: env(n) for n in policy_env_names().values() if env(n)})
+# SCHEDULER_PRESET=<name> starts from a named reference policy (scheduler/presets.py).
+_POLICY_NAMES = [*policy_env_names().values(), PRESET_ENV]
+SCHEDULER_POLICY = policy_settings({n: env(n) for n in _POLICY_NAMES if env(n)})
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

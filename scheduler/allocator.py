@@ -1,10 +1,11 @@
 """The allocation pass: ``plan(state, policy) -> Plan``. Pure: no Django, no I/O, no clock.
 
-One pass sorts the pending bookings by multifactor priority, lets eligible high-QOS bookings
-preempt, then walks the queue in priority order and gives every booking the earliest start that
-fits on the devices, the quotas and everything planned before it (conservative backfill: a booking
-can only take what higher-priority bookings leave free, so it never delays them). Bookings whose
-planned start is ``now`` start now.
+One pass sorts the pending bookings (protected ones first, then in ``Policy.order``: by default
+the highest response ratio), lets eligible high-QOS bookings preempt, then walks the queue in
+that order and gives every booking the earliest start that fits on the devices, the quotas and
+every reservation made before it; the bookings that hold a reservation (all of them under
+conservative backfill, the protected ones and the first that cannot start under easy) are never
+delayed by later ones. Bookings whose planned start is ``now`` start now.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def plan(
 
     ``until`` (the estimate) stops the walk once the booking of that id has been planned: the
     walk is in priority order and a booking's line depends only on the bookings before it, so
-    its line is the same as in the whole pass, and ``planned`` ends with it.
+    its line is the same as in the whole pass, and ``planned`` ends with it. The bookings before
+    it past the reservation depth get no estimate (start None): an estimate holds nothing, so
+    its line does not depend on theirs.
     """
     return _Pass(state, policy).run(starts_only, until)
 
@@ -158,11 +161,25 @@ class _Pass:
         return ranked
 
     def _rank(self, pair: tuple[Request, Priority]) -> tuple:
-        """Sort key: protected bookings first in arrival order, then by priority, age, id."""
+        """Sort key: protected bookings first in arrival order, then in ``Policy.order`` (by
+        priority, or by QOS level then the order's key), then age, then id."""
         request, prio = pair
         if self.protected(request):
             return (0, request.submit_time, 0.0, request.booking_id)
-        return (1, -prio.total, request.submit_time, request.booking_id)
+        if self.policy.order == "priority":
+            return (1, -prio.total, request.submit_time, request.booking_id)
+        level = -self.policy.qos_level(request.qos)
+        return (1, level, self._order_key(request), request.submit_time, request.booking_id)
+
+    def _order_key(self, request: Request) -> float:
+        """Smaller walks first: GPU-seconds (sjf), minus the response ratio (hrrn), 0 (arrival)."""
+        order = self.policy.order
+        if order == "sjf":
+            return self.size(request) * request.duration_s
+        if order == "hrrn":
+            duration = max(request.duration_s, 1.0)
+            return -(self.now - request.submit_time + duration) / duration
+        return 0.0
 
     def protected(self, request: Request) -> bool:
         """Pending at least the protection age: it goes first and nothing later may delay it.
@@ -184,12 +201,16 @@ class _Pass:
         ranked = self.ordered()
         eligible = [pair for pair in ranked if pair[0].booking_id not in self.waiting]
         preemptions, preempting = preempt_phase(self, eligible)
-        walk = _Walk(self, preempting)
-        planned = []
-        for position, (request, prio) in enumerate(ranked, 1):
+        walk = _Walk(self, preempting, until)
+        planned: list[Planned] = []
+        while len(planned) < len(ranked):
             if starts_only and not self.free_now():
                 break
-            planned.append(walk.place(position, request, prio))
+            request, prio = ranked[len(planned)]
+            line = walk.place(len(planned) + 1, request, prio)
+            planned.append(line)
+            if line.reason == REASON_STARTING and request.booking_id in self.oldest:
+                self._hand_on(ranked, len(planned))
             if request.booking_id == until:
                 break
         never_met = tuple(bid for bid, verdict in self.waiting.items() if verdict.never)
@@ -199,6 +220,25 @@ class _Pass:
             preemptions=tuple(preemptions),
             never_met=never_met,
         )
+
+    def _hand_on(self, ranked: list[tuple[Request, Priority]], walked: int) -> None:
+        """One of the oldest bookings starts now: the next oldest not yet protected takes its
+        place (EASY's head: the oldest booking that cannot start), walked next after the
+        protected ones still to walk."""
+        rest = range(walked, len(ranked))
+        first = next((i for i in rest if not self.protected(ranked[i][0])), None)
+        if first is None:
+            return
+        candidates = [
+            i
+            for i in range(first, len(ranked))
+            if self.policy.qos_level(ranked[i][0].qos) == self.top_qos
+        ]
+        if not candidates:
+            return
+        oldest = min(candidates, key=lambda i: (ranked[i][0].submit_time, ranked[i][0].booking_id))
+        self.oldest.add(ranked[oldest][0].booking_id)
+        ranked.insert(first, ranked.pop(oldest))
 
     def free_now(self) -> bool:
         """Some device of an up node is free at this instant (timelines start at now)."""
@@ -271,8 +311,8 @@ def _copy(timeline: NodeTimeline) -> NodeTimeline:
 class _Walk:
     """The priority-order walk that plans every pending booking."""
 
-    def __init__(self, run: _Pass, preempting: dict[str, Fit]) -> None:
-        self.run, self.preempting = run, preempting
+    def __init__(self, run: _Pass, preempting: dict[str, Fit], until: str | None = None) -> None:
+        self.run, self.preempting, self.until = run, preempting, until
         self.starts: list[Start] = []
         self.reserved = 0
         self.last_start = run.now
@@ -326,10 +366,9 @@ class _Walk:
         if waited is not None and could_start:
             wait = run.policy.topology_wait_s
             reason = REASON_TOPOLOGY, f"waits up to {wait:g} s for a better-connected set of GPUs"
-        if not holds:
-            if self.depth is not None and self.reserved >= self.depth:
-                return planned(fit.start, None, *reason)  # estimate only: no devices held
-            self.reserved += 1
+        if not holds and self.depth is not None and self.reserved >= self.depth:
+            return planned(fit.start, None, *reason)  # estimate only: no devices held
+        self.reserved += 1  # a protected booking's reservation counts towards the depth too
         run.reserve(request, fit)
         return planned(fit.start, fit, *reason)
 
@@ -354,7 +393,8 @@ class _Walk:
     def _skip_estimate(self, request: Request, multi: bool, ledgers, amount: float) -> bool:
         """Past the reservation depth with estimate_all off: plan only what starts now."""
         run = self.run
-        if run.policy.estimate_all or self.depth is None or self.reserved < self.depth:
+        wanted = self.until is None or request.booking_id == self.until
+        if (run.policy.estimate_all and wanted) or self.depth is None or self.reserved < self.depth:
             return False
         if self.strict and self.last_start > run.now:
             return True

@@ -1,7 +1,7 @@
 """Trace replay: drive ``plan()`` through a discrete-event loop and print one JSON line of metrics.
 
     python -m scheduler.replay TRACE.csv --gpus N [--gpus-per-node 8] [--estimate-factor F]
-        --policy fifo|easy|portal [--project-column vc]
+        --policy fifo|easy|portal|<reference> [--project-column vc]
 
 Optional trace columns: ``dependency`` (``afterok:JOB[:JOB],afterany:JOB``, as the portal's
 ``--after``) and ``exit_code`` (non-zero: the job fails, for ``afterok``/``afternotok``). A job
@@ -11,7 +11,9 @@ of the other metrics, as the portal ends such a booking.
 The loop calls the allocator only at events (submits and ends) with that instant as ``now``.
 "portal" is ``plan`` with ``PORTAL_POLICY``, the default the workers use; "fifo" and "easy" are
 the same function with ``backfill="none"`` / ``"easy"`` and all priority weights at zero, so the
-queue is in arrival order. Traces carry no users: each job gets the synthetic user
+queue is in arrival order. The reference policies (``easy-sjbf``, ``hrrn-easy``, ``sjf-easy``,
+``sjf-protect-12h|1d|2d``, ``conservative``) are the presets of scheduler/presets.py. Traces carry
+no users: each job gets the synthetic user
 ``synthetic-<crc32(job_id) % 32>``; they are only labels (no user quotas in a replay).
 """
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from scheduler.allocator import plan
 from scheduler.dependencies import parse_dependency
+from scheduler.presets import REFERENCE_NAMES, preset_policy
 from scheduler.priority import carry_usage, decay_usage, predict_run
 from scheduler.types import (
     OUTCOME_NOT_OK,
@@ -45,6 +48,7 @@ from scheduler.types import (
 PORTAL_POLICY = Policy()
 # Arrival order: every weight 0 and no protection (EASY's head reservation is its own).
 _ARRIVAL = dict(
+    order="arrival",
     weight_age=0.0,
     weight_fairshare=0.0,
     weight_size=0.0,
@@ -57,6 +61,9 @@ POLICIES = {
     "fifo": Policy(backfill="none", reservation_depth=1, estimate_all=False, **_ARRIVAL),
     "easy": Policy(backfill="easy", estimate_all=False, **_ARRIVAL),
     "portal": PORTAL_POLICY,
+    # The reference policies (scheduler/presets.py); no estimates past the head: same decisions.
+    **{name: preset_policy(name, estimate_all=False, explain=False) for name in REFERENCE_NAMES},
+    "multifactor": preset_policy("multifactor"),  # the default before issue 26
 }
 SYNTHETIC_USERS = 32
 BSLD_BOUND_S = 10.0
@@ -199,8 +206,14 @@ class Replay:
                 submitted.append(arrivals[i].job_id)
                 i += 1
             self._decay(now, finished)
-            if self.pending and (self._may_start() or (self.track_planned and submitted)):
-                self._schedule(now, submitted)
+            show = self.track_planned and submitted
+            if not self.pending or not (show or self._may_start()):
+                continue
+            state = self._state(now)
+            if show:
+                self._show(state, submitted)
+            if self._may_start():
+                self._schedule(state)
 
     def _may_start(self) -> bool:
         """False when no pending job fits in the free GPUs: the pass would start nothing.
@@ -259,8 +272,18 @@ class Replay:
             out.append(alloc)
         return tuple(out)
 
-    def _schedule(self, now: float, submitted: list[str]) -> None:
-        state = State(
+    def _show(self, state: State, submitted: list[str]) -> None:
+        """Record the planned start shown to the bookings just submitted, by a pass on the state
+        that decides this instant's starts: for one booking the walk up to it is enough
+        (``plan(until=...)``, as the portal's estimate)."""
+        until = submitted[0] if len(submitted) == 1 else None
+        fresh = set(submitted)
+        for line in plan(state, self.policy, until=until).planned:
+            if line.booking_id in fresh:
+                self.shown[line.booking_id] = line.start
+
+    def _state(self, now: float) -> State:
+        return State(
             now=now,
             devices=self.devices,
             allocations=self._allocations(now),
@@ -269,13 +292,11 @@ class Replay:
             project_usage=self._running_usage(now) if self.policy.weight_fairshare else {},
             outcomes=self.outcomes,
         )
-        # Only the starts matter here, unless the planned starts shown are being measured.
-        result = plan(state, self.policy, starts_only=not self.track_planned)
-        if self.track_planned and submitted:
-            fresh = set(submitted)
-            for line in result.planned:
-                if line.booking_id in fresh:
-                    self.shown[line.booking_id] = line.start
+
+    def _schedule(self, state: State) -> None:
+        # Only the starts matter here (the planned starts shown come from _show).
+        now = state.now
+        result = plan(state, self.policy, starts_only=True)
         for booking_id in result.never_met:
             # Ended by the portal; a job after it sees it as not ended successfully.
             del self.pending[booking_id]

@@ -1,15 +1,21 @@
 """The policy sweep: every shared trace with a full arrival log x five cluster sizes x two
-walltime models, replayed under portal, EASY and FIFO; one markdown table of ratios to EASY.
+walltime models, replayed under portal, EASY, FIFO and the reference policies; markdown tables of
+ratios to EASY and of the frontier.
 
     python -m scheduler.replay --sweep [--traces DIR] [--only public_a,philly_vc_a] [--half first]
-        [--workers 2] [--predict] [--set field=value ...]
+        [--workers 2] [--predict] [--set field=value ...] [--policies fifo,sjf-easy,...]
+        [--loads 1,0.85,0.7] [--no-shown] [--json FILE]
 
 Sizes: the trace's mean demand (offered GPU-seconds / submit span) divided by an offered load of
 100, 92.5, 85, 77.5 and 70 %, rounded to a whole GPU (never narrower than the widest job); nodes
 of 8 GPUs, the last one possibly smaller.
 Walltime models: "exact" (the allocator is told the run time) and "x1-4" (requested = run time x
 U(1, 4) rounded up to the hour, seeded per job). Targets per row: portal mean wait <= 0.5x EASY,
-p99 <= 1.0x, max <= 1.0x, utilization >= 1.0x. ``--predict`` adds portal with run-time
+p99 <= 1.0x, max <= 1.0x, utilization >= 1.0x. Per row the table names each other policy that
+dominates portal (scheduler/frontier.py) and the error of the planned start shown at submission
+by portal and by EASY (both replayed with every planned start worked out: the same decisions;
+``--no-shown`` skips it, for tuning). ``--policies`` narrows the policies run beside portal and
+EASY (default: FIFO and every reference policy). ``--predict`` adds portal with run-time
 prediction (``predict_last=2``) on the x1-4 rows and the error of the planned starts it showed.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -25,6 +32,8 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
+from scheduler.frontier import dominators, frontier_table, shown_error_cells, shown_no_worse
+from scheduler.presets import REFERENCE_NAMES
 from scheduler.replay import POLICIES, replay_trace
 from scheduler.types import Policy
 
@@ -32,6 +41,8 @@ TRACES = {"public_a": None, "public_b": None, "public_c": None, "philly_vc_a": "
 LOADS = (1.0, 0.925, 0.85, 0.775, 0.70)
 MODELS = {"exact": None, "x1-4": (1.0, 4.0)}
 SEED = 9
+# Run beside portal and EASY unless ``--policies`` narrows them.
+OTHERS = ("fifo", *REFERENCE_NAMES)
 TARGETS = (("mean", 0.5, "<="), ("p99", 1.0, "<="), ("max", 1.0, "<="), ("util", 1.0, ">="))
 
 
@@ -97,11 +108,18 @@ def sweep(
     predict: bool = False,
     loads: tuple[float, ...] | None = None,
     models: tuple[str, ...] | None = None,
+    others: tuple[str, ...] = OTHERS,
+    shown: bool = True,
 ) -> list[dict]:
-    """Every row of the table, as dicts (row keys plus one metrics dict per policy)."""
+    """Every row of the table, as dicts (row keys plus one metrics dict per policy).
+
+    ``shown``: replay portal and EASY recording the planned start each job was shown at
+    submission (EASY with ``estimate_all``, so its bookings past the head get one too).
+    """
     loads, models = loads or LOADS, models or tuple(MODELS)
     portal = portal or POLICIES["portal"]
-    policies = {"portal": portal, "easy": POLICIES["easy"], "fifo": POLICIES["fifo"]}
+    easy = dataclasses.replace(POLICIES["easy"], estimate_all=shown)
+    policies = {"portal": portal, "easy": easy, **{name: POLICIES[name] for name in others}}
     rows, tasks = [], []
     for name, column in TRACES.items():
         if only and name not in only:
@@ -117,7 +135,8 @@ def sweep(
                     chosen["predict"] = dataclasses.replace(portal, predict_last=2)
                 for label, policy in chosen.items():
                     key = (name, gpus, model, label)
-                    track = predict and label in ("portal", "predict") and MODELS[model] is not None
+                    track = (shown and label in ("portal", "easy")) or label == "predict"
+                    track = track or (predict and label == "portal" and MODELS[model] is not None)
                     tasks.append(
                         (key, path, gpus, label, policy, column, MODELS[model], half, track)
                     )
@@ -126,7 +145,7 @@ def sweep(
     with Pool(workers) as pool:
         results = dict(pool.imap_unordered(_run, tasks))
     for row in rows:
-        for label in ("portal", "easy", "fifo", "predict"):
+        for label in [*policies, "predict"]:
             key = (row["trace"], row["gpus"], row["model"], label)
             if key in results:
                 row[label] = results[key]
@@ -134,8 +153,9 @@ def sweep(
 
 
 def _cost(task: tuple) -> float:
-    _, path, gpus, label, *_ = task
-    return path.stat().st_size * (3.0 if label in ("portal", "predict") else 1.0)
+    _, path, gpus, label, *_, track = task
+    heavy = label in ("portal", "predict", "conservative") or track
+    return path.stat().st_size * (3.0 if heavy else 1.0)
 
 
 def ratios(result: dict, easy: dict) -> dict[str, float]:
@@ -165,18 +185,23 @@ def misses(r: dict[str, float]) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    """The markdown table, then one summary line."""
+    """The markdown table, then one summary line per question: targets, dominance, shown start."""
     head = (
         "| trace | GPUs | load | walltime | EASY mean h | EASY p99 h | EASY max h | EASY util "
-        "| portal mean | p99 | max | util | FIFO mean | p99 | max | util | portal misses |"
+        "| portal mean | p99 | max | util | shown-start error p50 h portal / EASY | p90 h "
+        "| dominated by | portal misses |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    met = 0
+    met = dominated = shown = measured = 0
     for row in rows:
         easy = row["easy"]
-        mine, fifo = ratios(row["portal"], easy), ratios(row["fifo"], easy)
-        missed = misses(mine)
+        mine = ratios(row["portal"], easy)
+        beaten = [label for label in dominators(row) if label != "predict"]  # portal's variant
+        missed, no_worse = misses(mine), shown_no_worse(row)
         met += not missed
+        dominated += bool(beaten)
+        measured += no_worse is not None
+        shown += bool(no_worse)
         cells = [
             row["trace"],
             str(row["gpus"]),
@@ -187,12 +212,19 @@ def table(rows: list[dict]) -> str:
             f"{easy['max_wait_s'] / 3600:.1f}",
             f"{easy['utilization']:.3f}",
             *(f"{mine[k]:.2f}" if k != "util" else f"{mine[k]:.3f}" for k in mine),
-            *(f"{fifo[k]:.2f}" if k != "util" else f"{fifo[k]:.3f}" for k in fifo),
+            *shown_error_cells(row),
+            ", ".join(beaten) or "-",
             "; ".join(missed) or "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"portal meets all four targets on {met} of {len(rows)} rows")
+    lines.append(f"portal dominated on {dominated} of {len(rows)} rows")
+    if measured:
+        lines.append(
+            f"portal's shown-start error (p50 and p90) no worse than EASY's on {shown} of"
+            f" {measured} rows"
+        )
     return "\n".join(lines)
 
 
@@ -251,7 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--predict", action="store_true")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
+    parser.add_argument("--policies", default=",".join(OTHERS))
+    parser.add_argument("--loads", default="")
+    parser.add_argument("--no-shown", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
+    others = tuple(name for name in args.policies.split(",") if name)
+    unknown = [name for name in others if name not in POLICIES or name in ("portal", "easy")]
+    if unknown:
+        parser.error(f"--policies: unknown {', '.join(unknown)}; choose from {', '.join(OTHERS)}")
     portal = dataclasses.replace(POLICIES["portal"], **parse_overrides(args.overrides))
     started = time.perf_counter()
     rows = sweep(
@@ -261,8 +301,15 @@ def main(argv: list[str] | None = None) -> int:
         portal=portal,
         workers=args.workers,
         predict=args.predict,
+        loads=tuple(float(x) for x in args.loads.split(",") if x) or None,
+        others=others,
+        shown=not args.no_shown,
     )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
     out = [table(rows)]
+    if others:
+        out += ["", frontier_table(rows)]
     if args.predict:
         out += ["", predict_table(rows)]
     out.append(f"\n{len(rows)} rows, {time.perf_counter() - started:.0f} s")

@@ -154,6 +154,9 @@ DEFAULT_QOS_LEVELS = (("low", 0), ("normal", 1), ("high", 2))
 
 
 BACKFILL_MODES = ("conservative", "easy", "none")
+# The order of the walk among unprotected bookings (``Policy.order``): the multifactor priority,
+# arrival, smallest GPU-seconds first, or highest response ratio (wait + duration) / duration.
+ORDERS = ("priority", "arrival", "sjf", "hrrn")
 SIZE_BY = ("gpu_seconds", "seconds")
 # What a project's fair-share usage charges for each allocated GPU-second (``fairshare_charge``).
 FAIRSHARE_CHARGES = ("allocated", "measured", "blend")
@@ -165,7 +168,13 @@ class Policy:
 
     Priority is ``sum(weight_x * factor_x)`` with every factor in [0, 1] (Slurm multifactor).
     ``backfill``: "conservative" (every booking up to ``reservation_depth`` gets a reservation that
-    later ones may not delay), "easy" (only the first booking gets one) or "none" (strict order).
+    later ones may not delay), "easy" (the default: only the first booking that cannot start
+    gets one) or "none" (strict order).
+    A protected booking always holds its reservation and counts towards the depth.
+    ``order``: how unprotected bookings are walked: "priority" (the multifactor priority below),
+    "arrival" (oldest first), "sjf" (smallest GPU-equivalents x duration first) or "hrrn" (the
+    default: highest response ratio (waited + duration) / duration first); besides "priority", a
+    higher QOS level goes first, ties go to the older booking, and the priority is only shown.
 
     Scales are relative to the site, not to a trace. The *typical run* R of a pass is the
     ``run_quantile`` quantile of the requested durations of the running allocations (at least
@@ -179,8 +188,10 @@ class Policy:
       higher the narrower it is.
     - age factor = min(1, waited / (``age_max_runs`` * R)). With ``size_fades_with_age`` the size
       bonus shrinks as (1 - age factor).
-    - protection: a booking pending ``protect_after_runs`` * R, or ``protect_after_max_s`` if
-      that is shorter, is *protected*: protected bookings go ahead of every other in arrival
+    - protection: the ``protect_oldest`` oldest pending bookings (one that starts in the pass
+      hands its place to the next oldest), and a booking pending ``protect_after_runs`` * R, or
+      ``protect_after_max_s`` if that is shorter (``protect_after_runs=inf``: that absolute
+      threshold), are *protected*: protected bookings go ahead of every other in arrival
       order and each holds a reservation that no later booking can delay (None: off). This is
       the no-starvation bound of docs/scheduling.md.
     - ``age_max_s``, ``size_scale_gpu_s``, ``size_width_gpus``: absolute overrides of the
@@ -227,7 +238,8 @@ class Policy:
     fairshare_blend: float = 0.5
     qos_levels: tuple[tuple[str, int], ...] = DEFAULT_QOS_LEVELS
     preempt_grace_s: float = 300.0
-    backfill: str = "conservative"
+    backfill: str = "easy"
+    order: str = "hrrn"
     reservation_depth: int | None = None
     estimate_all: bool = True
     explain: bool = True
@@ -251,6 +263,8 @@ def policy_problems(policy: Policy) -> list[str]:
         problems.append(
             f"backfill must be one of {', '.join(BACKFILL_MODES)}, not {policy.backfill!r}"
         )
+    if policy.order not in ORDERS:
+        problems.append(f"order must be one of {', '.join(ORDERS)}, not {policy.order!r}")
     if policy.size_by not in SIZE_BY:
         problems.append(f"size_by must be one of {', '.join(SIZE_BY)}, not {policy.size_by!r}")
     if policy.fairshare_charge not in FAIRSHARE_CHARGES:

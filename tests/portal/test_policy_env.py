@@ -35,7 +35,8 @@ VALUES = {
     "fairshare_blend": ("0.7", 0.7),
     "qos_levels": ("low:0,normal:1,high:5", (("low", 0), ("normal", 1), ("high", 5))),
     "preempt_grace_s": ("0", 0.0),
-    "backfill": ("easy", "easy"),
+    "backfill": ("conservative", "conservative"),
+    "order": ("sjf", "sjf"),
     "reservation_depth": ("8", 8),
     "estimate_all": ("false", False),
     "explain": ("false", False),
@@ -78,3 +79,17 @@ def test_it_refuses_an_invalid_policy_setting_at_load(name, text, word):
 def test_it_refuses_an_unknown_backfill_in_the_policy_itself():
     with pytest.raises(ValueError, match="backfill"):
         scheduler.Policy(backfill="aggressive")
+
+
+def test_it_starts_from_a_named_preset_and_lets_a_field_override_it():
+    overrides = policy_settings(
+        {"SCHEDULER_PRESET": "sjf-protect-1d", "SCHEDULER_PROTECT_AFTER_MAX_S": "3600"}
+    )
+    policy = scheduler.Policy(**overrides)
+    assert (policy.order, policy.backfill, policy.protect_oldest) == ("sjf", "easy", 0)
+    assert policy.protect_after_max_s == 3600.0
+
+
+def test_it_refuses_an_unknown_preset_at_load():
+    with pytest.raises(ImproperlyConfigured, match="SCHEDULER_PRESET='fastest'"):
+        policy_settings({"SCHEDULER_PRESET": "fastest"})

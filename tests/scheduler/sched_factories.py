@@ -56,7 +56,11 @@ def state(devices, pending=(), allocations=(), now: float = 0.0, **kw) -> State:
     )
 
 
+# The walk of the issue-9 default: the multifactor priority, a reservation for every booking.
+MULTIFACTOR = dict(order="priority", backfill="conservative")
 FIFO_ORDER = Policy(
+    order="arrival",
+    backfill="conservative",
     weight_age=0.0,
     weight_fairshare=0.0,
     weight_size=0.0,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_factories import FIFO_ORDER, MIG_3G, alloc, by_id, gpus, mig, req, state
+from sched_factories import FIFO_ORDER, MIG_3G, MULTIFACTOR, alloc, by_id, gpus, mig, req, state
 
 from scheduler import Policy, Quota, decay_usage, never_fits, plan
 from scheduler.priority import priority_of, site_scales
@@ -71,7 +71,8 @@ def _replay_stream(policy: Policy) -> float:
     return replay.started["big"] - 50.0
 
 
-UNPROTECTED = dict(protect_oldest=0, protect_after_runs=None)
+# No protection, in the multifactor priority order these tests are about.
+UNPROTECTED = dict(protect_oldest=0, protect_after_runs=None, **MULTIFACTOR)
 
 
 def test_it_eventually_starts_an_old_big_job_in_a_stream_of_small_ones():
@@ -81,7 +82,7 @@ def test_it_eventually_starts_an_old_big_job_in_a_stream_of_small_ones():
     greedy = Policy(weight_age=0.0, age_max_s=20_000.0, **UNPROTECTED)
     assert _replay_stream(greedy) > 100_000.0
     # The oldest booking's reservation alone bounds the wait: no priority factor needed.
-    assert _replay_stream(Policy(weight_age=0.0, age_max_s=20_000.0)) <= 1000.0
+    assert _replay_stream(Policy(weight_age=0.0, age_max_s=20_000.0, **MULTIFACTOR)) <= 1000.0
 
 
 def test_it_ranks_by_the_priority_factors():

@@ -10,9 +10,9 @@ from scheduler import plan
 from scheduler.dependencies import ArraySpecError, parse_array, parse_dependency
 from scheduler.replay import replay_trace
 from scheduler.types import OUTCOME_NOT_OK, OUTCOME_OK, Dependency, Policy
-from tests.scheduler.sched_factories import alloc, gpus, req, state
+from tests.scheduler.sched_factories import MULTIFACTOR, alloc, gpus, req, state
 
-POLICY = Policy()
+POLICY = Policy(**MULTIFACTOR)  # every booking planned and reserved
 
 
 def _line(result, bid):
