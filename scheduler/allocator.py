@@ -97,6 +97,7 @@ class _Pass:
             key=lambda r: (r.submit_time, r.booking_id),
         )
         self.oldest = {request.booking_id for request in by_age}
+        self.handed: list[tuple[float, str] | None] = []  # each hand-on of protection, in order
         self.fixed = [_copy(node.timeline) for node in self.nodes]
         self.finder = Finder(self.nodes, state.now)
         self._why_cache: dict[tuple, tuple[float | None, float | None]] = {}
@@ -206,12 +207,9 @@ class _Pass:
         while len(planned) < len(ranked):
             if starts_only and not self.free_now():
                 break
-            request, prio = ranked[len(planned)]
-            line = walk.place(len(planned) + 1, request, prio)
+            line = self.step(walk, ranked, len(planned))
             planned.append(line)
-            if line.reason == REASON_STARTING and request.booking_id in self.oldest:
-                self._hand_on(ranked, len(planned))
-            if request.booking_id == until:
+            if line.booking_id == until:
                 break
         never_met = tuple(bid for bid, verdict in self.waiting.items() if verdict.never)
         return Plan(
@@ -221,24 +219,36 @@ class _Pass:
             never_met=never_met,
         )
 
-    def _hand_on(self, ranked: list[tuple[Request, Priority]], walked: int) -> None:
+    def step(self, walk: _Walk, ranked: list[tuple[Request, Priority]], done: int) -> Planned:
+        """Place ``ranked[done]`` (the first ``done`` are placed); when one of the oldest starts,
+        hand its protection on. The one step of the walk, for ``run`` and the kept walk."""
+        request, prio = ranked[done]
+        line = walk.place(done + 1, request, prio)
+        if line.reason == REASON_STARTING and request.booking_id in self.oldest:
+            self.handed.append(self._hand_on(ranked, done + 1))
+        return line
+
+    def _hand_on(
+        self, ranked: list[tuple[Request, Priority]], walked: int
+    ) -> tuple[float, str] | None:
         """One of the oldest bookings starts now: the next oldest not yet protected takes its
         place (EASY's head: the oldest booking that cannot start), walked next after the
-        protected ones still to walk."""
+        protected ones still to walk. Returns its (submit time, id), or None: nobody took it."""
         rest = range(walked, len(ranked))
         first = next((i for i in rest if not self.protected(ranked[i][0])), None)
         if first is None:
-            return
+            return None
         candidates = [
             i
             for i in range(first, len(ranked))
             if self.policy.qos_level(ranked[i][0].qos) == self.top_qos
         ]
         if not candidates:
-            return
+            return None
         oldest = min(candidates, key=lambda i: (ranked[i][0].submit_time, ranked[i][0].booking_id))
         self.oldest.add(ranked[oldest][0].booking_id)
         ranked.insert(first, ranked.pop(oldest))
+        return ranked[first][0].submit_time, ranked[first][0].booking_id
 
     def free_now(self) -> bool:
         """Some device of an up node is free at this instant (timelines start at now)."""

@@ -68,7 +68,6 @@ class KeptWalk:
         self.state, self.policy, self.every = state, policy, every
         run = self.run = _Pass(state, policy)
         self.ranked = run.ordered()
-        self.keys = [run._rank(pair) for pair in self.ranked]
         eligible = [pair for pair in self.ranked if pair[0].booking_id not in run.waiting]
         preemptions, preempting = preempt_phase(run, eligible)
         self.preempted = [p.booking_id for p in preemptions]
@@ -78,9 +77,17 @@ class KeptWalk:
             if done % every == 0:
                 self.saved.append(_save(done, run, walk, self.saved[-1] if self.saved else None))
             if done < len(self.ranked):
-                walk.place(done + 1, *self.ranked[done])
+                run.step(walk, self.ranked, done)  # may move a booking up (protection handed on)
             if pause is not None and done % PAUSE_EVERY == 0:
                 pause()
+        # The order as walked: a booking protection was handed to stands with the protected
+        # ones. A request's rank is found among the keys while they are sorted; past the first
+        # key out of order it is not answered.
+        self.keys = [run._rank(pair) for pair in self.ranked]
+        self.sorted_upto = next(
+            (i for i in range(1, len(self.keys)) if self.keys[i] < self.keys[i - 1]),
+            len(self.keys),
+        )
         projects = {request.project for request in state.pending}
         self.fair = fairshare_factors(projects, state.project_shares, state.project_usage)
         self.users = {request.user for request in state.pending}
@@ -109,7 +116,9 @@ class KeptWalk:
         prio = priority_of(
             request, run.now, run.size(request), fair[request.project], self.policy, run.scales
         )
-        rank = bisect_left(self.keys, twin._rank((request, prio)))
+        rank = bisect_left(self.keys, twin._rank((request, prio)), 0, self.sorted_upto)
+        if rank == self.sorted_upto < len(self.keys):
+            return None
         saved = self.saved[rank // self.every]
         walk = _resume(saved, twin, self.walk)
         for done in range(saved.done, rank):
@@ -132,6 +141,9 @@ class KeptWalk:
         level = policy.qos_level(request.qos)
         if level > run.top_qos:
             return False  # protection would move to its QOS
+        mine = (request.submit_time, request.booking_id)
+        if level == run.top_qos and any(key is None or key > mine for key in run.handed):
+            return False  # the walk would hand protection to it, not to the one it did
         full = len(self.oldest) >= policy.protect_oldest
         if level == run.top_qos and full and self.oldest:
             if (request.submit_time, request.booking_id) < self.oldest[-1]:
