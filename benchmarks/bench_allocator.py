@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calib import calib_s  # noqa: E402
-from sitegen import Site, generate  # noqa: E402
+from sitegen import Site, generate, with_topology  # noqa: E402
 
 from scheduler import Allocation, Device, Policy, Quota, Request, State, plan  # noqa: E402
 
@@ -113,9 +113,16 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--pending", type=int, default=10_000)
     parser.add_argument("--gpus", type=int, default=1024)
+    parser.add_argument(
+        "--topology",
+        action="store_true",
+        help="every other 8-GPU node with cube-mesh NVLink and two NUMA domains, racks of 4",
+    )
     args = parser.parse_args()
     calib = calib_s()
     state = build_state(args.seed, args.pending, args.gpus)
+    if args.topology:
+        state = with_topology(state)
     times = []
     for _ in range(args.repeat):
         began = time.perf_counter()
@@ -142,6 +149,7 @@ def main() -> int:
         "bench": "allocator",
         "pending": len(state.pending),
         "gpus": gpus,
+        "topology": args.topology,
         "plan_best_s": round(min(times), 3),
         "plan_median_s": round(statistics.median(times), 3),
         "calib_s": calib,

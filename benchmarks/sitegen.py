@@ -15,7 +15,7 @@ quota and a GPU-hour budget on every user and every project.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 HOUR = 3600
 MODELS = ("A100-80GB", "H100-80GB", "L40S", "A40")
@@ -213,3 +213,26 @@ def generate(
         )
     site.pending = [_request(rng, f"b{i:05d}", users, user_project) for i in range(pending)]
     return site
+
+
+def _cube_mesh(index: int) -> set[int]:
+    return {j for j in range(8) if j != index and (j // 4 == index // 4 or j == (index + 4) % 8)}
+
+
+def with_topology(state):
+    """``state`` with cube-mesh NVLink and NUMA on every other 8-GPU node, racks of 4 nodes."""
+    by_node: dict[str, list] = {}
+    for device in state.devices:
+        by_node.setdefault(device.node, []).append(device)
+    devices = []
+    for number, (_node, members) in enumerate(sorted(by_node.items())):
+        group = f"rack{number // 4}"
+        whole = len(members) == 8 and all(d.profile is None for d in members)
+        if not whole or number % 2:
+            devices += [replace(d, group=group) for d in members]
+            continue
+        ids = [d.id for d in sorted(members, key=lambda d: d.id)]
+        for i, device in enumerate(sorted(members, key=lambda d: d.id)):
+            links = tuple(ids[j] for j in sorted(_cube_mesh(i)))
+            devices.append(replace(device, links=links, numa=i // 4, group=group))
+    return replace(state, devices=tuple(devices))
