@@ -339,6 +339,8 @@ def test_it_keeps_the_console_of_a_demo_session_to_the_banner(quiet_env, embedde
         lambda: (
             (rows := _rows(f"{base}/api/v1/bookings/?state=pending&state=active", token))
             and sum(b["state"] == "pending" for b in rows) >= 2
+            # and the pass that follows the agents' registration has planned them
+            and all(b["pending_reason"] for b in rows if b["state"] == "pending")
             and rows
         ),
         90,
