@@ -32,7 +32,14 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
-from scheduler.frontier import dominators, frontier_table, shown_error_cells, shown_no_worse
+from scheduler.frontier import (
+    closest,
+    dominators,
+    frontier_table,
+    shown_error_cells,
+    shown_no_worse,
+    starvation_bound,
+)
 from scheduler.presets import REFERENCE_NAMES
 from scheduler.replay import POLICIES, replay_trace
 from scheduler.types import Policy
@@ -142,8 +149,17 @@ def sweep(
                     )
     # Biggest first, so the pool does not end on one long replay.
     tasks.sort(key=lambda t: -_cost(t))
+    results = {}
     with Pool(workers) as pool:
-        results = dict(pool.imap_unordered(_run, tasks))
+        for key, result in pool.imap_unordered(_run, tasks):
+            results[key] = result
+            # Progress on stderr: a whole sweep replays hundreds of traces for many minutes.
+            print(
+                f"[{len(results)}/{len(tasks)}] {' '.join(map(str, key))}"
+                f" {result['seconds']:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     for row in rows:
         for label in [*policies, "predict"]:
             key = (row["trace"], row["gpus"], row["model"], label)
@@ -228,6 +244,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def closest_lines(rows: list[dict], policies: dict[str, Policy]) -> list[str]:
+    """Every replayed policy's no-starvation bound, and those that keep one ranked by how far they
+    are from the target (scheduler/frontier.closest): the point to ship when none escapes
+    domination on every row."""
+    bounds = {label: starvation_bound(policy) for label, policy in policies.items()}
+    lines = [
+        "distance to the target (mean <= 0.5x, p99 and max <= 1x EASY): mean and worst row's"
+        " shortfall, policies with a no-starvation bound; closest first"
+    ]
+    for name, mean, worst in closest(rows, bounds):
+        lines.append(f"- {name}: {mean:.3f} mean, {worst:.3f} worst row, bound {bounds[name]}")
+    unbounded = sorted(name for name, bound in bounds.items() if bound is None)
+    if unbounded:
+        lines.append(f"- no bound (not candidates): {', '.join(unbounded)}")
+    return lines
+
+
 def predict_table(rows: list[dict]) -> str:
     """Portal with and without run-time prediction on the x1-4 rows, ratios to EASY."""
     head = (
@@ -310,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     out = [table(rows)]
     if others:
         out += ["", frontier_table(rows)]
+        policies = {"portal": portal, "easy": POLICIES["easy"]}
+        out += ["", *closest_lines(rows, {**policies, **{n: POLICIES[n] for n in others}})]
     if args.predict:
         out += ["", predict_table(rows)]
     out.append(f"\n{len(rows)} rows, {time.perf_counter() - started:.0f} s")

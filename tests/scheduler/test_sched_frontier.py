@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.frontier import dominates, dominators, shown_no_worse
+from scheduler.frontier import (
+    closest,
+    dominates,
+    dominators,
+    shown_no_worse,
+    starvation_bound,
+    target_shortfall,
+)
 
 
 def result(mean, p99, wait_max, util, **extra):
@@ -55,3 +62,44 @@ def test_it_compares_the_shown_start_error_with_easys():
     row["portal"] = result(1, 1, 1, 1, **{**errors, "planned_start_error_p90_s": 101.0})
     assert shown_no_worse(row) is False
     assert shown_no_worse({"portal": BASE, "easy": BASE}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "bound"),
+    [
+        ("portal", "(k+1)W"),  # the protected oldest booking
+        ("easy", "(k+1)W"),  # arrival order: the oldest that cannot start is the head
+        ("fifo", "(k+1)W"),
+        ("conservative", "(k+1)W"),
+        ("easy-sjbf", "(k+1)W"),
+        ("multifactor", "(k+1)W"),
+        ("sjf-protect-1d", "threshold+(k+1)W"),
+        ("hrrn-easy", None),  # smaller or longer-waiting work can pass the oldest over
+        ("sjf-easy", None),
+    ],
+)
+def test_it_names_the_starvation_bound_each_policy_keeps(name, bound):
+    from scheduler.replay import POLICIES
+
+    assert starvation_bound(POLICIES[name]) == bound
+
+
+def test_it_measures_the_shortfall_from_the_target_and_ranks_bounded_policies():
+    easy = result(100.0, 1000.0, 2000.0, 0.8)
+    assert target_shortfall(result(50.0, 1000.0, 2000.0, 0.8), easy) == 0.0  # meets all three
+    assert target_shortfall(result(100.0, 1100.0, 3000.0, 0.8), easy) == pytest.approx(
+        1.1
+    )  # 0.5 + 0.1 + 0.5
+    assert target_shortfall(easy, result(0.0, 0.0, 0.0, 0.8)) is None  # nobody waits
+    rows = [
+        {
+            "easy": easy,
+            "a": result(60.0, 1000.0, 2000.0, 0.8),  # 0.1 over
+            "b": result(40.0, 900.0, 1800.0, 0.8),  # meets it
+            "c": result(10.0, 100.0, 100.0, 0.8),  # meets it, but keeps no bound
+        },
+        {"easy": result(0.0, 0.0, 0.0, 0.8), "a": BASE, "b": BASE, "c": BASE},  # left out
+    ]
+    ranked = closest(rows, {"a": "(k+1)W", "b": "(k+1)W", "c": None})
+    assert [name for name, _, _ in ranked] == ["b", "a"]
+    assert ranked[1][1] == pytest.approx(0.1)
