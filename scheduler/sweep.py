@@ -25,7 +25,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -33,9 +32,11 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from scheduler.frontier import (
+    TARGETS,
     closest,
     dominators,
     frontier_table,
+    ratios,
     shown_error_cells,
     shown_no_worse,
     starvation_bound,
@@ -50,7 +51,6 @@ MODELS = {"exact": None, "x1-4": (1.0, 4.0)}
 SEED = 9
 # Run beside portal and EASY unless ``--policies`` narrows them.
 OTHERS = ("fifo", *REFERENCE_NAMES)
-TARGETS = (("mean", 0.5, "<="), ("p99", 1.0, "<="), ("max", 1.0, "<="), ("util", 1.0, ">="))
 
 
 def default_traces_dir() -> Path:
@@ -172,22 +172,6 @@ def _cost(task: tuple) -> float:
     _, path, gpus, label, *_, track = task
     heavy = label in ("portal", "predict", "conservative") or track
     return path.stat().st_size * (3.0 if heavy else 1.0)
-
-
-def ratios(result: dict, easy: dict) -> dict[str, float]:
-    """mean, p99, max wait and utilization as multiples of EASY's."""
-
-    def over(a: float, b: float) -> float:
-        if b == 0:
-            return 0.0 if a == 0 else math.inf  # nobody waited under either: met
-        return a / b
-
-    return {
-        "mean": over(result["mean_wait_s"], easy["mean_wait_s"]),
-        "p99": over(result["p99_wait_s"], easy["p99_wait_s"]),
-        "max": over(result["max_wait_s"], easy["max_wait_s"]),
-        "util": over(result["utilization"], easy["utilization"]),
-    }
 
 
 def misses(r: dict[str, float]) -> list[str]:
@@ -343,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     out = [table(rows)]
     if others:
         out += ["", frontier_table(rows)]
-        policies = {"portal": portal, "easy": POLICIES["easy"]}
-        out += ["", *closest_lines(rows, {**policies, **{n: POLICIES[n] for n in others}})]
+        replayed = {"portal": portal, "easy": POLICIES["easy"], **{n: POLICIES[n] for n in others}}
+        out += ["", *closest_lines(rows, replayed)]
     if args.predict:
         out += ["", predict_table(rows)]
     out.append(f"\n{len(rows)} rows, {time.perf_counter() - started:.0f} s")

@@ -87,9 +87,8 @@ def test_it_names_the_starvation_bound_each_policy_keeps(name, bound):
 def test_it_measures_the_shortfall_from_the_target_and_ranks_bounded_policies():
     easy = result(100.0, 1000.0, 2000.0, 0.8)
     assert target_shortfall(result(50.0, 1000.0, 2000.0, 0.8), easy) == 0.0  # meets all three
-    assert target_shortfall(result(100.0, 1100.0, 3000.0, 0.8), easy) == pytest.approx(
-        1.1
-    )  # 0.5 + 0.1 + 0.5
+    over = target_shortfall(result(100.0, 1100.0, 3000.0, 0.8), easy)
+    assert over == pytest.approx(0.5 + 0.1 + 0.5)  # mean, p99 and max over their bounds
     assert target_shortfall(easy, result(0.0, 0.0, 0.0, 0.8)) is None  # nobody waits
     rows = [
         {
@@ -103,3 +102,24 @@ def test_it_measures_the_shortfall_from_the_target_and_ranks_bounded_policies():
     ranked = closest(rows, {"a": "(k+1)W", "b": "(k+1)W", "c": None})
     assert [name for name, _, _ in ranked] == ["b", "a"]
     assert ranked[1][1] == pytest.approx(0.1)
+
+
+def test_the_sweep_prints_the_bounded_policies_closest_first_and_names_the_unbounded():
+    from scheduler.replay import POLICIES
+    from scheduler.sweep import closest_lines
+
+    easy = result(100.0, 1000.0, 2000.0, 0.8)
+    row = {
+        "easy": easy,
+        "portal": result(40.0, 900.0, 1800.0, 0.8),
+        "conservative": result(90.0, 1000.0, 2000.0, 0.8),
+        "sjf-easy": result(10.0, 100.0, 100.0, 0.9),
+    }
+    names = ("portal", "easy", "conservative", "sjf-easy")
+    lines = closest_lines([row], {name: POLICIES[name] for name in names})
+    assert lines[1:] == [
+        "- portal: 0.000 mean, 0.000 worst row, bound (k+1)W",
+        "- conservative: 0.400 mean, 0.400 worst row, bound (k+1)W",
+        "- easy: 0.500 mean, 0.500 worst row, bound (k+1)W",
+        "- no bound (not candidates): sjf-easy",
+    ]
