@@ -11,6 +11,8 @@ import os
 
 from django.core.exceptions import ImproperlyConfigured
 
+from agents.images import ImageError, source_parse
+
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
@@ -90,6 +92,18 @@ def envnetworks(name: str, default: str = "") -> list[str]:
         except ValueError as exc:
             raise SettingError(f"{name}: {net!r} is not a network: {exc}") from None
     return networks
+
+
+def envimagesources(name: str) -> list[str]:
+    """$NAME as a comma-separated list of container image sources (agents.images: a transport,
+    host and repository prefix, or a directory); one that is not is a SettingError naming it."""
+    sources = envlist(name)
+    for source in sources:
+        try:
+            source_parse(source)
+        except ImageError as exc:
+            raise SettingError(f"{name}: {source!r} is not an image source: {exc}") from None
+    return sources
 
 
 def envrange(name: str, default: str, *, low: int, high: int) -> tuple[int, int]:

@@ -10,7 +10,17 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks, envrange
+from portal.env import (
+    SettingError,
+    env,
+    envbool,
+    envfloat,
+    envimagesources,
+    envint,
+    envlist,
+    envnetworks,
+    envrange,
+)
 from portal.headers import policy_header
 from portal.job_env import port_range_parse, signal_parse
 from portal.notify_env import notify_settings
@@ -297,9 +307,10 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-# Container images a booking may name (docs/containers.md): prefixes of allowed sources,
-# comma-separated, e.g. "docker://nvcr.io/nvidia/,/shared/images/". Empty: no images at all.
-CONTAINER_IMAGE_SOURCES = envlist("CONTAINER_IMAGE_SOURCES")
+# Container images a booking may name (docs/containers.md): allowed sources, comma-separated,
+# e.g. "docker://nvcr.io/nvidia,/shared/images" (hosts as hosts, repositories and directories
+# by whole path segments: agents/images.py). Empty: no images at all.
+CONTAINER_IMAGE_SOURCES = envimagesources("CONTAINER_IMAGE_SOURCES")
 
 # Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
 # comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.
