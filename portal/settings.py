@@ -20,6 +20,7 @@ from portal.env import (
     envlist,
     envnetworks,
     envrange,
+    url_with_password,
 )
 from portal.headers import policy_header
 from portal.job_env import port_range_parse, signal_parse
@@ -31,7 +32,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
 
 DATABASE_URL = env("DATABASE_URL")
-REDIS_URL = env("REDIS_URL")
+# The password may come apart from the URL (REDIS_PASSWORD_FILE: the compose secret).
+REDIS_URL = url_with_password("REDIS_URL", env("REDIS_URL"), env("REDIS_PASSWORD"))
 # Embedded mode: the one-command demo on a laptop (SQLite, in-process loop, plain http on
 # localhost). Server mode: PostgreSQL behind a TLS-terminating proxy.
 EMBEDDED = not DATABASE_URL
