@@ -122,15 +122,19 @@ def test_it_is_a_valid_compose_file_for_docker_compose():
     probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip("docker compose is not installed")
-    env = os.environ | {"SECRET_KEY": "x" * 50, "PORTAL_HOST": "gpus.example.org"}
-    result = subprocess.run(
-        ["docker", "compose", "--profile", "demo", "config", "--quiet"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    env = os.environ | {
+        "SECRET_KEY": "x" * 50,
+        "PORTAL_HOST": "gpus.example.org",
+        "POSTGRES_PASSWORD": "0wner",
+        "PORTAL_APP_DB_PASSWORD": "app0",
+        "REDIS_PASSWORD_FILE": "/dev/null",
+    }
+    command = ["docker", "compose", "--profile", "demo", "config", "--quiet"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+    del env["POSTGRES_PASSWORD"]  # no default: compose stops, naming it
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0 and "set POSTGRES_PASSWORD" in result.stderr
 
 
 def test_it_points_compose_commands_at_code_that_exists():
