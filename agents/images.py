@@ -43,7 +43,7 @@ NAME_MAX = 255  # the grammar's bound on domain plus path
 _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = re.compile(rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?")
-_TAG = re.compile(r"[\w][\w.-]{0,127}")
+_TAG = re.compile(r"[\w][\w.-]{0,127}", re.ASCII)  # Go's \w: ASCII
 _DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
 _HEX_ID = re.compile(r"[a-f0-9]{64}")
 

@@ -73,6 +73,7 @@ def test_it_parses_an_image_as_its_runtime_reads_it(text, image, name):
         ("nvcr.io/x:", "tag ''"),
         ("nvcr.io/x:-1", "tag '-1'"),
         (f"x:{'t' * 129}", "tag"),
+        ("x:t\u00e4", "tag"),  # \w is ASCII in the grammar
         ("nvcr.io/x@sha256:abc", "digest"),
         ("nvcr.io/x@md5:" + "ab" * 16, "digest"),
         ("nvcr.io/x@sha256:" + "AB" * 32, "digest"),
