@@ -15,7 +15,9 @@ environment and signals as a plain job:
   environment out and ``APPTAINERENV_``/``SINGULARITYENV_`` variables carry the job's in.
 
 Which runtimes may run which image is ``protocol.image_runtimes`` (shared with the portal, which
-refuses at submit an image no node can run).
+refuses at submit an image no node can run). The runtime is given the image as ``agents.images``
+parses it (the full reference, the normalised path), never the text as it came; text that is no
+reference a runtime would run is not launched (``BadImage``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from agents.images import Image, ImageError, image_parse
 from agents.protocol import CONTAINER_RUNTIMES, image_runtimes
 
 SHELL = "/bin/sh"
@@ -54,6 +57,10 @@ class NoRuntime(OSError):
     """No runtime of this node can run the image; the message says which would."""
 
 
+class BadImage(OSError):
+    """The image is no reference a runtime would run (the portal refuses it at submit)."""
+
+
 def container_launch(
     *,
     runtimes: Iterable[str],
@@ -70,6 +77,10 @@ def container_launch(
     """The launch of ``command`` in ``image`` on the first runtime of ``runtimes`` that can run
     it. ``env`` is the job's environment (it goes into the container); ``extra_args`` are the
     site's own options per runtime (e.g. podman's ``--runtime``), placed before the image."""
+    try:
+        parsed = image_parse(image)
+    except ImageError as exc:
+        raise BadImage(f"image {image!r} is not an image reference: {exc}") from None
     have = list(runtimes)
     usable = [name for name in image_runtimes(image) if name in have]
     if not usable:
@@ -80,10 +91,10 @@ def container_launch(
     runtime = usable[0]
     extra = list((extra_args or {}).get(runtime, ()))
     if runtime in ("podman", "docker"):
-        argv = _oci_argv(runtime, booking_id, image, device_uuids, uid, gid, env, workdir, extra)
+        argv = _oci_argv(runtime, booking_id, parsed, device_uuids, uid, gid, env, workdir, extra)
         handle = [runtime, f"gpu-portal-{booking_id}"]
         return ContainerLaunch(runtime, argv + [SHELL, "-c", command], handle=handle)
-    argv, runtime_env = _apptainer(runtime, image, device_uuids, env, workdir, extra)
+    argv, runtime_env = _apptainer(runtime, parsed, device_uuids, env, workdir, extra)
     return ContainerLaunch(runtime, argv + [SHELL, "-c", command], runtime_env)
 
 
@@ -109,7 +120,7 @@ def container_remove(handle: list[str] | None, unix_user: str) -> None:
         log.warning("could not remove container %s: %s", name, exc)
 
 
-def _oci_argv(runtime, booking_id, image, device_uuids, uid, gid, env, workdir, extra):
+def _oci_argv(runtime, booking_id, image: Image, device_uuids, uid, gid, env, workdir, extra):
     argv = [runtime, "run", "--rm", "--init", "--name", f"gpu-portal-{booking_id}"]
     argv += ["--user", f"{uid}:{gid}"]
     if runtime == "podman" and os.geteuid() != 0:
@@ -120,17 +131,13 @@ def _oci_argv(runtime, booking_id, image, device_uuids, uid, gid, env, workdir, 
             argv += ["--env", name]
     for uuid in device_uuids:
         argv += ["--device", f"nvidia.com/gpu={uuid}"]
-    return argv + extra + [_oci_reference(image)]
+    # The full name: a short one would be looked up in the node's search registries.
+    return argv + extra + [image.name]
 
 
-def _oci_reference(image: str) -> str:
-    # Podman and Docker name images without a transport.
-    return image.removeprefix("docker://")
-
-
-def _apptainer(runtime, image, device_uuids, env, workdir, extra):
+def _apptainer(runtime, image: Image, device_uuids, env, workdir, extra):
     prefix = "APPTAINERENV_" if runtime == "apptainer" else "SINGULARITYENV_"
     runtime_env = {f"{prefix}{name}": value for name, value in env.items()}
     runtime_env["NVIDIA_VISIBLE_DEVICES"] = ",".join(device_uuids) or "void"
     argv = [runtime, "exec", "--nv", "--nvccli", "--cleanenv", "--pwd", workdir]
-    return argv + extra + [image], runtime_env
+    return argv + extra + [image.uri], runtime_env

@@ -8,8 +8,11 @@ Unset or empty (a compose file's ``${NAME:-}``) means the default.
 import ipaddress
 import math
 import os
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from django.core.exceptions import ImproperlyConfigured
+
+from agents.images import ImageError, source_parse
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -90,6 +93,32 @@ def envnetworks(name: str, default: str = "") -> list[str]:
         except ValueError as exc:
             raise SettingError(f"{name}: {net!r} is not a network: {exc}") from None
     return networks
+
+
+def url_with_password(name: str, url: str, password: str) -> str:
+    """The URL $NAME with ``password`` (read apart from it, e.g. from a compose secret) put into
+    it, quoted; a URL that carries a password already may not get a second one. No password:
+    the URL as it is."""
+    if not url or not password:
+        return url
+    parts = urlsplit(url)
+    if parts.password is not None:
+        raise SettingError(f"{name} has a password and one is given apart too: give one of them")
+    user = quote(parts.username or "", safe="")
+    netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def envimagesources(name: str) -> list[str]:
+    """$NAME as a comma-separated list of container image sources (agents.images: a transport,
+    host and repository prefix, or a directory); one that is not is a SettingError naming it."""
+    sources = envlist(name)
+    for source in sources:
+        try:
+            source_parse(source)
+        except ImageError as exc:
+            raise SettingError(f"{name}: {source!r} is not an image source: {exc}") from None
+    return sources
 
 
 def envrange(name: str, default: str, *, low: int, high: int) -> tuple[int, int]:

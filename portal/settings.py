@@ -10,7 +10,18 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks, envrange
+from portal.env import (
+    SettingError,
+    env,
+    envbool,
+    envfloat,
+    envimagesources,
+    envint,
+    envlist,
+    envnetworks,
+    envrange,
+    url_with_password,
+)
 from portal.headers import policy_header
 from portal.job_env import port_range_parse, signal_parse
 from portal.notify_env import notify_settings
@@ -21,7 +32,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
 
 DATABASE_URL = env("DATABASE_URL")
-REDIS_URL = env("REDIS_URL")
+# The password may come apart from the URL (REDIS_PASSWORD_FILE: the compose secret).
+REDIS_URL = url_with_password("REDIS_URL", env("REDIS_URL"), env("REDIS_PASSWORD"))
 # Embedded mode: the one-command demo on a laptop (SQLite, in-process loop, plain http on
 # localhost). Server mode: PostgreSQL behind a TLS-terminating proxy.
 EMBEDDED = not DATABASE_URL
@@ -297,9 +309,10 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-# Container images a booking may name (docs/containers.md): prefixes of allowed sources,
-# comma-separated, e.g. "docker://nvcr.io/nvidia/,/shared/images/". Empty: no images at all.
-CONTAINER_IMAGE_SOURCES = envlist("CONTAINER_IMAGE_SOURCES")
+# Container images a booking may name (docs/containers.md): allowed sources, comma-separated,
+# e.g. "docker://nvcr.io/nvidia,/shared/images" (hosts as hosts, repositories and directories
+# by whole path segments: agents/images.py). Empty: no images at all.
+CONTAINER_IMAGE_SOURCES = envimagesources("CONTAINER_IMAGE_SOURCES")
 
 # Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
 # comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.

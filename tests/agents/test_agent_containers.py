@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.containers import NoRuntime, container_launch, detect_runtimes
+from agents.containers import BadImage, NoRuntime, container_launch, detect_runtimes
 from agents.protocol import image_runtimes
 from tests.agents.test_agent_dispatch import _event, _gpu_uuids, _kinds, _outputs
 
@@ -96,6 +96,31 @@ def test_it_refuses_an_image_no_runtime_of_the_node_can_run():
         container_launch(runtimes=["podman"], image="/shared/torch.sif", **COMMON)
 
 
+@pytest.mark.parametrize(
+    "image",
+    ["/shared/images/../../scratch/evil.sif", "nvcr.io/nvidia/../x", "nvcr.io@evil", "a b"],
+)
+def test_it_refuses_to_launch_what_is_no_image_reference(image):
+    with pytest.raises(BadImage, match="is not an image reference"):
+        container_launch(runtimes=["podman", "apptainer"], image=image, **COMMON)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "image", "given"),
+    [
+        ("podman", "ubuntu:22.04", "docker.io/library/ubuntu:22.04"),
+        ("docker", "docker://pytorch/pytorch", "docker.io/pytorch/pytorch"),
+        ("apptainer", "nvcr.io/nvidia/pytorch:1", "docker://nvcr.io/nvidia/pytorch:1"),
+        ("apptainer", "/shared//images/./torch.sif", "/shared/images/torch.sif"),
+    ],
+)
+def test_it_gives_the_runtime_the_image_as_parsed(runtime, image, given):
+    """The full name (no short-name search among the node's registries picks another one),
+    a transport for Apptainer (a plain reference would be a file path to it), a clean path."""
+    launch = container_launch(runtimes=[runtime], image=image, **COMMON)
+    assert launch.argv[-4] == given
+
+
 def test_it_reports_the_runtimes_it_finds_installed():
     assert detect_runtimes(lambda name: name in {"docker", "apptainer"}) == ["docker", "apptainer"]
 
@@ -107,6 +132,16 @@ def test_it_reports_a_booking_whose_image_it_cannot_run_as_not_launched(
     portal.book(3, me, _gpu_uuids(agent)[:1], command="true", image="docker://busybox")
     cycle_until(agent, lambda: ("exited", 3) in _kinds(portal))
     assert _event(portal, "exited", 3).detail.startswith("not launched: image 'docker://busybox'")
+
+
+def test_it_reports_a_booking_whose_image_is_no_reference_as_not_launched(
+    portal, make_agent, cycle_until, me
+):
+    agent = make_agent(container_runtimes=["podman"])
+    portal.book(4, me, _gpu_uuids(agent)[:1], command="true", image="nvcr.io/x/../y")
+    cycle_until(agent, lambda: ("exited", 4) in _kinds(portal))
+    detail = _event(portal, "exited", 4).detail
+    assert detail.startswith("not launched: image 'nvcr.io/x/../y' is not an image reference")
 
 
 # -- a real run through Podman with runc ------------------------------------------------------

@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from portal.env import SettingError, envimagesources
 from portal.models import Booking, Node
 from portal.services.fleet.selectors import agent_desired
 from tests.conftest import error_of
@@ -62,6 +63,51 @@ def test_it_refuses_an_image_naming_the_field(api, project, cluster, sources, bo
     error = error_of(response)
     assert set(error["fields"]) == {"image"} and says in error["fields"]["image"], error
     assert Booking.objects.count() == before
+
+
+@pytest.mark.parametrize(
+    ("image", "says"),
+    [
+        ("/shared/images/../../scratch/evil.sif", "not an image reference: an image file's path"),
+        ("docker://nvcr.io/nvidia/../evil:1", "not an image reference: '..' is not a repository"),
+        ("docker://nvcr.io/nvidia@evil", "not an image reference: digest 'evil'"),
+        ("docker://nvcr.io/nvidia/pytorch latest", "not an image reference: an image reference"),
+        ("docker://nvcr.io.evil.example/x", "not from an allowed source"),
+        ("docker://registry.example.org/nvidia-evil/x", "not from an allowed source"),
+        ("/shared/images-evil/x.sif", "not from an allowed source"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/api/v1/bookings/", "/api/v1/bookings/estimate/"])
+def test_it_refuses_an_image_the_runtime_would_not_run_or_from_elsewhere(
+    api, project, cluster, settings, image, says, path
+):
+    """Hosts are hosts and repositories and directories whole path segments, not text
+    prefixes; what podman or apptainer would refuse is refused at submit and in the estimate."""
+    settings.CONTAINER_IMAGE_SOURCES = [
+        "docker://nvcr.io",
+        "docker://registry.example.org/nvidia",
+        "/shared/images/",
+    ]
+    for node in cluster:
+        _runtimes(node, "podman", "apptainer")
+    before = Booking.objects.count()
+    body = {"gpus": 1, "duration_s": 600, "command": "run", "image": image}
+    response = api.post(path, body, format="json")
+    assert response.status_code == 400, response.json()
+    error = error_of(response)
+    assert set(error["fields"]) == {"image"} and says in error["fields"]["image"], error
+    assert Booking.objects.count() == before
+
+
+def test_it_refuses_to_start_with_an_image_source_that_is_none(monkeypatch):
+    monkeypatch.setenv("CONTAINER_IMAGE_SOURCES", "docker://nvcr.io/nvidia,/shared/../scratch")
+    with pytest.raises(SettingError, match="CONTAINER_IMAGE_SOURCES: '/shared/../scratch'"):
+        envimagesources("CONTAINER_IMAGE_SOURCES")
+    monkeypatch.setenv("CONTAINER_IMAGE_SOURCES", "docker://nvcr.io/nvidia, /shared/images/")
+    assert envimagesources("CONTAINER_IMAGE_SOURCES") == [
+        "docker://nvcr.io/nvidia",
+        "/shared/images/",
+    ]
 
 
 def test_it_refuses_every_image_when_the_site_allows_none(api, project, cluster, settings):

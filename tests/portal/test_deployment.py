@@ -63,24 +63,78 @@ def test_it_creates_the_first_admin_from_a_secret_file():
     assert "PORTAL_ADMIN_PASSWORD" not in migrate["environment"]
 
 
-def test_it_keeps_local_state_out_of_the_image():
-    ignored = (ROOT / ".dockerignore").read_text().split()
-    assert {".git", ".venv", "var", "test-artifacts", "*.sqlite3"} <= set(ignored)
+# What a checkout holds besides its tracked files: secrets beside the compose file, local state.
+LEFT_IN_A_CHECKOUT = [
+    "admin-password.txt",
+    "smtp-password.txt",
+    "node-token.txt",
+    "redis-password.txt",
+    "secrets/app-db-password",
+    "portal.env",
+    ".env",
+    "var/db.sqlite3",
+    "var/agents/site-id",
+    ".venv/bin/python",
+    ".git/config",
+    "test-artifacts/report.xml",
+    "staticfiles/portal/app.css",
+    "db.sqlite3",
+    "portal/__pycache__/settings.cpython-311.pyc",
+    "portal/cli/build/lib/gpu_portal_cli.py",
+    "gpu_portal.egg-info/PKG-INFO",
+    "portal/.env",
+]
+# What the image runs: the packages `pip install .` installs, what it reads, and what manage.py
+# serves from the checkout (templates, static files).
+IMAGE_NEEDS = ("pyproject.toml", "README.md", "manage.py")
+IMAGE_DIRS = ("portal/", "scheduler/", "agents/", "templates/", "static/")
+
+
+def _build_context(root: Path) -> set[str]:
+    """The files `docker build` sends for `root` under this checkout's .dockerignore, matched
+    as the Docker SDK matches it."""
+    from docker.utils.build import exclude_paths
+
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return {path for path in exclude_paths(str(root), patterns) if (root / path).is_file()}
+
+
+def test_it_builds_the_image_from_an_allow_list_that_keeps_secrets_out(tmp_path):
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for path in [*tracked, *LEFT_IN_A_CHECKOUT]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    context = _build_context(tmp_path)
+    assert context & set(LEFT_IN_A_CHECKOUT) == set()
+    needed = {p for p in tracked if p in IMAGE_NEEDS or p.startswith(IMAGE_DIRS)}
+    assert needed - context == set()  # the image lacks nothing it runs
+    # and nothing else (tests, docs, deploy, ...); the rules themselves always go with it.
+    assert context - needed <= {".dockerignore"}
+    assert "templates/notifications/email.txt" in context
+    image = _compose()["x-portal"]["build"]
+    assert image["context"] == "." and "COPY . /app" in image["dockerfile_inline"]
 
 
 def test_it_is_a_valid_compose_file_for_docker_compose():
     probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip("docker compose is not installed")
-    env = os.environ | {"SECRET_KEY": "x" * 50, "PORTAL_HOST": "gpus.example.org"}
-    result = subprocess.run(
-        ["docker", "compose", "--profile", "demo", "config", "--quiet"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    env = os.environ | {
+        "SECRET_KEY": "x" * 50,
+        "PORTAL_HOST": "gpus.example.org",
+        "POSTGRES_PASSWORD": "0wner",
+        "PORTAL_APP_DB_PASSWORD": "app0",
+        "REDIS_PASSWORD_FILE": "/dev/null",
+    }
+    command = ["docker", "compose", "--profile", "demo", "config", "--quiet"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+    del env["POSTGRES_PASSWORD"]  # no default: compose stops, naming it
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0 and "set POSTGRES_PASSWORD" in result.stderr
 
 
 def test_it_points_compose_commands_at_code_that_exists():
@@ -106,7 +160,8 @@ def test_it_only_sets_environment_variables_that_settings_read():
     source = (ROOT / "portal" / "settings.py").read_text()
     source += (ROOT / "portal" / "sso" / "config.py").read_text()
     for name in _compose()["services"]["web"]["environment"]:  # merged from x-portal
-        assert f'"{name}"' in source, f"docker-compose sets {name} but settings never read it"
+        read = name.removesuffix("_FILE")  # env("NAME") reads NAME_FILE too (portal/env.py)
+        assert f'"{read}"' in source, f"docker-compose sets {name} but settings never read it"
 
 
 def test_it_passes_the_deploy_checks_under_production_settings():
