@@ -284,16 +284,24 @@ def _blocker(gpus) -> Booking:
     return make_active_booking(list(gpus))
 
 
-def test_it_exits_0_for_a_short_job_that_ran_and_finished_between_two_polls(site, cli):
+@pytest.mark.parametrize(
+    ("code", "exit_code", "said"),
+    [(0, 0, "ran and finished"), (1, 8, "ran and ended failed")],
+    ids=["finished", "failed"],
+)
+def test_it_exits_by_the_outcome_of_a_short_job_that_ran_between_two_polls(
+    site, cli, code, exit_code, said
+):
+    # Before: both exited 8 saying "ended without starting".
     token = token_for(site["alice"])
     blocker = _blocker(Gpu.objects.filter(node=site["node"], mig_mode=False))
-    waiting, job = _waiting(cli, token, "-g", "1", "-t", "1h", "--", "true")
+    waiting, job = _waiting(cli, token, "-g", "1", "-t", "1h", "--", "sh", "-c", f"exit {code}")
     booking_transition(blocker.pk, to="finished", now=timezone.now())
     allocation_pass(now=timezone.now())
-    _exit_on(site["node"], job.pk, 0)
+    _exit_on(site["node"], job.pk, code)
     out, err = waiting.communicate(timeout=30)
-    assert waiting.returncode == 0, err  # 8, "ended without starting", before
-    assert f"Booking {job.pk} ran and finished" in out and "finished" in out
+    assert waiting.returncode == exit_code, err
+    assert f"Booking {job.pk} {said}" in out
 
 
 def test_it_exits_0_for_a_two_node_job_that_finished(site, cli):
@@ -331,18 +339,6 @@ def test_it_keeps_waiting_for_a_requeued_job_and_exits_0_once_it_finished(site, 
     out, err = waiting.communicate(timeout=30)
     assert waiting.returncode == 0, err
     assert f"Booking {job.pk} ran and finished" in out
-
-
-def test_it_exits_8_for_a_job_that_ran_and_failed_between_two_polls(site, cli):
-    token = token_for(site["alice"])
-    blocker = _blocker(Gpu.objects.filter(node=site["node"], mig_mode=False))
-    waiting, job = _waiting(cli, token, "-g", "1", "-t", "1h", "--", "false")
-    booking_transition(blocker.pk, to="finished", now=timezone.now())
-    allocation_pass(now=timezone.now())
-    _exit_on(site["node"], job.pk, 1)
-    out, err = waiting.communicate(timeout=30)
-    assert waiting.returncode == 8, err
-    assert f"Booking {job.pk} ran and ended failed" in out
 
 
 def test_it_follows_a_running_bookings_output_until_it_ends(site, cli):
