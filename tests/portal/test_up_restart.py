@@ -129,6 +129,9 @@ def _stop_a_running_job_and_start_again(env: dict, tmp_path, *args: str) -> None
     """A batch job runs, with an afterok dependent waiting for it, when `up` stops (its agents
     kill their jobs). Started again, the portal must not say the job succeeded: it is back in
     the queue saying why (or failed so), and the dependent has not run."""
+    # What the agent reports is under test, not the heartbeat: a slow restart must not let the
+    # portal mark the nodes down first (that would requeue the job too, for another reason).
+    env = {**env, "NODE_HEARTBEAT_TIMEOUT_S": "900"}
     log_path = tmp_path / "up.log"
     process, base = _start(env, log_path, *args)
     try:
