@@ -169,17 +169,24 @@ class Agent:
 
     def close(self) -> None:
         """Stop the jobs if asked; close the websocket and the backend, flush what can be
-        flushed, save state."""
-        if self._stop_jobs_on_exit_s is not None:
-            self.dispatcher.stop_all(self._stop_jobs_on_exit_s)
+        flushed, save state.
+
+        Jobs stopped here are reported as stopped by the agent; while those events are not
+        sent, the state file keeps the jobs (so marked) for the next agent to report."""
+        stopped = self._stop_jobs_on_exit_s is not None
+        if stopped:
+            self._queue(self.dispatcher.stop_all(self._stop_jobs_on_exit_s, self._now()))
+        else:
+            self.dispatcher.save()
         if self._push is not None:
             self._push.stop()
-        self.dispatcher.save()
         if self._online():
             try:
                 self._flush_events()
             except PortalError as exc:
                 log.warning("could not flush %d event(s) on exit: %s", len(self.events), exc)
+        if stopped and not self.events:
+            self.dispatcher.save()  # the portal has heard: the next agent has nothing to tell
         self.backend.close()
         getattr(self.confinement, "close", lambda: None)()
 

@@ -1,7 +1,11 @@
 """Launching, watching and stopping the commands of bookings, and surviving agent restarts.
 
 What was launched is written to a JSON state file after every change, so a restarted
-agent re-adopts running work instead of killing or relaunching it. Work is matched to bookings by
+agent re-adopts running work instead of killing or relaunching it. A job found gone at a restart
+ended while no agent watched: its launch script's exit file says how (agents.jobenv), and one
+that left none ended unwatched, reported so (Event.interrupted), never as a plain exit. Jobs
+the agent stops as it stops itself (--stop-jobs-on-exit) are reported as stopped by it, by this
+agent if the portal still answers, else by the next one. Work is matched to bookings by
 booking and devices: a job whose booking moved to other devices (requeued while the agent was
 away) is stopped and launched again on the booking's devices.
 """
@@ -24,7 +28,7 @@ from pathlib import Path
 from agents import confine, jobenv
 from agents.containers import ContainerLaunch, container_launch, container_remove
 from agents.procfs import is_alive, read_stat
-from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event
+from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event, Interruption
 from agents.session import DEFAULT_HOST, free_port, session_launch, session_listening
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MIN_UID = 1000
 _STATE_FILE = "state.json"
 _EXEC_WAIT_S = 10.0
+AGENT_STOPPED = "the node's agent stopped while it ran"
+UNWATCHED = "it ended while no agent watched it and left no exit status"
 
 
 @dataclass
@@ -65,6 +71,8 @@ class Job:
     kill_wait_s: float | None = None  # SIGTERM to SIGKILL; None: the agent's grace
     term_at: float | None = field(default=None, repr=False)  # an early stop warned: SIGTERM then
     container: list[str] | None = None  # in a container: the runtime and the container's name
+    restart: int = 0  # the booking's restart count it was launched for (a requeue launches anew)
+    agent_stopped: bool = False  # stopped by the agent as it stopped itself (stop_all)
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
@@ -72,11 +80,14 @@ class Job:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in transient}
 
     def exit_code(self) -> tuple[bool, int | None]:
-        """(exited?, exit code); an adopted job's exit code is unknowable, so None."""
+        """(exited?, exit code). An adopted job is no child of this agent: its code is what its
+        launch script wrote (agents.jobenv), None when it wrote none."""
         if self.popen is not None:
             code = self.popen.poll()
             return code is not None, code
-        return not is_alive(self.pid, self.start_ticks), None
+        if is_alive(self.pid, self.start_ticks):
+            return False, None
+        return True, jobenv.read_exit_status(_files(self)) if self.job_dir else None
 
 
 class Dispatcher:
@@ -117,8 +128,9 @@ class Dispatcher:
         self._grace_s = grace_s
         self._clock = clock
         self.jobs: dict[int, Job] = {}
-        # Bookings whose command already ran: never relaunch them, even after a restart.
-        self._done: set[int] = set()
+        # Bookings whose command already ran, with the restart count of that run: never launch
+        # that run again, even after a restart (a requeued booking's next run is launched).
+        self._done: dict[int, int] = {}
         self._dirty = False
 
     def unix_user(self, owner: str) -> str:
@@ -136,10 +148,12 @@ class Dispatcher:
             self._sweep_cgroups()
             return []
         state = json.loads(path.read_text())
-        self._done = set(state.get("done", []))
+        # An older agent's state lists booking ids alone: their first run.
+        done = [item if isinstance(item, list) else [item, 0] for item in state.get("done", [])]
+        self._done = {int(booking_id): int(restart) for booking_id, restart in done}
         self.jobs = {data["booking_id"]: Job(**data) for data in state.get("jobs", [])}
-        log.info("re-adopting %d job(s) from %s", len(self.jobs), path)
-        events = self._reap(now)
+        events = self._reap(now, away=True)  # ended while no agent watched
+        log.info("re-adopted %d running job(s) from %s", len(self.jobs), path)
         self._sweep_cgroups()
         return events
 
@@ -178,7 +192,8 @@ class Dispatcher:
         events += self._sessions_ready(now)
         if bookings is not None:
             events += [self._launch(b, now) for b in bookings if self._should_launch(b, now)]
-            self._done &= {b.booking_id for b in bookings}
+            wanted = {b.booking_id for b in bookings}
+            self._done = {pk: run for pk, run in self._done.items() if pk in wanted}
         if events or self._dirty:
             self.save()
         return events
@@ -188,7 +203,7 @@ class Dispatcher:
             bool(booking.command or booking.interactive)
             and booking.start <= now < booking.end
             and booking.booking_id not in self.jobs
-            and booking.booking_id not in self._done
+            and self._done.get(booking.booking_id, -1) < booking.restart_count
             # Several nodes meet on the port the portal hands out; none starts without it.
             and not (len(booking.nodes) > 1 and booking.master_port is None)
         )
@@ -279,15 +294,15 @@ class Dispatcher:
                 _signal_group(job, signal.SIGKILL)
                 job.kill_at = None
 
-    def _reap(self, now: datetime) -> list[Event]:
+    def _reap(self, now: datetime, *, away: bool = False) -> list[Event]:
         events = []
         for job in list(self.jobs.values()):
             exited, code = job.exit_code()
             if exited:
-                events.append(self._finished(job, code, now))
+                events.append(self._finished(job, code, now, away=away))
         return events
 
-    def _finished(self, job: Job, code: int | None, now: datetime) -> Event:
+    def _finished(self, job: Job, code: int | None, now: datetime, *, away: bool) -> Event:
         del self.jobs[job.booking_id]
         confine.release(job.confinement)  # what the job left behind in its cgroup dies with it
         shutil.rmtree(self._state_dir / "sessions" / f"booking-{job.booking_id}", True)
@@ -295,15 +310,20 @@ class Dispatcher:
         if job.job_dir:
             shutil.rmtree(job.job_dir, True)
         if not job.relaunch:
-            self._done.add(job.booking_id)
-        if job.stop_reason is not None:
+            self._done[job.booking_id] = job.restart
+        interrupted: Interruption | None = None
+        if job.agent_stopped or job.stop_reason is not None:
             # Stragglers in the group must not keep the GPU after the booking ended.
             _signal_group(job, signal.SIGKILL)
             container_remove(job.container, job.unix_user)
             kind, detail = "stopped", f"stopped: {job.stop_reason}"
+            if job.agent_stopped:
+                detail, interrupted = f"stopped: {AGENT_STOPPED}", "agent_stopped"
+        elif job.popen is None and code is None:
+            kind, detail, interrupted = "exited", f"ended unwatched: {UNWATCHED}", "unwatched"
         else:
             kind = "exited"
-            detail = "exited" if job.popen else "exited (re-adopted after an agent restart)"
+            detail = _exit_detail(job, away)
         return Event(
             kind,
             now,
@@ -315,6 +335,7 @@ class Dispatcher:
             user=job.unix_user,
             session_host=job.session_host,
             session_port=job.session_port,
+            interrupted=interrupted,
         )
 
     def _launch(self, booking: DesiredBooking, now: datetime) -> Event:
@@ -322,14 +343,14 @@ class Dispatcher:
         try:
             account = pwd.getpwnam(unix_user)
         except KeyError:
-            self._done.add(booking.booking_id)
+            self._done[booking.booking_id] = booking.restart_count
             detail = (
                 f"not launched: Unix user {unix_user!r} (portal user {booking.owner!r}) "
                 "does not exist on this node"
             )
             return Event("exited", now, detail, booking.booking_id, user=unix_user)
         if account.pw_uid < self._min_uid:
-            self._done.add(booking.booking_id)
+            self._done[booking.booking_id] = booking.restart_count
             detail = (
                 f"not launched: Unix user {unix_user!r} has uid {account.pw_uid}, below the "
                 f"minimum uid {self._min_uid} for jobs (root and system accounts never run jobs)"
@@ -339,7 +360,7 @@ class Dispatcher:
         try:
             job, note = self._spawn(booking, account)
         except (OSError, confine.ConfinementError) as exc:
-            self._done.add(booking.booking_id)
+            self._done[booking.booking_id] = booking.restart_count
             detail = f"not launched: {exc}"
             log.warning("booking %s %s", booking.booking_id, detail)
             return Event("exited", now, detail, booking.booking_id, user=unix_user)
@@ -360,7 +381,9 @@ class Dispatcher:
                 launched = self._container(booking, account, files.workdir, extra_env)
                 run, container = launched.argv, launched.handle
                 extra_env = extra_env | launched.env
-            argv = jobenv.write_job_files(booking, files, nodes, run=run)
+            argv = jobenv.write_job_files(
+                booking, files, nodes, run=run, owner=(account.pw_uid, account.pw_gid)
+            )
         else:
             session = session_launch(
                 booking,
@@ -418,6 +441,7 @@ class Dispatcher:
             warn_before_s=booking.warn_before_s,
             kill_wait_s=booking.kill_wait_s,
             container=container,
+            restart=booking.restart_count,
         )
         return job, launch.note
 
@@ -453,11 +477,16 @@ class Dispatcher:
             os.chown(directory, account.pw_uid, account.pw_gid)  # JupyterLab saves layouts here
         return directory
 
-    def stop_all(self, grace_s: float) -> None:
-        """Stop every launched command now: SIGTERM to its group, SIGKILL after `grace_s`.
+    def stop_all(self, grace_s: float, now: datetime) -> list[Event]:
+        """Stop every launched command now: SIGTERM to its group, SIGKILL after `grace_s`; the
+        events that say the agent stopped them (Event.interrupted "agent_stopped").
 
-        The jobs stay in the state file, so the next agent reports them as ended.
+        The state file keeps them, marked so: until `save()` is called again (once the events
+        are sent), the next agent reports them, stopped by the agent, not as plain exits.
         """
+        for job in self.jobs.values():
+            job.agent_stopped = True
+        self.save()
         for job in self.jobs.values():
             _signal_group(job, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -465,18 +494,30 @@ class Dispatcher:
             time.sleep(0.05)
         for job in self.jobs.values():  # those that ignored SIGTERM, and stragglers in the group
             _signal_group(job, signal.SIGKILL)
+        deadline = time.monotonic() + 1.0  # SIGKILL is not refused: only the reaping remains
+        while time.monotonic() < deadline and not all(j.exit_code()[0] for j in self.jobs.values()):
+            time.sleep(0.01)
+        return self._reap(now)
 
     def save(self) -> None:
         """Write the state file (after every change, and on agent shutdown)."""
         state = {
             "jobs": [job.persisted() for job in self.jobs.values()],
-            "done": sorted(self._done),
+            "done": sorted([booking_id, run] for booking_id, run in self._done.items()),
         }
         path = self._state_dir / _STATE_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         os.replace(tmp, path)  # a crash mid-write must not lose the running jobs
         self._dirty = False
+
+
+def _exit_detail(job: Job, away: bool) -> str:
+    if job.popen is not None:
+        return "exited"
+    if away:
+        return "exited while no agent watched it (status from its exit file)"
+    return "exited (re-adopted after an agent restart)"
 
 
 def _output_source(job: Job) -> str:

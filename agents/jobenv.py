@@ -6,9 +6,17 @@ and Open MPI read them) and its end file (the booking's end, ISO-8601, rewritten
 is extended), both readable by the job. The launch script reaches the shell on its standard input,
 so it never shows in `ps` and needs no path the job's user can open. It runs as the job's user:
 it changes to the working directory, sends stdout and stderr to `gpu-portal-<id>.out` there (`gpu-portal-<id>.<rank>.out` on the other ranks), sets
-the booking's own variables and execs the command. The agent never opens the working directory's
+the booking's own variables and runs the command. The agent never opens the working directory's
 files as root for writing; it reads the output file only when it is a regular file (no symlink)
 owned by the job's user.
+
+The script stays the command's parent: when the command ends it writes its exit status to the
+job's exit file (which the agent made, the job's user's), then leaves as the command did (the
+same exit code, or killed by the same signal). So an agent that was not running when the job
+ended still learns how it ended; a job that left no status (its script killed too, the node
+restarted) ended unwatched, which no one may take for a success (docs/agent-portal.md). Signals
+to the job's group (the booking's warning, SIGTERM) reach the command as before: the script only
+defers them until the command has ended.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from agents.protocol import DesiredBooking, NodePlace, output_file_name
 LAUNCH_SCRIPT = "launch.sh"
 HOSTFILE = "hostfile"
 END_FILE = "end"
+EXIT_FILE = "exit"
 # The exit code of a job whose working directory cannot be entered (as a shell says 126:
 # found but cannot be run).
 EXIT_NO_WORKDIR = 126
@@ -51,6 +60,10 @@ class JobFiles:
     @property
     def end_file(self) -> Path:
         return self.directory / END_FILE
+
+    @property
+    def exit_file(self) -> Path:
+        return self.directory / EXIT_FILE
 
 
 def job_files(
@@ -103,16 +116,22 @@ def write_job_files(
     nodes: list[NodePlace],
     *,
     run: list[str] | None = None,
+    owner: tuple[int, int] | None = None,
 ) -> list[str]:
-    """Write the job's directory (launch script, hostfile, end file); the argv that runs the
-    script, which goes on the shell's standard input (`files.script`). `run` is what the script
-    execs in the end (a container runtime's launch line); None: the booking's command."""
+    """Write the job's directory (launch script, hostfile, end file, an empty exit file that
+    `owner` (uid, gid) may write); the argv that runs the script, which goes on the shell's
+    standard input (`files.script`). `run` is what the script runs in the end (a container
+    runtime's launch line); None: the booking's command."""
     files.directory.mkdir(parents=True, exist_ok=True)
     os.chmod(files.directory.parent, 0o711)  # the job opens its files by name, lists nothing
     os.chmod(files.directory, 0o711)
     files.hostfile.write_text("".join(f"{node.hostname} slots={node.slots}\n" for node in nodes))
     os.chmod(files.hostfile, 0o644)
     write_end(files, booking.end.isoformat())
+    files.exit_file.unlink(missing_ok=True)  # a relaunch must not read the last run's status
+    files.exit_file.touch(0o644)
+    if owner is not None and os.geteuid() == 0:
+        os.chown(files.exit_file, *owner)
     fd = os.open(files.script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as script:
         script.write(_script(booking, files, run))
@@ -127,23 +146,55 @@ def write_end(files: JobFiles, end: str) -> None:
     os.replace(tmp, files.end_file)
 
 
+# Signals the script defers while its command runs (those a booking may warn with, and TERM):
+# they reach the command through its process group; the script must outlive it to say how it ended.
+_DEFERRED = "HUP INT QUIT USR1 USR2 TERM ALRM URG WINCH"
+# Exit codes 129-159 are a shell's "killed by signal N" (128 + N).
+_SIGNALLED = (128, 160)
+
+
 def _script(booking: DesiredBooking, files: JobFiles, run: list[str] | None) -> str:
     q = shlex.quote
     out = output_file_name(booking.booking_id, booking.node_rank)
+    status = q(str(files.exit_file))
+    # Runs as the command itself (exec): fd 2 from fd 3, so that what the script's shell says
+    # about a command killed by a signal ("Terminated") goes nowhere, not into the job's output.
+    inner = f"exec {shlex.join(run)}" if run else f"exec {SHELL} -c {q(booking.command or '')}"
     lines = [
-        f"cd -- {q(files.workdir)} || exit {EXIT_NO_WORKDIR}",
+        f"trap : {_DEFERRED}",
+        f"cd -- {q(files.workdir)} || {{ echo {EXIT_NO_WORKDIR} >{status}; exit {EXIT_NO_WORKDIR}; }}",
         # A directory the job may not write keeps the output in the agent's log (`command`: a
         # failed redirection must not end the shell).
         f"command exec >>{q(out)} 2>&1 || echo {q(f'gpu-portal: cannot write {out}; output is in the node log')} >&2",
         # The booking's variables are set here, as its user, never in the environment of a
         # wrapper that still runs as root (systemd-run, the cgroup jail).
         *(f"export {var.name}={q(var.value)}" for var in booking.env),
-        # The last line: the shell has read it before stdin (this script) goes.
-        f"exec {shlex.join(run)} </dev/null"
-        if run
-        else f"exec {SHELL} -c {q(booking.command or '')} </dev/null",
+        "exec 3>&2 2>/dev/null",
+        f"{SHELL} -c {q('exec 2>&3 3>&-; ' + inner)} </dev/null",
+        "gpu_portal_status=$?",
+        f"echo $gpu_portal_status >{status}",
+        # Leave as the command did: killed by its signal (the trap undone first), else its code.
+        f"trap - {_DEFERRED}",
+        f"[ $gpu_portal_status -gt {_SIGNALLED[0]} ] && [ $gpu_portal_status -lt {_SIGNALLED[1]} ]"
+        f" && kill -$((gpu_portal_status - {_SIGNALLED[0]})) $$",
+        "exit $gpu_portal_status",
     ]
     return "\n".join(lines) + "\n"
+
+
+def read_exit_status(files: JobFiles) -> int | None:
+    """The exit status the launch script wrote when its command ended; None: none was written
+    (the script itself was killed, or the job still runs). Reads a few bytes, never follows a
+    link, and takes only a shell's status (0-255)."""
+    try:
+        fd = os.open(files.exit_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 8).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() and int(text) <= 255 else None
 
 
 def owned_output(path: str, uid: int) -> str | None:

@@ -30,6 +30,11 @@ Enforcement = Literal["report", "warn", "kill"]
 EventKind = Literal[
     "started", "exited", "stopped", "output", "foreign_process", "unbooked_process", "session_ready"
 ]
+# How a job ended without an end of its own (Event.interrupted): "agent_stopped", the node's
+# agent stopped it as the agent itself stopped (--stop-jobs-on-exit); "unwatched", it ended while
+# no agent watched it and left no exit status. Neither is a success: the portal requeues a batch
+# booking with time left and fails any other.
+Interruption = Literal["agent_stopped", "unwatched"]
 # What an interactive booking runs instead of a command (docs/interactive.md).
 Interactive = Literal["jupyterlab", "terminal"]
 SESSION_TOKEN_MAX = 128
@@ -304,7 +309,8 @@ class Event:
     """Something the agent did or saw: a launch, an exit, a stop, a process it objects to.
 
     `output` carries the tail of a running batch job's output (`log_tail`), sent with a readings
-    cycle when the job's log grew since the last one; `exited` and `stopped` carry the final tail.
+    cycle when the job's log grew since the last one; `exited` and `stopped` carry the final tail,
+    and `interrupted` when the job's end was not its own or not seen (Interruption).
     """
 
     kind: EventKind
@@ -320,6 +326,8 @@ class Event:
     # Where an interactive session listens (on `started` and `session_ready`).
     session_host: str | None = bounded(max_length=HOSTNAME_MAX, default=None)
     session_port: int | None = bounded(low=1, high=65535, ints=UINT, default=None)
+    # On `exited` and `stopped`: the job did not end by itself, or no one saw how (Interruption).
+    interrupted: Interruption | None = None
 
 
 @dataclass(frozen=True)

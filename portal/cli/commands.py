@@ -15,7 +15,7 @@ BOOKINGS = "/api/v1/bookings/"
 QUEUE_STATES = ("pending", "planned", "active")
 QUEUE_COLUMNS = ["ID", "USER", "PROJECT", "STATE", "WHAT", "POS", "START", "END", "REASON"]
 LIST_COLUMNS = ["ID", "STATE", "WHAT", "PROJECT", "USER", "SUBMITTED", "START", "END", "DEVICES"]
-NOT_STARTING = {"finished", "cancelled", "preempted", "failed", "expired"}
+ENDED_STATES = {"finished", "cancelled", "preempted", "failed", "expired"}
 
 
 def _booking_body(args) -> dict:
@@ -96,16 +96,16 @@ def submit(client: Client, args) -> int:
 
 
 def _wait(client: Client, booking: dict, args) -> int:
-    """Poll until the booking is active (0), ended without starting (8) or the wait ran out (7)."""
+    """Poll until the booking is active or ran and finished (0), ended without success (8) or
+    the wait ran out (7). A requeued booking (pending again) is waited for anew."""
     deadline = time.monotonic() + args.wait_timeout if args.wait_timeout else None
     said = ""
     while True:
-        if booking["state"] == "active":
-            _show_or_json(booking, args, summary=f"Booking {booking['id']} is active")
-            return OK
-        if booking["state"] in NOT_STARTING:
-            _show_or_json(booking, args, summary=f"Booking {booking['id']} ended without starting")
-            return ENDED
+        outcome = _wait_outcome(booking)
+        if outcome is not None:
+            code, summary = outcome
+            _show_or_json(booking, args, summary=f"Booking {booking['id']} {summary}")
+            return code
         line = _progress(booking)
         if line != said:
             print(line, file=sys.stderr)
@@ -122,8 +122,26 @@ def _wait(client: Client, booking: dict, args) -> int:
         booking = client.get(f"{BOOKINGS}{booking['id']}/")
 
 
+def _wait_outcome(booking: dict) -> tuple[int, str] | None:
+    """(exit code, what happened) once the wait is over; None: it still waits (pending or
+    planned, a requeued one included). Finished is reached only from active: it ran, and a
+    command exited 0 on every node, however short the run was (between two polls)."""
+    state = booking["state"]
+    if state == "active":
+        return OK, "is active"
+    if state == "finished":
+        return OK, "ran and finished"
+    if state not in ENDED_STATES:
+        return None
+    if booking.get("started_at"):
+        return ENDED, f"ran and ended {state}"
+    return ENDED, "ended without starting"
+
+
 def _progress(booking: dict) -> str:
     parts = [f"booking {booking['id']}: {booking['state']}"]
+    if booking.get("restart_count"):  # back in the queue after a run ended early (requeued)
+        parts.append(f"restart {booking['restart_count']}")
     if booking.get("queue_position"):
         parts.append(f"position {booking['queue_position']}")
     if booking.get("planned_start"):

@@ -12,7 +12,8 @@ from .client import NOT_AUTHENTICATED, USAGE, Client, CliError
 EPILOG = """\
 exit codes: 0 ok, 1 refused or failed, 2 usage, 3 not authenticated, 4 not found,
 5 conflict (quota, no capacity, state), 6 portal busy or unreachable, 7 --wait timed out,
-8 --wait: the booking ended without starting, 141 output closed (e.g. piped into head).
+8 --wait: the booking ended without success (never started, or failed, cancelled, ...),
+141 output closed (e.g. piped into head).
 The portal and token come from --url, GPU_PORTAL_URL, GPU_PORTAL_TOKEN, or the file
 `gpu-portal login` writes ($XDG_CONFIG_HOME/gpu-portal/config.json)."""
 

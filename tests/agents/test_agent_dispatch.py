@@ -193,9 +193,77 @@ def test_it_readopts_running_work_after_a_restart(portal, make_agent, cycle_unti
     assert _kinds(portal).count(("started", 5)) == 1  # not relaunched
     cycle_until(second, lambda: ("exited", 5) in _kinds(portal))
     exited = _event(portal, "exited", 5)
-    assert exited.exit_code is None  # not our child any more: its exit code is unknowable
+    # Not its child any more: the exit code is the one the job's launch script wrote.
+    assert (exited.exit_code, exited.interrupted) == (0, None)
     assert exited.log_tail == "done\n"
     assert "re-adopted" in exited.detail
+
+
+def test_it_reports_the_exit_code_of_a_job_that_ended_while_no_agent_ran(
+    portal, make_agent, cycle_until, me
+):
+    first = make_agent()
+    portal.book(25, me, _gpu_uuids(first)[:1], command="sleep 0.5; echo bye; exit 3")
+    cycle_until(first, lambda: ("started", 25) in _kinds(portal))
+    job = first.dispatcher.jobs[25]
+    first.close()  # the job runs on, and ends while no agent runs
+    _until_gone(job.pid)
+
+    second = make_agent()
+    second.handle_one_cycle()
+    exited = _event(portal, "exited", 25)
+    assert (exited.exit_code, exited.interrupted) == (3, None)
+    assert "while no agent watched it" in exited.detail and exited.log_tail == "bye\n"
+
+
+def test_it_reports_a_job_that_ended_unwatched_with_no_status_as_such(
+    portal, make_agent, cycle_until, me
+):
+    """Its launch script killed with it (a node's OOM killer, a reboot): no exit status at all,
+    which the next agent must not report as a plain exit."""
+    first = make_agent()
+    portal.book(26, me, _gpu_uuids(first)[:1], command="sleep 30")
+    cycle_until(first, lambda: ("started", 26) in _kinds(portal))
+    job = first.dispatcher.jobs[26]
+    first.close()
+    os.killpg(job.pgid, signal.SIGKILL)
+    _until_gone(job.pid)
+
+    second = make_agent()
+    second.handle_one_cycle()
+    exited = _event(portal, "exited", 26)
+    assert (exited.exit_code, exited.interrupted) == (None, "unwatched")
+    assert exited.detail == f"ended unwatched: {dispatch.UNWATCHED}"
+
+
+def test_it_launches_a_requeued_bookings_next_run_on_the_same_node(
+    portal, make_agent, cycle_until, me
+):
+    agent = make_agent()
+    gpu = _gpu_uuids(agent)[:1]
+    portal.book(27, me, gpu, command="echo run $GPU_PORTAL_RESTART_COUNT")
+    cycle_until(agent, lambda: ("exited", 27) in _kinds(portal))
+    agent.close()
+    # The portal requeued it and started it again on the same device before the next pull.
+    portal.desired["bookings"][0]["restart_count"] = 1
+    portal.desired["generation"] += 1
+    again = make_agent()  # from the state file: run 0 of booking 27 is done
+    cycle_until(again, lambda: _kinds(portal).count(("exited", 27)) == 2)
+    # The output file gets each run's lines in turn.
+    assert [e.log_tail for e in portal.events() if e.kind == "exited"] == [
+        "run 0\n",
+        "run 0\nrun 1\n",
+    ]
+    for _ in range(3):
+        again.handle_one_cycle()
+    assert _kinds(portal).count(("started", 27)) == 2  # run 1 once, too
+
+
+def _until_gone(pid: int, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (stat := read_stat(pid)) is not None and stat.state != "Z":
+        assert time.monotonic() < deadline, f"pid {pid} still runs"
+        time.sleep(0.05)
 
 
 def test_it_stops_its_jobs_on_exit_when_asked_and_the_next_agent_reports_them(
@@ -206,12 +274,36 @@ def test_it_stops_its_jobs_on_exit_when_asked_and_the_next_agent_reports_them(
     cycle_until(first, lambda: ("started", 15) in _kinds(portal))
     group = first.dispatcher.jobs[15].pgid
     started = time.monotonic()
+    portal.status_override = 503  # the portal went first (as `manage.py up` stops it)
     first.close()  # one job group ignores SIGTERM: SIGKILL follows after 2 s
     assert 1.5 < time.monotonic() - started < 10
     assert _group_members(group) == []
+    assert _kinds(portal) == [("started", 15)]
+    portal.status_override = None
     second = make_agent()
-    cycle_until(second, lambda: ("exited", 15) in _kinds(portal))
-    assert "re-adopted" in _event(portal, "exited", 15).detail
+    cycle_until(second, lambda: ("stopped", 15) in _kinds(portal))
+    stopped = _event(portal, "stopped", 15)
+    # Killed by the agent's stop, not ended by itself: never a plain exit.
+    assert (stopped.interrupted, stopped.detail) == (
+        "agent_stopped",
+        f"stopped: {dispatch.AGENT_STOPPED}",
+    )
+    assert ("exited", 15) not in _kinds(portal)
+
+
+def test_it_reports_the_jobs_it_stops_on_exit_itself_while_the_portal_answers(
+    portal, make_agent, cycle_until, me
+):
+    first = make_agent(stop_jobs_on_exit_s=2.0)
+    portal.book(16, me, _gpu_uuids(first)[:1], command="sleep 30")
+    cycle_until(first, lambda: ("started", 16) in _kinds(portal))
+    first.close()
+    stopped = _event(portal, "stopped", 16)
+    assert stopped.interrupted == "agent_stopped" and stopped.exit_code == -signal.SIGTERM
+    second = make_agent()
+    for _ in range(3):
+        second.handle_one_cycle()
+    assert _kinds(portal) == [("started", 16), ("stopped", 16)]  # told once, not again
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "soon"])

@@ -261,7 +261,7 @@ def test_it_forms_one_job_across_two_nodes_with_a_real_rendezvous(me, tmp_path, 
             assert exited.log_tail == f"rank {rank} of 2 nodes (4 GPUs) met ranks 0,1\n"
     finally:
         for agent in agents:
-            agent.dispatcher.stop_all(0.5)
+            agent.dispatcher.stop_all(0.5, protocol.utcnow())
             agent.backend.close()
         for stand_in in portals:
             stand_in.stop()

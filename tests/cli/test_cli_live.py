@@ -7,13 +7,17 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
+from agents import protocol
 from portal.models import Booking, Gpu, MigInstance, Node
-from portal.services.booking.bookings import booking_cancel
+from portal.services.allocation.allocation import allocation_pass
+from portal.services.booking.bookings import booking_cancel, booking_stop, booking_transition
+from portal.services.fleet.agents import agent_events_record
 from portal.services.inventory.telemetry_cache import latest_store
 from tests.cli.conftest import token_for
-from tests.factories import make_active_booking
+from tests.factories import make_active_booking, make_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -259,6 +263,82 @@ def test_it_stops_waiting_with_exit_8_when_the_booking_ends_without_starting(sit
     out, err = waiting.communicate(timeout=30)
     assert waiting.returncode == 8, err
     assert f"Booking {queued.pk} ended without starting" in out and "cancelled" in out
+
+
+def _exit_on(node, booking_id: int, code: int) -> None:
+    """What the node's agent reports when the booking's command exits."""
+    event = protocol.Event("exited", timezone.now(), "exited", booking_id, exit_code=code)
+    agent_events_record(node=node, request=protocol.EventsRequest([event]))
+
+
+def _waiting(cli, token: str, *args: str):
+    """`submit --wait ARGS` in the background, once it said the booking waits (it polls again
+    `--interval` 2 s later: what the test does now happens between two polls)."""
+    waiting = cli.start("submit", "--wait", "--interval", "2", *args, token=token)
+    assert waiting.stderr.readline().startswith("Submitted booking ")
+    assert ": pending" in waiting.stderr.readline()
+    return waiting, Booking.objects.get(state="pending")
+
+
+def _blocker(gpus) -> Booking:
+    return make_active_booking(list(gpus))
+
+
+@pytest.mark.parametrize(
+    ("code", "exit_code", "said"),
+    [(0, 0, "ran and finished"), (1, 8, "ran and ended failed")],
+    ids=["finished", "failed"],
+)
+def test_it_exits_by_the_outcome_of_a_short_job_that_ran_between_two_polls(
+    site, cli, code, exit_code, said
+):
+    # Before: both exited 8 saying "ended without starting".
+    token = token_for(site["alice"])
+    blocker = _blocker(Gpu.objects.filter(node=site["node"], mig_mode=False))
+    waiting, job = _waiting(cli, token, "-g", "1", "-t", "1h", "--", "sh", "-c", f"exit {code}")
+    booking_transition(blocker.pk, to="finished", now=timezone.now())
+    allocation_pass(now=timezone.now())
+    _exit_on(site["node"], job.pk, code)
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == exit_code, err
+    assert f"Booking {job.pk} {said}" in out
+
+
+def test_it_exits_0_for_a_two_node_job_that_finished(site, cli):
+    Node.objects.filter(pk=site["node"].pk).update(state=Node.State.DRAIN)
+    site["project"].quotas.update(max_gpus=None)
+    nodes = [make_node(f"cli-{name}", gpus=2) for name in ("b", "c")]
+    token = token_for(site["alice"])
+    blockers = [_blocker(node.gpus.all()[:1]) for node in nodes]
+    waiting, job = _waiting(cli, token, "--nodes", "2", "-t", "1h", "--", "torchrun", "x.py")
+    for blocker in blockers:
+        booking_transition(blocker.pk, to="finished", now=timezone.now())
+    allocation_pass(now=timezone.now())
+    for node in nodes:
+        _exit_on(node, job.pk, 0)
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 0, err  # 8, "ended without starting", before
+    assert f"Booking {job.pk} ran and finished" in out
+    assert "all 2 nodes exited with code 0" in out
+
+
+def test_it_keeps_waiting_for_a_requeued_job_and_exits_0_once_it_finished(site, cli):
+    token = token_for(site["alice"])
+    whole = Gpu.objects.filter(node=site["node"], mig_mode=False)
+    blocker = _blocker(whole)
+    waiting, job = _waiting(cli, token, "-g", "1", "-t", "1h", "--", "train")
+    booking_transition(blocker.pk, to="finished", now=timezone.now())
+    allocation_pass(now=timezone.now())
+    with transaction.atomic():  # its node failed; the devices are taken again before a pass
+        assert booking_stop(booking_id=job.pk, to="failed", now=timezone.now(), detail="down")
+        again = _blocker(whole)
+    assert "restart 1" in waiting.stderr.readline()  # seen back in the queue: waits on
+    booking_transition(again.pk, to="finished", now=timezone.now())
+    allocation_pass(now=timezone.now())
+    _exit_on(site["node"], job.pk, 0)
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 0, err
+    assert f"Booking {job.pk} ran and finished" in out
 
 
 def test_it_follows_a_running_bookings_output_until_it_ends(site, cli):

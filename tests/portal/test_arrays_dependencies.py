@@ -5,9 +5,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.models import Booking, BookingDependency
+from agents.protocol import Event, EventsRequest
+from portal.models import Allocation, Booking, BookingDependency
 from portal.services.allocation.allocation import allocation_pass
 from portal.services.booking.bookings import booking_transition
+from portal.services.fleet.agents import agent_events_record
 from portal.services.fleet.selectors import agent_desired
 from tests.conftest import error_of
 from tests.factories import UserFactory, member
@@ -122,6 +124,43 @@ def test_it_ends_a_booking_after_a_failed_one_and_says_why(api, project, cluster
     )
     assert ended["pending_reason"] == "" and ended["started_at"] is None
     assert _get(api, third["id"])["state"] == "active"
+
+
+@pytest.mark.both_databases
+@pytest.mark.parametrize("requeue", [True, False], ids=["requeued", "failed"])
+def test_it_starts_no_afterok_dependent_of_a_job_its_agent_stopped(
+    api, project, cluster, settings, requeue
+):
+    """The job's agent stopped while it ran: no success. Requeued, every dependent waits on;
+    failed (no requeue after node failures), afternotok and afterany ones run, afterok never."""
+    settings.REQUEUE_ON_NODE_FAILURE = requeue
+    project.quotas.update(max_gpus=None)
+    first = _submit(api, gpus=1, duration_s=600, command="train")
+    after = {
+        kind: _submit(api, gpus=1, duration_s=600, command="next", after=f"{kind}:{first['id']}")
+        for kind in ("afterok", "afternotok", "afterany")
+    }
+    node = Allocation.objects.filter(booking_id=first["id"], live=True).first().gpu.node
+    stopped = Event(
+        "stopped",
+        timezone.now(),
+        "stopped",
+        first["id"],
+        exit_code=-15,
+        interrupted="agent_stopped",
+    )
+    with _commits(execute=True):
+        agent_events_record(node=node, request=EventsRequest([stopped]))
+    allocation_pass(now=timezone.now())
+    target = _get(api, first["id"])
+    states = {kind: _get(api, booking["id"])["state"] for kind, booking in after.items()}
+    if requeue:
+        assert target["restart_count"] == 1 and target["state"] in ("pending", "active"), target
+        assert states == {"afterok": "pending", "afternotok": "pending", "afterany": "pending"}
+    else:
+        assert (target["state"], target["restart_count"]) == ("failed", 0), target
+        assert target["state_detail"] == "the node's agent stopped while it ran (node node-a)"
+        assert states == {"afterok": "cancelled", "afternotok": "active", "afterany": "active"}
 
 
 @pytest.mark.both_databases

@@ -116,6 +116,79 @@ def test_it_starts_the_embedded_demo_again_with_its_bookings_and_device_ids(tmp_
     _use_stop_and_start_again(embedded_env(tmp_path), tmp_path)
 
 
+def _running(url: str, token: str) -> dict | None:
+    """The booking once its command runs on a node (its agent reported the launch)."""
+    booking = _json(url, token=token)
+    runs = booking["nodes"]
+    return (
+        booking if booking["state"] == "active" and runs and runs[0]["state"] == "running" else None
+    )
+
+
+def _stop_a_running_job_and_start_again(env: dict, tmp_path, *args: str) -> None:
+    """A batch job runs, with an afterok dependent waiting for it, when `up` stops (its agents
+    kill their jobs). Started again, the portal must not say the job succeeded: it is back in
+    the queue saying why (or failed so), and the dependent has not run."""
+    # What the agent reports is under test, not the heartbeat: a slow restart must not let the
+    # portal mark the nodes down first (that would requeue the job too, for another reason).
+    env = {**env, "NODE_HEARTBEAT_TIMEOUT_S": "900"}
+    log_path = tmp_path / "up.log"
+    process, base = _start(env, log_path, *args)
+    try:
+        login = {"username": "bob", "password": DEMO_PASSWORD}
+        token = _json(f"{base}/api/v1/auth/token/", login)["token"]
+        _until(process, log_path, lambda: _nodes_up(base, token), 90, "the three agents")
+        job = _json(
+            f"{base}/api/v1/bookings/",
+            {"gpus": 1, "duration_s": 3600, "command": "sleep 600"},
+            token,
+        )
+        after = {"gpus": 1, "duration_s": 600, "command": "true", "after": f"afterok:{job['id']}"}
+        dependent = _json(f"{base}/api/v1/bookings/", after, token)
+        job_url = f"{base}/api/v1/bookings/{job['id']}/"
+        _until(process, log_path, lambda: _running(job_url, token), 90, "the job to run")
+    finally:
+        _terminate(process)
+    assert process.returncode == 0, log_path.read_text()[-4000:]
+
+    process, base = _start(env, log_path, *args)
+    try:
+        _until(process, log_path, lambda: _nodes_up(base, token), 90, "the agents again")
+        # What the portal did with the job, as its audit log keeps it (a requeued job may run
+        # again by now, which clears the booking's own state_detail).
+        admin = {"username": "admin", "password": DEMO_PASSWORD}
+        admin_token = _json(f"{base}/api/v1/auth/token/", admin)["token"]
+        audit = f"{base}/api/v1/audit/?action=booking.&target_id={job['id']}"
+        ended = _until(
+            process,
+            log_path,
+            lambda: [
+                row
+                for row in _json(audit, token=admin_token)["results"]
+                if row["action"] in ("booking.requeue", "booking.fail")
+            ],
+            60,
+            "the portal to hear of the job the agent stopped",
+        )
+        assert len(ended) == 1, ended
+        detail = (ended[0]["after"] or {}).get("state_detail", "")
+        assert "the node's agent stopped while it ran" in detail, ended
+        again = _json(f"{base}/api/v1/bookings/{job['id']}/", token=token)
+        assert again["state"] != "finished", again
+        if ended[0]["action"] == "booking.requeue":
+            assert again["restart_count"] == 1, again
+        waited = _json(f"{base}/api/v1/bookings/{dependent['id']}/", token=token)
+        assert waited["state"] == "pending" and waited["started_at"] is None, waited
+    finally:
+        _terminate(process)
+        print(log_path.read_text()[-5000:])
+    assert process.returncode == 0
+
+
+def test_it_never_reports_a_job_killed_by_stopping_the_embedded_demo_as_a_success(tmp_path):
+    _stop_a_running_job_and_start_again(embedded_env(tmp_path), tmp_path)
+
+
 @pytest.fixture
 def fresh_database(settings):
     import psycopg
@@ -131,17 +204,28 @@ def fresh_database(settings):
         admin.close()
 
 
-def test_it_starts_server_mode_with_the_demo_again_with_its_bookings(fresh_database, tmp_path):
+def _server_env(database: str, tmp_path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "LOG_LEVEL")}
     # The test settings keep this checkout's Celery queue, cache and channel prefixes its own.
     env.update(
         DJANGO_SETTINGS_MODULE="portal.settings_test",
         CELERY_WORKER_EAGER="0",
-        DATABASE_URL=fresh_database,
+        DATABASE_URL=database,
         REDIS_URL="redis://127.0.0.1:6379/15",
         PORTAL_VAR_DIR=str(tmp_path / "var"),
         WEB_WORKERS="1",
         PYTHONUNBUFFERED="1",
     )
     env.pop("TEST_DATABASE", None)
-    _use_stop_and_start_again(env, tmp_path, "--demo")
+    return env
+
+
+def test_it_starts_server_mode_with_the_demo_again_with_its_bookings(fresh_database, tmp_path):
+    _use_stop_and_start_again(_server_env(fresh_database, tmp_path), tmp_path, "--demo")
+
+
+def test_it_never_reports_a_job_killed_by_stopping_server_mode_as_a_success(
+    fresh_database, tmp_path
+):
+    env = _server_env(fresh_database, tmp_path)
+    _stop_a_running_job_and_start_again(env, tmp_path, "--demo")

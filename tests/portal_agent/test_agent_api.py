@@ -439,29 +439,78 @@ def test_it_stores_an_unbooked_process_without_mailing_anyone(
     assert mail.outbox == []  # no booking, so no owner; no admin in this test
 
 
-@pytest.mark.parametrize(
-    ("detail", "state", "state_detail"),
-    [
-        (
-            "not launched: Unix user 'zoe' (portal user 'zoe') does not exist on this node",
-            "failed",
-            "not launched: Unix user 'zoe' (portal user 'zoe') does not exist on this node",
-        ),
-        (
-            "exited (re-adopted after an agent restart)",
-            "finished",
-            "command ended, exit code unknown (exited (re-adopted after an agent restart))",
-        ),
-    ],
-)
-def test_it_ends_a_batch_booking_whose_exit_code_is_unknown(
-    node_a, agent_a, detail, state, state_detail
-):
+def test_it_fails_a_batch_booking_whose_command_was_never_launched(node_a, agent_a):
     booking = make_active_booking([node_a[0].gpus.first()], command="x")
-    event = {**_exited(booking, None, tail=None), "detail": detail}
-    assert agent_a.events(event).status_code == 202
+    detail = "not launched: Unix user 'zoe' (portal user 'zoe') does not exist on this node"
+    assert (
+        agent_a.events({**_exited(booking, None, tail=None), "detail": detail}).status_code == 202
+    )
     booking.refresh_from_db()
-    assert (booking.state, booking.state_detail, booking.exit_code) == (state, state_detail, None)
+    assert (booking.state, booking.state_detail, booking.exit_code) == ("failed", detail, None)
+
+
+# (the event's kind, detail and interrupted, as agents send them) -> the reason on the booking
+INTERRUPTED = [
+    (
+        ("stopped", "stopped: the node's agent stopped while it ran", "agent_stopped"),
+        "the node's agent stopped while it ran (node node-a)",
+    ),
+    (
+        ("exited", "ended unwatched: it ended while no agent watched it", "unwatched"),
+        "it ended while the node's agent was not running, with no exit status (node node-a)",
+    ),
+    (  # an agent older than exit files: a re-adopted job's end, no status, no interruption
+        ("exited", "exited (re-adopted after an agent restart)", None),
+        "it ended while the node's agent was not running, with no exit status (node node-a)",
+    ),
+]
+
+
+def _interrupted(booking, kind: str, detail: str, interrupted: str | None, code=None) -> dict:
+    event = {**_exited(booking, code, tail="step 3\n"), "kind": kind, "detail": detail}
+    return {**event, "interrupted": interrupted} if interrupted else event
+
+
+@pytest.mark.parametrize(("event", "reason"), INTERRUPTED)
+def test_it_requeues_a_batch_job_its_agent_stopped_or_nobody_saw_end(
+    node_a, agent_a, event, reason
+):
+    booking = make_active_booking([node_a[0].gpus.first()], command="train", start=None)
+    code = -15 if event[2] else None  # killed by the agent's SIGTERM; unknown to an old agent
+    assert agent_a.events(_interrupted(booking, *event, code=code)).status_code == 202
+    booking.refresh_from_db()
+    assert (booking.state, booking.restart_count, booking.exit_code) == ("pending", 1, None)
+    assert booking.state_detail == f"{reason}; requeued"
+    assert not booking.allocations.filter(live=True).exists()
+
+
+@pytest.mark.parametrize(("event", "reason"), INTERRUPTED)
+def test_it_fails_an_interrupted_job_that_cannot_go_back_to_the_queue(
+    node_a, agent_a, event, reason
+):
+    # A fixed window (start and end given) is not requeued; nor is a batch job out of time.
+    now = timezone.now()
+    window = make_active_booking(
+        [node_a[0].gpus.first()], command="train", start=now, end=now + timedelta(hours=1)
+    )
+    late = make_active_booking([node_a[0].gpus.last()], command="train", start=None)
+    late.allocations.update(end=timezone.now() - timedelta(seconds=1))
+    for booking in (window, late):
+        assert agent_a.events(_interrupted(booking, *event)).status_code == 202
+        booking.refresh_from_db()
+        assert (booking.state, booking.state_detail) == ("failed", reason)
+        assert booking.restart_count == 0
+
+
+def test_it_refuses_an_interruption_it_does_not_know(node_a, agent_a):
+    booking = make_active_booking([node_a[0].gpus.first()], command="x", start=None)
+    response = agent_a.events(_interrupted(booking, "exited", "exited", "vanished"))
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {
+        "events[0].interrupted": "must be one of agent_stopped, unwatched"
+    }
+    booking.refresh_from_db()
+    assert booking.state == "active"
 
 
 def test_it_lists_alerts_in_the_admin(node_a, client):

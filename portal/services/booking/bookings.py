@@ -403,16 +403,18 @@ def booking_transition(booking_id: int, *, to: str, now: datetime, detail: str =
 def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str | None:
     """Stop an active booking that the site ended (preempted for another, or its node failed).
 
-    The one requeue rule: a batch job (a command, no fixed window) goes back to the queue,
-    keeping its submit time and so its age; with REQUEUE_ON_NODE_FAILURE off, a node failure
-    ends it for good. Returns the event ("requeued", or the terminal state), None when the
-    booking was no longer active. Runs inside the caller's transaction.
+    The one requeue rule: a batch job (a command, no fixed window) with time left goes back to
+    the queue, keeping its submit time and so its age; with REQUEUE_ON_NODE_FAILURE off, a node
+    failure (or its agent's stop) ends it for good. Returns the event ("requeued", or the
+    terminal state), None when the booking was no longer active. Runs inside the caller's
+    transaction.
     """
     booking = Booking.objects.filter(pk=booking_id).select_related("project").first()
+    time_left = Allocation.objects.filter(booking_id=booking_id, live=True, end__gt=now).exists()
     if booking is None or not booking_transition(booking_id, to=to, now=now, detail=detail):
         return None
     before = booking_state(booking)
-    requeue = bool(booking.command) and booking.start is None
+    requeue = bool(booking.command) and booking.start is None and time_left
     if to == State.FAILED and not settings.REQUEUE_ON_NODE_FAILURE:
         requeue = False
     event = "requeued" if requeue else to

@@ -25,7 +25,7 @@ from agents.protocol import (
 from portal.errors import NotAllowed, ValidationFailed
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert
 from portal.services.booking import events as booking_events
-from portal.services.booking.bookings import booking_transition
+from portal.services.booking.bookings import booking_stop, booking_transition
 from portal.services.booking.sessions import session_event_apply
 from portal.services.core.jobs import job_enqueue
 from portal.services.fleet.nodes import node_check_hostname, node_inventory_update
@@ -285,6 +285,10 @@ def _record_exit(node: Node, event: Event, when: datetime) -> None:
         log.info("ignoring %s of booking %s: it was requeued", event.kind, booking.pk)
         return
     run = node_run_end(booking=booking, node_id=node.pk, event=event, when=when)
+    interrupted = _interruption(event)
+    if interrupted is not None and booking.command and booking.state == Booking.State.ACTIVE:
+        _record_interrupted(booking, node, interrupted, when)
+        return
     if booking_is_multi_node(booking):
         _record_gang_exit(booking, run, event, when)
         return
@@ -297,6 +301,36 @@ def _record_exit(node: Node, event: Event, when: datetime) -> None:
     to, what, detail = _outcome(event)
     if booking_transition(booking.pk, to=to, now=when, detail=detail[:300]):
         booking_events.booking_changed(booking, what)
+
+
+# Why a job that did not end by itself ended (Event.interrupted), as the booking says it.
+INTERRUPTIONS = {
+    "agent_stopped": "the node's agent stopped while it ran (node {node})",
+    "unwatched": "it ended while the node's agent was not running, with no exit status (node {node})",
+}
+
+
+def _interruption(event: Event) -> str | None:
+    """How the job ended without an end of its own (INTERRUPTIONS), or None: it exited (or was
+    stopped by its agent for the booking's sake, or never launched)."""
+    if event.interrupted is not None:
+        return event.interrupted
+    if event.kind == "exited" and event.exit_code is None and not _not_launched(event):
+        return "unwatched"  # an agent older than exit files re-adopted it: no status either
+    return None
+
+
+def _not_launched(event: Event) -> bool:
+    return event.detail.startswith("not launched")
+
+
+def _record_interrupted(booking: Booking, node: Node, interrupted: str, when: datetime) -> None:
+    """A batch job killed by its agent's stop, or gone with no exit status while no agent
+    watched, is no success (and not the job's failure): its booking stops as after a node
+    failure, requeued when it is a batch job with time left, failed otherwise. Every node's run
+    of it ends so (the others lose it from their desired state)."""
+    reason = INTERRUPTIONS[interrupted].format(node=node.hostname)
+    booking_stop(booking_id=booking.pk, to=Booking.State.FAILED, now=when, detail=reason)
 
 
 def _record_gang_exit(booking: Booking, run, event: Event, when: datetime) -> None:
@@ -331,10 +365,7 @@ def _outcome(event: Event) -> tuple[str, str, str]:
         return Booking.State.FINISHED, "finished", "command exited with code 0"
     if event.exit_code is not None:
         return Booking.State.FAILED, "failed", f"command exited with code {event.exit_code}"
-    if event.detail.startswith("not launched"):
-        return Booking.State.FAILED, "failed", event.detail
-    # A job re-adopted after an agent restart is no child of the agent: its status is unknown.
-    return Booking.State.FINISHED, "finished", f"command ended, exit code unknown ({event.detail})"
+    return Booking.State.FAILED, "failed", event.detail  # not launched (_interruption)
 
 
 def _alert(node: Node, event: Event) -> None:
