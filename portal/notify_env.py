@@ -1,7 +1,16 @@
 """Notification and idle-reclaim settings, read from the environment and validated (see
 docs/notifications.md). portal.settings assigns each by name; one place reads and checks them all."""
 
-from portal.env import SettingError, env, envbool, envfloat, envint, envlist, envnetworks
+from portal.env import (
+    SettingError,
+    env,
+    envbool,
+    envfloat,
+    envint,
+    envlist,
+    envnetworks,
+    envurl,
+)
 
 EVENTS = (
     "queued",
@@ -27,7 +36,9 @@ def notify_settings() -> dict:
     values = {
         "SLACK_BOT_TOKEN": env("SLACK_BOT_TOKEN"),
         "SLACK_SIGNING_SECRET": env("SLACK_SIGNING_SECRET"),
-        "SLACK_API_URL": env("SLACK_API_URL", "https://slack.com/api").rstrip("/"),
+        "SLACK_API_URL": envurl(
+            "SLACK_API_URL", "https://slack.com/api", schemes=("https", "http")
+        ).rstrip("/"),
         "NOTIFY_DEFAULT_EVENTS": envlist("NOTIFY_DEFAULT_EVENTS", ",".join(EVENTS)),
         "NOTIFY_DEFAULT_CHANNELS": envlist("NOTIFY_DEFAULT_CHANNELS", ",".join(CHANNELS)),
         "NOTIFY_SEND_TIMEOUT_S": envfloat("NOTIFY_SEND_TIMEOUT_S", 10.0),
