@@ -80,7 +80,7 @@ def envfloat(
         number = math.nan
     if not math.isfinite(number) or not _within(number, low, high):
         raise SettingError(
-            f"{name}={value!r}: expected a number{_bounds(low, high)}, e.g. {default:g}"
+            f"{name}={value!r}: expected a number{_bounds(low, high)}, e.g. {_number(default)}"
         )
     return number
 
@@ -91,10 +91,14 @@ def _within(number: float, low: float | None, high: float | None) -> bool:
 
 def _bounds(low: float | None, high: float | None) -> str:
     if low is not None and high is not None:
-        return f" from {low:g} to {high:g}"
+        return f" from {_number(low)} to {_number(high)}"
     if low is not None:
-        return f" of at least {low:g}"
-    return f" of at most {high:g}" if high is not None else ""
+        return f" of at least {_number(low)}"
+    return f" of at most {_number(high)}" if high is not None else ""
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
 def envchoice(name: str, default: str, choices: tuple[str, ...], *, upper: bool = False) -> str:
