@@ -5,14 +5,11 @@ import os
 from celery import Celery
 from celery.signals import worker_ready
 
-from portal.env import settings_or_exit
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-# Celery reads the settings lazily, deep in its start: load them now, so a bad one is one line.
-settings_or_exit()
 
 app = Celery("portal")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+# Read when Celery first needs its configuration (portal.celery_config: a bad setting is one line).
+app.config_from_object("portal.celery_config:settings", namespace="CELERY")
 app.autodiscover_tasks(["portal"])
 
 

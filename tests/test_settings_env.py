@@ -207,6 +207,17 @@ def test_it_stops_every_entry_point_with_the_same_line(command):
     ]
 
 
+def test_it_loads_no_settings_when_the_cli_imports_the_package():
+    # `gpu-portal` lives in the portal package: a user's shell with the portal's variables set
+    # wrongly (or not at all) must not matter to it.
+    environ = {"PATH": os.environ["PATH"], "LOG_LEVEL": "LOUD", "HOME": os.environ["HOME"]}
+    code = "import portal.cli.main, django.conf as c; print(c.settings.configured)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
 @pytest.mark.parametrize(
     "environ",
     [
