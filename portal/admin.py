@@ -284,11 +284,22 @@ class AuditEventAdmin(admin.ModelAdmin):
 class NodeAlertAdmin(admin.ModelAdmin):
     """Processes the node agents objected to (foreign or on unbooked devices); read-only."""
 
-    list_display = ["time", "node", "kind", "device_uuid", "pid", "user", "action", "booking"]
+    list_display = [
+        "last_seen",
+        "time",
+        "count",
+        "node",
+        "kind",
+        "device_uuid",
+        "pid",
+        "user",
+        "action",
+        "booking",
+    ]
     list_filter = ["kind", "action", "node"]
     search_fields = ["node__hostname", "device_uuid", "user", "detail"]
     raw_id_fields = ["booking", "owner"]
-    ordering = ["-time", "-id"]
+    ordering = ["-last_seen", "-id"]
 
     def has_add_permission(self, request):
         return False

@@ -9,7 +9,10 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
+from portal.env import settings_or_exit
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+settings_or_exit()  # a bad setting: one line and exit 1, not a traceback per worker
 django_wsgi_app = get_wsgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

@@ -8,7 +8,8 @@ from celery.signals import worker_ready
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+# Read when Celery first needs its configuration (portal.celery_config: a bad setting is one line).
+app.config_from_object("portal.celery_config:settings", namespace="CELERY")
 app.autodiscover_tasks(["portal"])
 
 

@@ -8,6 +8,7 @@ Unset or empty (a compose file's ``${NAME:-}``) means the default.
 import ipaddress
 import math
 import os
+import sys
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -53,29 +54,107 @@ def envbool(name: str, default: bool | str = False) -> bool:
     return parse_bool(name, env(name), default)
 
 
-def envint(name: str, default: int) -> int:
-    """$NAME as an int; unset or empty (a compose file's `${NAME:-}`) means the default."""
+def envint(name: str, default: int, *, low: int | None = None, high: int | None = None) -> int:
+    """$NAME as a whole number within [low, high]; unset or empty (a compose file's `${NAME:-}`)
+    means the default."""
     value = env(name).strip()
     if not value:
         return default
     try:
-        return int(value)
+        number = int(value) if value.isascii() else None
     except ValueError:
-        raise SettingError(f"{name}={value!r}: expected a whole number") from None
+        number = None
+    if number is None or not _within(number, low, high):
+        raise SettingError(f"{name}={value!r}: expected a whole number{_bounds(low, high)}")
+    return number
 
 
-def envfloat(name: str, default: float) -> float:
-    """$NAME as a finite float; unset or empty means the default."""
+def envfloat(
+    name: str, default: float, *, low: float | None = None, high: float | None = None
+) -> float:
+    """$NAME as a finite number within [low, high]; unset or empty means the default."""
     value = env(name).strip()
     if not value:
         return default
     try:
-        number = float(value)
+        number = float(value) if value.isascii() else math.nan
     except ValueError:
         number = math.nan
-    if not math.isfinite(number):
-        raise SettingError(f"{name}={value!r}: expected a number, e.g. 2.5")
+    if not math.isfinite(number) or not _within(number, low, high):
+        raise SettingError(
+            f"{name}={value!r}: expected a number{_bounds(low, high)}, e.g. {_number(default)}"
+        )
     return number
+
+
+def _within(number: float, low: float | None, high: float | None) -> bool:
+    return (low is None or number >= low) and (high is None or number <= high)
+
+
+def _bounds(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f" from {_number(low)} to {_number(high)}"
+    if low is not None:
+        return f" of at least {_number(low)}"
+    return f" of at most {_number(high)}" if high is not None else ""
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def envchoice(name: str, default: str, choices: tuple[str, ...], *, upper: bool = False) -> str:
+    """$NAME as one of ``choices`` (compared upper-cased with ``upper``); blank is the default."""
+    value = env(name).strip()
+    if not value:
+        return default
+    word = value.upper() if upper else value
+    if word not in choices:
+        raise SettingError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return word
+
+
+def envurl(
+    name: str, default: str, *, schemes: tuple[str, ...], host_or_path: tuple[str, ...] = ()
+) -> str:
+    """$NAME as a URL of one of ``schemes`` with a host (for the ``host_or_path`` schemes, such
+    as sqlite:// and unix://, a host or a path) and a valid port; blank is the default."""
+    value = env(name).strip()
+    if not value:
+        return default
+    problem = url_problem(value, schemes=schemes, host_or_path=host_or_path)
+    if problem:
+        raise SettingError(f"{name}={_shown(value)!r}: {problem}")
+    return value
+
+
+def url_problem(value: str, *, schemes: tuple[str, ...], host_or_path: tuple[str, ...] = ()) -> str:
+    """Why ``value`` is not such a URL, or "" when it is."""
+    starts = [f"{scheme}://" for scheme in schemes]
+    either = ", ".join(starts[:-1]) + " or " + starts[-1] if len(starts) > 1 else starts[0]
+    expected = f"expected a URL starting with {either}"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises on a port that is no number or out of range)
+    except ValueError as exc:
+        return f"{expected} ({exc})"
+    if parts.scheme not in schemes or not value.startswith(f"{parts.scheme}://"):
+        return expected
+    if any(ord(c) < 33 or ord(c) == 127 for c in value):
+        return f"{expected}, without spaces or control characters"
+    if parts.scheme in host_or_path:
+        return "" if parts.path or parts.netloc else f"{expected} with a host or a path"
+    return "" if parts.hostname else f"{expected} with a host"
+
+
+def _shown(url: str) -> str:
+    """The URL with any password replaced, for an error message."""
+    parts = urlsplit(url)
+    try:
+        password = parts.password
+    except ValueError:
+        password = None
+    return url.replace(f":{password}@", ":***@", 1) if password else url
 
 
 def envlist(name: str, default: str = "") -> list[str]:
@@ -134,3 +213,15 @@ def envrange(name: str, default: str, *, low: int, high: int) -> tuple[int, int]
             f"{name}={value!r}: expected FIRST-LAST within {low}-{high}, e.g. {default}"
         )
     return bounds
+
+
+def settings_or_exit() -> None:
+    """Load the settings now; a bad one ends the process with one line on stderr,
+    ``Bad setting: <variable>...``, and exit status 1. Every entry point (manage.py, the ASGI
+    and WSGI applications, the Celery app) calls it before Django reads its settings."""
+    from django.conf import settings
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018
+    except SettingError as error:
+        sys.exit("Bad setting: " + " ".join(str(error).split()))

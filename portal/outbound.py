@@ -2,8 +2,10 @@
 contacted, and the one way to contact them.
 
 A destination is https (http only with NOTIFY_ALLOW_HTTP), and every address its host resolves
-to must be public: loopback, private, link-local, multicast, reserved and unspecified addresses
-are refused unless inside NOTIFY_ALLOWED_NETWORKS (a site's own receivers). The check runs when
+to must be public: loopback, private, link-local, multicast, reserved and unspecified addresses,
+and the special-purpose blocks of _NOT_PUBLIC (6to4, Teredo, site-local ...), are refused unless
+inside NOTIFY_ALLOWED_NETWORKS (a site's own receivers); IPv4-mapped and NAT64 addresses are
+judged by the IPv4 address they deliver to. The check runs when
 the address is set (`destination_problem`, a 400 naming the field) and again at send time
 (`destination_post`), against the addresses it connects to: the connection goes to the address
 that was checked, so a name that resolves differently a second later (DNS rebinding) gains
@@ -41,16 +43,46 @@ class Answer:
     body: bytes
 
 
+# Special-purpose blocks (IANA's IPv4 and IPv6 registries) that ipaddress.is_global calls global,
+# or that stand for another address: refused whatever this Python's ipaddress says of them.
+_NOT_PUBLIC = {
+    ipaddress.ip_network(net): kind
+    for net, kind in (
+        ("192.0.0.0/24", "an IETF protocol"),
+        ("fec0::/10", "a site-local"),
+        ("2002::/16", "a 6to4"),
+        ("2001::/32", "a Teredo"),
+        ("3fff::/20", "a documentation"),
+        ("64:ff9b:1::/48", "a local-use NAT64"),
+        ("::/96", "an IPv4-compatible"),
+    )
+}
+# IPv6 addresses that carry an IPv4 address a gateway or a dual-stack socket delivers to: the
+# IPv4 address is the one judged.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded(ip: ipaddress.IPv4Address | ipaddress.IPv6Address):
+    """The IPv4 address an IPv4-mapped or NAT64 address delivers to, else ``ip`` itself."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped:
+            return ip.ipv4_mapped
+        if ip in _NAT64:
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip
+
+
 def address_refused(address: str) -> str:
     """Why this IP address may not be contacted, or "" when it may."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
+    ip = _embedded(ipaddress.ip_address(address.split("%", 1)[0]))
     if any(ip in ipaddress.ip_network(net, strict=False) for net in _allowed_networks()):
         return ""
     for kind in ("unspecified", "loopback", "link_local", "multicast", "private", "reserved"):
         if getattr(ip, f"is_{kind}"):
             return f"{ip} is a {kind.replace('_', '-')} address"
+    for net, kind in _NOT_PUBLIC.items():
+        if ip in net:
+            return f"{ip} is {kind} address"
     if not ip.is_global:
         return f"{ip} is not a public address"
     return ""

@@ -14,12 +14,15 @@ from portal.env import (
     SettingError,
     env,
     envbool,
+    envchoice,
     envfloat,
     envimagesources,
     envint,
     envlist,
     envnetworks,
     envrange,
+    envurl,
+    url_problem,
     url_with_password,
 )
 from portal.headers import policy_header
@@ -31,9 +34,29 @@ from portal.sso.config import sign_in_settings
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env("PORTAL_VAR_DIR", str(BASE_DIR / "var")))
 
-DATABASE_URL = env("DATABASE_URL")
+
+def _var_dir_make() -> None:
+    try:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingError(f"PORTAL_VAR_DIR={str(VAR_DIR)!r}: cannot create it ({exc})") from None
+
+
+# Every setting is read by one helper of portal.env that checks it (a range, a choice, a URL's
+# scheme and shape): a bad value stops the start with one line, "Bad setting: NAME=...".
+# PostgreSQL (server mode) or SQLite; Redis over TCP, TLS or a Unix socket.
+DATABASE_URL = envurl(
+    "DATABASE_URL",
+    "",
+    schemes=("postgres", "postgresql", "sqlite"),
+    host_or_path=("postgres", "postgresql", "sqlite"),
+)
 # The password may come apart from the URL (REDIS_PASSWORD_FILE: the compose secret).
-REDIS_URL = url_with_password("REDIS_URL", env("REDIS_URL"), env("REDIS_PASSWORD"))
+REDIS_URL = url_with_password(
+    "REDIS_URL",
+    envurl("REDIS_URL", "", schemes=("redis", "rediss", "unix"), host_or_path=("unix",)),
+    env("REDIS_PASSWORD"),
+)
 # Embedded mode: the one-command demo on a laptop (SQLite, in-process loop, plain http on
 # localhost). Server mode: PostgreSQL behind a TLS-terminating proxy.
 EMBEDDED = not DATABASE_URL
@@ -52,7 +75,7 @@ def _secret_key() -> str:
     import secrets
 
     path = VAR_DIR / "secret_key"
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    _var_dir_make()
     if not path.exists():
         path.write_text(secrets.token_urlsafe(50))
         path.chmod(0o600)
@@ -62,7 +85,13 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
-SITE_URL = env("SITE_URL", "http://127.0.0.1:8000")
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if url_problem(_origin, schemes=("https", "http")):
+        raise SettingError(
+            f"CSRF_TRUSTED_ORIGINS: {_origin!r} is no origin: expected e.g. https://gpu.example.org"
+        )
+# The address in mails and Slack messages (links are SITE_URL + "/bookings/..."): http(s), a host.
+SITE_URL = envurl("SITE_URL", "http://127.0.0.1:8000", schemes=("https", "http")).rstrip("/")
 
 INSTALLED_APPS = [
     "daphne",
@@ -144,25 +173,14 @@ def _default_web_workers() -> int:
     return min(max(2 * (os.cpu_count() or 1), 2), 16)
 
 
-WEB_WORKERS = envint("WEB_WORKERS", _default_web_workers())
-WEB_THREADS = envint("WEB_THREADS", 4)
+WEB_WORKERS = envint("WEB_WORKERS", _default_web_workers(), low=1, high=256)
+WEB_THREADS = envint("WEB_THREADS", 4, low=1, high=64)
 # Backpressure, per worker process: at most WEB_MAX_INFLIGHT requests admitted at once (the rest
 # get 503 + Retry-After at once), and an admitted request that waited WEB_QUEUE_WAIT_S before its
 # view could start gets 503 too, so the latency of those served stays bounded under overload.
-WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 8)
-WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.25)
-WEB_RETRY_AFTER_S = envint("WEB_RETRY_AFTER_S", 1)
-if not 1 <= WEB_WORKERS <= 256 or not 1 <= WEB_THREADS <= 64:
-    raise SettingError(
-        "WEB_WORKERS must be between 1 and 256, WEB_THREADS between 1 and 64 "
-        f"(got WEB_WORKERS={WEB_WORKERS}, WEB_THREADS={WEB_THREADS})."
-    )
-if WEB_MAX_INFLIGHT < 1 or not 0 < WEB_QUEUE_WAIT_S <= 60 or not 1 <= WEB_RETRY_AFTER_S <= 3600:
-    raise SettingError(
-        "WEB_MAX_INFLIGHT must be at least 1, WEB_QUEUE_WAIT_S in (0, 60] and "
-        f"WEB_RETRY_AFTER_S in [1, 3600] (got {WEB_MAX_INFLIGHT}, {WEB_QUEUE_WAIT_S:g}, "
-        f"{WEB_RETRY_AFTER_S})."
-    )
+WEB_MAX_INFLIGHT = envint("WEB_MAX_INFLIGHT", 8, low=1, high=10_000)
+WEB_QUEUE_WAIT_S = envfloat("WEB_QUEUE_WAIT_S", 0.25, low=0.001, high=60)
+WEB_RETRY_AFTER_S = envint("WEB_RETRY_AFTER_S", 1, low=1, high=3600)
 
 # PostgreSQL connections come from a pool in each process (psycopg_pool), so the connections a
 # site opens are bounded (a web worker uses one per busy HTTP thread, plus its websockets' brief
@@ -170,25 +188,27 @@ if WEB_MAX_INFLIGHT < 1 or not 0 < WEB_QUEUE_WAIT_S <= 60 or not 1 <= WEB_RETRY_
 # stay under PostgreSQL's max_connections (100 by default). A request that waits DB_POOL_TIMEOUT_S
 # for a connection answers 503 with Retry-After (portal.middleware), never 500. Under ASGI a
 # persistent connection (CONN_MAX_AGE) would be opened per request and kept, so the pool replaces it.
-DB_POOL_MIN_SIZE = envint("DB_POOL_MIN_SIZE", 1)
-DB_POOL_MAX_SIZE = envint("DB_POOL_MAX_SIZE", 8)
-DB_POOL_TIMEOUT_S = envfloat("DB_POOL_TIMEOUT_S", 2.0)
-if not 0 <= DB_POOL_MIN_SIZE <= DB_POOL_MAX_SIZE or DB_POOL_MAX_SIZE < 1:
+DB_POOL_MIN_SIZE = envint("DB_POOL_MIN_SIZE", 1, low=0, high=1000)
+DB_POOL_MAX_SIZE = envint("DB_POOL_MAX_SIZE", 8, low=1, high=1000)
+DB_POOL_TIMEOUT_S = envfloat("DB_POOL_TIMEOUT_S", 2.0, low=0.001, high=60)
+if DB_POOL_MIN_SIZE > DB_POOL_MAX_SIZE:
     raise SettingError(
         "DB_POOL_MIN_SIZE and DB_POOL_MAX_SIZE need 0 <= min <= max, max >= 1 "
         f"(got DB_POOL_MIN_SIZE={DB_POOL_MIN_SIZE}, DB_POOL_MAX_SIZE={DB_POOL_MAX_SIZE})."
     )
-if not 0 < DB_POOL_TIMEOUT_S <= 60:
-    raise SettingError(
-        f"DB_POOL_TIMEOUT_S must be more than 0 and at most 60 seconds, not {DB_POOL_TIMEOUT_S:g}."
-    )
 
-if DATABASE_URL:
+
+def _database(url: str) -> dict:
     # With the pool, CONN_HEALTH_CHECKS makes Django hand the pool its connection check: one that
     # PostgreSQL dropped (restart, pg_terminate_backend) is replaced before a request gets it.
-    DATABASES = {
-        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
-    }
+    try:
+        return dj_database_url.parse(url, conn_max_age=0, conn_health_checks=True)
+    except ValueError as exc:  # e.g. a port that is no number
+        raise SettingError(f"DATABASE_URL: not a database address ({exc})") from None
+
+
+if DATABASE_URL:
+    DATABASES = {"default": _database(DATABASE_URL)}
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": DB_POOL_MIN_SIZE,
@@ -196,7 +216,7 @@ if DATABASE_URL:
             "timeout": DB_POOL_TIMEOUT_S,
         }
 else:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    _var_dir_make()
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
@@ -253,28 +273,24 @@ CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
-SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0)
+SCHEDULER_PASS_INTERVAL_S = envfloat("SCHEDULER_PASS_INTERVAL_S", 5.0, low=0.1, high=3600)
 # The allocation pass has a queue of its own, served by a worker of its own (`manage.py up`
 # starts one): a flood of notification work never stands in front of a pass.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_PASS_QUEUE = env("CELERY_PASS_QUEUE", "allocation")
+CELERY_PASS_QUEUE = env("CELERY_PASS_QUEUE", "allocation").strip() or "allocation"
+if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", CELERY_PASS_QUEUE):
+    raise SettingError(
+        f"CELERY_PASS_QUEUE={CELERY_PASS_QUEUE!r}: expected a queue name (letters, digits, . _ -)"
+    )
 CELERY_TASK_ROUTES = {"portal.tasks.allocation_pass": {"queue": CELERY_PASS_QUEUE}}
 # Changes ask for a pass at most once per this many seconds (a burst of submissions gives a few
 # passes, each seeing all of them); 0 runs one pass per change.
-SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0)
-if not 0 <= SCHEDULER_PASS_COALESCE_S <= 60:
-    raise SettingError(
-        "SCHEDULER_PASS_COALESCE_S must be between 0 and 60 seconds, "
-        f"not {SCHEDULER_PASS_COALESCE_S:g}."
-    )
+SCHEDULER_PASS_COALESCE_S = envfloat("SCHEDULER_PASS_COALESCE_S", 1.0, low=0, high=60)
 # Under SCHEDULER_FAIRSHARE_CHARGE=measured or blend, how long the running allocations' measured
 # utilization is reused between passes (reading it costs a scan of their minute rollups).
-FAIRSHARE_LIVE_UTILIZATION_CACHE_S = envfloat("FAIRSHARE_LIVE_UTILIZATION_CACHE_S", 60.0)
-if not 0 <= FAIRSHARE_LIVE_UTILIZATION_CACHE_S <= 3600:
-    raise SettingError(
-        "FAIRSHARE_LIVE_UTILIZATION_CACHE_S must be between 0 and 3600 seconds, "
-        f"not {FAIRSHARE_LIVE_UTILIZATION_CACHE_S:g}."
-    )
+FAIRSHARE_LIVE_UTILIZATION_CACHE_S = envfloat(
+    "FAIRSHARE_LIVE_UTILIZATION_CACHE_S", 60.0, low=0, high=3600
+)
 # Every periodic job, one line each.
 CELERY_BEAT_SCHEDULE = {
     # Start due reservations, end finished bookings, plan and start the queue.
@@ -285,12 +301,12 @@ CELERY_BEAT_SCHEDULE = {
     # Roll raw telemetry up into per-minute rows, then prune both past their retention.
     "telemetry-rollup": {
         "task": "portal.tasks.telemetry_rollup",
-        "schedule": envfloat("TELEMETRY_ROLLUP_INTERVAL_S", 60.0),
+        "schedule": envfloat("TELEMETRY_ROLLUP_INTERVAL_S", 60.0, low=1, high=86400),
     },
     # Mark nodes whose agent stopped reporting as down; fail or requeue their bookings.
     "node-heartbeat-check": {
         "task": "portal.tasks.node_heartbeat_check",
-        "schedule": envfloat("NODE_HEARTBEAT_CHECK_INTERVAL_S", 15.0),
+        "schedule": envfloat("NODE_HEARTBEAT_CHECK_INTERVAL_S", 15.0, low=1, high=86400),
     },
     # Starting soon, ending soon, planned start moved, budget nearly used; resend stuck deliveries.
     "notifications-scan": {
@@ -300,12 +316,12 @@ CELERY_BEAT_SCHEDULE = {
     # Send the facts left undispatched after commit (a process died, a subscriber failed).
     "outbox-sweep": {
         "task": "portal.tasks.outbox_sweep",
-        "schedule": envfloat("OUTBOX_SWEEP_INTERVAL_S", 30.0),
+        "schedule": envfloat("OUTBOX_SWEEP_INTERVAL_S", 30.0, low=1, high=86400),
     },
     # Warn bookings whose devices sit idle; release those nobody kept (IDLE_RECLAIM_ENABLED).
     "idle-reclaim": {
         "task": "portal.tasks.idle_reclaim",
-        "schedule": envfloat("IDLE_RECLAIM_INTERVAL_S", 60.0),
+        "schedule": envfloat("IDLE_RECLAIM_INTERVAL_S", 60.0, low=1, high=86400),
     },
 }
 
@@ -318,9 +334,13 @@ CONTAINER_IMAGE_SOURCES = envimagesources("CONTAINER_IMAGE_SOURCES")
 # comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.
 METRICS_TOKEN = env("METRICS_TOKEN")
 METRICS_ALLOWED_NETWORKS = envnetworks("METRICS_ALLOWED_NETWORKS")
-READY_PASS_MAX_AGE_S = envfloat("READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S))
+READY_PASS_MAX_AGE_S = envfloat(
+    "READY_PASS_MAX_AGE_S", max(60.0, 12 * SCHEDULER_PASS_INTERVAL_S), low=1, high=86400
+)
 # /readyz in server mode: a worker consuming CELERY_PASS_QUEUE has said so this recently.
-READY_WORKER_MAX_AGE_S = envfloat("READY_WORKER_MAX_AGE_S", SCHEDULER_PASS_INTERVAL_S)
+READY_WORKER_MAX_AGE_S = envfloat(
+    "READY_WORKER_MAX_AGE_S", SCHEDULER_PASS_INTERVAL_S, low=0.1, high=86400
+)
 
 # Interactive sessions (docs/interactive.md): the proxy connects only to the address a node
 # registered from (or these networks) and to ports in SESSION_PORTS, the range agents pick
@@ -329,18 +349,21 @@ SESSION_ALLOWED_NETWORKS = envnetworks("SESSION_ALLOWED_NETWORKS")
 SESSION_PORTS = envrange("SESSION_PORTS", "32768-60999", low=1, high=65535)
 
 # Node agents: what the portal tells them at register, and when a silent node counts as down.
-AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0)
-AGENT_SYNC_INTERVAL_S = envfloat("AGENT_SYNC_INTERVAL_S", 30.0)
-AGENT_ENFORCEMENT = env("AGENT_ENFORCEMENT", "report")  # report | warn | kill
-if AGENT_ENFORCEMENT not in ("report", "warn", "kill"):
-    raise SettingError(f"AGENT_ENFORCEMENT={AGENT_ENFORCEMENT!r}: expected report, warn or kill")
-NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0)
+AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0, low=0.1, high=3600)
+AGENT_SYNC_INTERVAL_S = envfloat("AGENT_SYNC_INTERVAL_S", 30.0, low=0.1, high=3600)
+AGENT_ENFORCEMENT = envchoice("AGENT_ENFORCEMENT", "report", ("report", "warn", "kill"))
+NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0, low=1, high=86400)
+if NODE_HEARTBEAT_TIMEOUT_S <= AGENT_REPORT_INTERVAL_S:
+    raise SettingError(
+        f"NODE_HEARTBEAT_TIMEOUT_S={NODE_HEARTBEAT_TIMEOUT_S:g} must be longer than "
+        f"AGENT_REPORT_INTERVAL_S={AGENT_REPORT_INTERVAL_S:g}, or every node counts as down."
+    )
 # Times in readings and events more than this far ahead of the portal's clock are refused (400
 # naming the field); old ones are kept (an agent sends what it queued while the portal was away)
 # and pruned by the telemetry retention like any.
-AGENT_CLOCK_SKEW_S = envfloat("AGENT_CLOCK_SKEW_S", 300.0)
+AGENT_CLOCK_SKEW_S = envfloat("AGENT_CLOCK_SKEW_S", 300.0, low=0, high=86400)
 # One message per node and alert kind at most this often; the other alerts are rows to read.
-NODE_ALERT_COALESCE_S = envfloat("NODE_ALERT_COALESCE_S", 300.0)
+NODE_ALERT_COALESCE_S = envfloat("NODE_ALERT_COALESCE_S", 300.0, low=0, high=86400)
 # A booked device is "in use" (not just "booked") from a reading at or above IN_USE_UTIL_ON %
 # utilization until one at or below IN_USE_UTIL_OFF %, over its readings of the last
 # IN_USE_WINDOW_S seconds (hysteresis: idle noise around a few percent does not flip it).
@@ -358,12 +381,7 @@ if not 0 < IN_USE_WINDOW_S <= 3600:
     )
 # A running batch job's output (the agent sends its tail when it grew, once per report): the
 # portal stores and broadcasts at most one per booking this often (a guard against a chatty agent).
-BOOKING_OUTPUT_MIN_INTERVAL_S = envfloat("BOOKING_OUTPUT_MIN_INTERVAL_S", 2.0)
-if not 0 <= BOOKING_OUTPUT_MIN_INTERVAL_S <= 3600:
-    raise SettingError(
-        "BOOKING_OUTPUT_MIN_INTERVAL_S must be between 0 and 3600 seconds, "
-        f"not {BOOKING_OUTPUT_MIN_INTERVAL_S:g}."
-    )
+BOOKING_OUTPUT_MIN_INTERVAL_S = envfloat("BOOKING_OUTPUT_MIN_INTERVAL_S", 2.0, low=0, high=3600)
 REQUEUE_ON_NODE_FAILURE = envbool("REQUEUE_ON_NODE_FAILURE", "True")
 # Batch jobs (docs/distributed.md): the signal a booking gets before its end when it names none
 # (Slurm's --signal, e.g. USR1@120; blank: none), the seconds from SIGTERM to SIGKILL (Slurm's
@@ -384,8 +402,9 @@ try:
 except ValueError as _exc:
     raise SettingError(f"JOB_MASTER_PORTS={env('JOB_MASTER_PORTS')!r}: {_exc}") from None
 # Telemetry history: raw samples for hours, per-minute rollups for days.
-TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0)
-TELEMETRY_ROLLUP_RETENTION_D = envfloat("TELEMETRY_ROLLUP_RETENTION_D", 30.0)
+# At least an hour of raw samples: the rollup recomputes its last minutes from them.
+TELEMETRY_RAW_RETENTION_H = envfloat("TELEMETRY_RAW_RETENTION_H", 24.0, low=1, high=24 * 366)
+TELEMETRY_ROLLUP_RETENTION_D = envfloat("TELEMETRY_ROLLUP_RETENTION_D", 30.0, low=1, high=3660)
 # Allocator policy: scheduler.Policy's defaults (the ones the trace replay measures, see
 # docs/scheduling.md); every field overridable as SCHEDULER_<FIELD> and validated here.
 # SCHEDULER_PRESET=<name> starts from a named reference policy (scheduler/presets.py).
@@ -439,7 +458,21 @@ LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 LANGUAGE_CODE = "en-us"
-TIME_ZONE = env("TIME_ZONE", "UTC")
+TIME_ZONE = env("TIME_ZONE", "UTC").strip() or "UTC"
+
+
+def _check_time_zone(name: str) -> None:
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        raise SettingError(
+            f"TIME_ZONE={name!r}: expected a time zone name, e.g. Europe/Berlin"
+        ) from None
+
+
+_check_time_zone(TIME_ZONE)
 USE_I18N = True
 USE_TZ = True
 
@@ -460,38 +493,27 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 # How many reverse proxies in front of the site append to X-Forwarded-For. 0 (no proxy): the client
 # address is REMOTE_ADDR and X-Forwarded-For is ignored; N: the Nth address from its right.
-TRUSTED_PROXY_COUNT = envint("TRUSTED_PROXY_COUNT", 0)
+TRUSTED_PROXY_COUNT = envint("TRUSTED_PROXY_COUNT", 0, low=0, high=10)
 # Failed logins (API token, login page, admin) allowed per client address and per username.
-LOGIN_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 10)
-LOGIN_FAILURE_WINDOW_S = envint("LOGIN_FAILURE_WINDOW_S", 300)
+LOGIN_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 10, low=1, high=10_000)
+LOGIN_FAILURE_WINDOW_S = envint("LOGIN_FAILURE_WINDOW_S", 300, low=1, high=7 * 86400)
 # API token -> user lookups are cached this long; revoking a token or deactivating its user drops
 # the cached entry at once (portal.api.auth), so this bounds only staleness of the user's fields.
-TOKEN_CACHE_S = envint("TOKEN_CACHE_S", 30)
-if not 0 <= TOKEN_CACHE_S <= 3600:
-    raise SettingError(f"TOKEN_CACHE_S must be between 0 and 3600 seconds, not {TOKEN_CACHE_S:g}.")
+TOKEN_CACHE_S = envint("TOKEN_CACHE_S", 30, low=0, high=3600)
 
 # The audit log's CSV export (GET /api/v1/audit/?format=csv) holds at most this many rows;
 # narrow the filters (from/to) for more.
-AUDIT_EXPORT_MAX_ROWS = envint("AUDIT_EXPORT_MAX_ROWS", 100_000)
-if not 1 <= AUDIT_EXPORT_MAX_ROWS <= 10_000_000:
-    raise SettingError(
-        f"AUDIT_EXPORT_MAX_ROWS must be between 1 and 10000000, not {AUDIT_EXPORT_MAX_ROWS:g}."
-    )
+AUDIT_EXPORT_MAX_ROWS = envint("AUDIT_EXPORT_MAX_ROWS", 100_000, low=1, high=10_000_000)
 # POST bookings/estimate/ per user (the Book page asks as one types): "N/s", "N/min", "N/hour"
 # or "N/day"; past it 429 with Retry-After. Queued requests are planned on a copy of the queue
 # and its walk, used for ESTIMATE_SNAPSHOT_TTL_S seconds once ready and then while the next one
 # is read and walked in the background (0: read it for every estimate).
 ESTIMATE_RATE = env("ESTIMATE_RATE", "60/min").strip() or "60/min"
-ESTIMATE_SNAPSHOT_TTL_S = envfloat("ESTIMATE_SNAPSHOT_TTL_S", 5.0)
+ESTIMATE_SNAPSHOT_TTL_S = envfloat("ESTIMATE_SNAPSHOT_TTL_S", 5.0, low=0, high=300)
 if not re.fullmatch(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)", ESTIMATE_RATE):
     raise SettingError(
         f'ESTIMATE_RATE={ESTIMATE_RATE!r}: expected like "60/min", a positive count per s, '
         "min, h or day."
-    )
-if not 0 <= ESTIMATE_SNAPSHOT_TTL_S <= 300:
-    raise SettingError(
-        "ESTIMATE_SNAPSHOT_TTL_S must be between 0 and 300 seconds, "
-        f"not {ESTIMATE_SNAPSHOT_TTL_S:g}."
     )
 
 REST_FRAMEWORK = {
@@ -525,7 +547,7 @@ EMAIL_BACKEND = env("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBac
 # Where portal.mailbox.FolderEmailBackend (`manage.py up`'s default) keeps each message.
 EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 EMAIL_HOST = env("EMAIL_HOST", "localhost")
-EMAIL_PORT = envint("EMAIL_PORT", 25)
+EMAIL_PORT = envint("EMAIL_PORT", 25, low=1, high=65535)
 # SMTP authentication and encryption (the password may come from EMAIL_HOST_PASSWORD_FILE).
 EMAIL_HOST_USER = env("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", "")
@@ -535,15 +557,15 @@ if EMAIL_USE_TLS and EMAIL_USE_SSL:
     raise SettingError(
         "EMAIL_USE_TLS and EMAIL_USE_SSL are both on: choose one (587: TLS, 465: SSL)."
     )
-EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 30)
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 30, low=1, high=3600)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", "gpu-portal@localhost")
 # The site's Slack incoming webhook: admins' events (node down, foreign process).
-SLACK_WEBHOOK_URL = env("SLACK_WEBHOOK_URL")
+SLACK_WEBHOOK_URL = envurl("SLACK_WEBHOOK_URL", "", schemes=("https", "http"))
 
 # Portal policy knobs.
-BOOKING_MAX_GPUS_PER_REQUEST = envint("BOOKING_MAX_GPUS_PER_REQUEST", 1024)
-BOOKING_MAX_DURATION_S = envint("BOOKING_MAX_DURATION_S", 30 * 86400)
-BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 3000)
+BOOKING_MAX_GPUS_PER_REQUEST = envint("BOOKING_MAX_GPUS_PER_REQUEST", 1024, low=1, high=65536)
+BOOKING_MAX_DURATION_S = envint("BOOKING_MAX_DURATION_S", 30 * 86400, low=60, high=366 * 86400)
+BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 3000, low=1, high=60_000)
 
 # The HTTPS-only settings are for a site behind a TLS-terminating proxy (docker-compose sets it).
 # Without it, server mode serves plain http, e.g. the README's trial on http://127.0.0.1:8000.
@@ -555,8 +577,15 @@ if BEHIND_TLS_PROXY and not DEBUG:
     # Paths (regexes, no leading slash) served over plain http too, e.g. ^api/v1/agent/ for
     # agents inside the compose network.
     SECURE_REDIRECT_EXEMPT = envlist("SECURE_REDIRECT_EXEMPT")
+    for _pattern in SECURE_REDIRECT_EXEMPT:
+        try:
+            re.compile(_pattern)
+        except re.error as _exc:
+            raise SettingError(
+                f"SECURE_REDIRECT_EXEMPT: {_pattern!r} is no regular expression ({_exc})"
+            ) from None
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000, low=0, high=2 * 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", "False")
     # Joining the browsers' HSTS preload list is the site's decision, not the software's.
@@ -566,5 +595,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "root": {
+        "handlers": ["console"],
+        "level": envchoice(
+            "LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
+        ),
+    },
 }

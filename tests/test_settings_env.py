@@ -135,14 +135,110 @@ def _start(**env: str) -> subprocess.CompletedProcess:
         ("SESSION_ALLOWED_NETWORKS", "intranet", {}),
         ("SESSION_PORTS", "60999-32768", {}),
         ("SESSION_PORTS", "8888", {}),
+        # Tracebacks once, or Django's own errors.
+        ("DATABASE_URL", "notaurl", {}),
+        ("DATABASE_URL", "mysql://portal@db.example.org/portal", {}),
+        ("DATABASE_URL", "postgres://db:port/portal", {}),
+        ("DATABASE_URL", "postgres://", {}),
+        ("LOG_LEVEL", "LOUD", {}),
+        ("TIME_ZONE", "Mars/Olympus_Mons", {}),
+        ("CSRF_TRUSTED_ORIGINS", "gpu.example.org", {}),
+        ("PORTAL_VAR_DIR", "/proc/no/such/dir", {"DATABASE_URL": ""}),  # embedded: it holds the db
+        # Started, and wrote thousands of lines.
+        ("REDIS_URL", "http://127.0.0.1:6379/0", {}),
+        ("REDIS_URL", "redis://127.0.0.1:99999/0", {}),
+        # Started silently with a value that cannot work.
+        ("TRUSTED_PROXY_COUNT", "-1", {}),
+        ("EMAIL_PORT", "99999", {}),
+        ("EMAIL_TIMEOUT", "0", {}),
+        ("AGENT_REPORT_INTERVAL_S", "0", {}),
+        ("NODE_HEARTBEAT_TIMEOUT_S", "2", {"AGENT_REPORT_INTERVAL_S": "5"}),
+        ("TELEMETRY_RAW_RETENTION_H", "-1", {}),
+        ("TELEMETRY_ROLLUP_RETENTION_D", "0", {}),
+        ("SCHEDULER_PASS_INTERVAL_S", "0", {}),
+        ("OUTBOX_SWEEP_INTERVAL_S", "-5", {}),
+        ("SITE_URL", "ftp://x", {}),
+        ("SITE_URL", "not_a_url", {}),
+        ("SLACK_WEBHOOK_URL", "hooks.slack.com/services/x", {}),
+        ("SLACK_API_URL", "ftp://slack.com/api", {}),
+        ("CELERY_PASS_QUEUE", "pass queue", {}),
+        ("BOOKING_LOCK_TIMEOUT_MS", "0", {}),
+        ("LOGIN_FAILURE_LIMIT", "0", {}),
+        ("WEB_THREADS", "\u0663", {}),  # an Arabic-Indic three: ASCII digits only
     ],
 )
 def test_it_stops_the_start_with_one_line_naming_the_variable(name, value, others):
     done = _start(**others, **{name: value})
-    assert done.returncode != 0
+    assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert name in lines[0] and value in lines[0] and "Traceback" not in done.stderr
+    assert lines[0].startswith("Bad setting: ") and name in lines[0] and value in lines[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_it_shows_no_database_password_in_the_line():
+    done = _start(DATABASE_URL="mysql://portal:s3cret@db.example.org/portal")
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("Bad setting: DATABASE_URL") and "s3cret" not in line
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["manage.py", "up", "--no-demo", "--port", "8797"],
+        ["manage.py", "serve", "--port", "8797"],
+        ["-m", "celery", "-A", "portal", "worker", "--loglevel", "WARNING"],
+        ["-m", "celery", "-A", "portal", "beat", "--loglevel", "WARNING"],
+        ["-m", "uvicorn", "portal.asgi:application", "--port", "8797"],
+        ["-c", "import portal.wsgi"],
+    ],
+)
+def test_it_stops_every_entry_point_with_the_same_line(command):
+    environ = os.environ | {
+        "DJANGO_SETTINGS_MODULE": "portal.settings_test",
+        "TRUSTED_PROXY_COUNT": "-1",
+    }
+    done = subprocess.run(
+        [sys.executable, *command], env=environ, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "Bad setting: TRUSTED_PROXY_COUNT='-1': expected a whole number from 0 to 10"
+    ]
+
+
+def test_it_loads_no_settings_when_the_cli_imports_the_package():
+    # `gpu-portal` lives in the portal package: a user's shell with the portal's variables set
+    # wrongly (or not at all) must not matter to it.
+    environ = {"PATH": os.environ["PATH"], "LOG_LEVEL": "LOUD", "HOME": os.environ["HOME"]}
+    code = "import portal.cli.main, django.conf as c; print(c.settings.configured)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {
+            "DATABASE_URL": "postgres:///gpuportal",  # the local socket
+            "REDIS_URL": "rediss://:secret@redis.example.org:6380/0",
+            "SITE_URL": "https://gpu.example.org/",
+            "LOG_LEVEL": "warning",
+            "TRUSTED_PROXY_COUNT": "1",
+            "CSRF_TRUSTED_ORIGINS": "https://gpu.example.org,https://*.example.org",
+        },
+        {
+            "DATABASE_URL": "sqlite:////tmp/portal-settings-check.sqlite3",
+            "REDIS_URL": "unix:///run/redis/redis.sock?db=0",
+            "EMAIL_PORT": "587",
+        },
+    ],
+)
+def test_it_starts_with_the_usual_forms_of_the_checked_settings(environ):
+    done = _start(**environ)
+    assert done.returncode == 0, done.stderr
 
 
 def test_it_starts_with_valid_spellings():

@@ -2,6 +2,7 @@
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Coalesce
 
 from portal.models.bookings import Booking
 from portal.models.inventory import Node
@@ -69,7 +70,13 @@ class SampleMinute(models.Model):
 
 
 class NodeAlert(models.Model):
-    """A process an agent objected to: on a device booked by someone else, or on no booking."""
+    """A process an agent objected to: on a device booked by someone else, or on no booking.
+
+    One row per process: the node, kind, device, booking (`booking_key`: its id, 0 for none, so
+    the uniqueness holds on every database and outlives the booking), pid and Unix user. A
+    repeated report of it counts on that row (`count`, `last_seen`); `time` is the first.
+    Rows not seen for TELEMETRY_ROLLUP_RETENTION_D days are pruned with the process rollups.
+    """
 
     class Kind(models.TextChoices):
         FOREIGN_PROCESS = "foreign_process", "Process of someone else on a booked device"
@@ -77,7 +84,9 @@ class NodeAlert(models.Model):
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="alerts")
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    time = models.DateTimeField(help_text="When the agent saw it.")
+    time = models.DateTimeField(help_text="When the agent first saw it.")
+    last_seen = models.DateTimeField(help_text="When the agent last reported it.")
+    count = models.PositiveIntegerField(default=1, help_text="How often the agent reported it.")
     device_uuid = models.CharField(max_length=96, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     user = models.CharField(max_length=64, blank=True, help_text="Unix user of the process.")
@@ -86,6 +95,7 @@ class NodeAlert(models.Model):
     booking = models.ForeignKey(
         Booking, on_delete=models.SET_NULL, null=True, blank=True, related_name="alerts"
     )
+    booking_key = models.BigIntegerField(default=0)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,
@@ -98,9 +108,27 @@ class NodeAlert(models.Model):
 
     class Meta:
         ordering = ["-time", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                models.F("node"),
+                models.F("kind"),
+                models.F("device_uuid"),
+                models.F("booking_key"),
+                Coalesce(models.F("pid"), models.Value(-1)),
+                models.F("user"),
+                name="%(app_label)s_%(class)s_one_per_process",
+            )
+        ]
+        indexes = [models.Index(fields=["last_seen"], name="portal_nodealert_last_seen")]
 
     def __str__(self) -> str:
         return f"{self.kind} on {self.node}: pid {self.pid}"
+
+    def save(self, *args, **kwargs):
+        # Rows written one by one (the admin, fixtures) keep the fields the upsert keys on.
+        self.last_seen = self.last_seen or self.time
+        self.booking_key = self.booking_id or 0
+        super().save(*args, **kwargs)
 
 
 class ProcessUsage(models.Model):

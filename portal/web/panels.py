@@ -100,14 +100,15 @@ def node_lines(*, alerts: list[AlertLine]) -> list[NodeLine]:
 
 
 def open_alerts(*, since: datetime, limit: int = 200) -> list[AlertLine]:
-    """Alerts since `since` whose process is still in its device's latest reading, newest first.
+    """Alerts reported since `since` whose process is still in its device's latest reading,
+    last reported first.
 
     An alert has no closing event of its own: it stays open while the process it names runs.
     """
     alerts = list(
-        NodeAlert.objects.filter(time__gte=since)
+        NodeAlert.objects.filter(last_seen__gte=since)
         .select_related("node", "booking", "owner")
-        .order_by("-time", "-id")[:limit]
+        .order_by("-last_seen", "-id")[:limit]
     )
     readings = latest_by_uuid(sorted({a.device_uuid for a in alerts if a.device_uuid}))
     labels = device_labels({a.device_uuid for a in alerts})

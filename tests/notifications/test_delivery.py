@@ -280,6 +280,95 @@ def test_it_escapes_a_node_alerts_detail_and_a_gpu_model_in_slack():
     assert payload["blocks"][2]["fields"][0]["text"] == "*Devices*\nA100 &lt;!everyone&gt;"
 
 
+def _slack_texts(payload: dict) -> list[tuple[str, str]]:
+    """(kind, text) of every section text and field of a Block Kit payload."""
+    return [
+        (kind, t["text"])
+        for block in payload["blocks"]
+        if block["type"] == "section"
+        for kind, t in [
+            ("text", block.get("text")),
+            *[("field", f) for f in block.get("fields", [])],
+        ]
+        if t
+    ]
+
+
+def _unescape_code(text: str) -> str:
+    text = text.replace("`\u200b", "`")
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+LINE = "step <x> & `y` loss=0.1 🔥 " * 8  # escapes to more than twice its length
+
+
+@pytest.mark.parametrize(
+    ("block", "cut"),
+    [
+        ("short log", 0),
+        ("x" * 2950, 0),  # fits with the title and both fences
+        ("\n".join(f"{i} {LINE}" for i in range(20)), None),  # a failed job's last 20 lines
+        ("<" * 16_000, None),  # 64,000 characters once escaped
+        ("`" * 16_000, None),
+        ("&amp;" * 3200, None),
+    ],
+)
+def test_it_cuts_a_slack_code_block_to_its_limit_after_escaping(block, cut):
+    from portal.services.notify.messages import Message, slack_payload
+
+    message = Message(
+        "Booking 1 failed",
+        "Your booking failed.",
+        facts=[("Reason", "<!here> " * 1000)],
+        block=block,
+        block_title="Last lines of the log",
+    )
+    texts = _slack_texts(slack_payload(message))
+    for kind, text in texts:
+        assert len(text.encode("utf-16-le")) // 2 <= (3000 if kind == "text" else 2000), kind
+    (code,) = [text for _, text in texts if "```" in text]
+    assert code.startswith("*Last lines of the log*\n```") and code.endswith("```")
+    inner = code.removeprefix("*Last lines of the log*\n```").removesuffix("```")
+    assert "```" not in inner
+    if cut == 0:
+        assert _unescape_code(inner) == block
+        return
+    marker, _, tail = inner.partition("\n")
+    left_out = int(marker.removeprefix("… (truncated, ").removesuffix(" characters)"))
+    assert left_out > 0 and block.endswith(_unescape_code(tail))
+    assert left_out + len(_unescape_code(tail)) == len(block)
+    # Nearly all the room is used: cut for the limit, not far short of it.
+    assert len(code.encode("utf-16-le")) // 2 > 3000 - 40
+    (reason,) = [text for kind, text in texts if kind == "field"]
+    assert reason.startswith("*Reason*\n&lt;!here&gt; ") and "(truncated, " in reason
+
+
+def test_it_posts_a_failed_jobs_long_log_to_slack_within_its_limits(
+    receiver, started, project, django_capture_on_commit_callbacks
+):
+    from portal.models import Booking
+
+    log = "\n".join(f"{i} {LINE}" for i in range(40))
+    Booking.objects.filter(pk=started.pk).update(
+        state="failed", exit_code=1, log_tail=log, state_detail="command exited with code 1"
+    )
+    ProjectNotificationSettings.objects.create(
+        project=project, slack_webhook_url=f"{receiver.url}/channel", channel_events=["failed"]
+    )
+    _record(started, "failed", django_capture_on_commit_callbacks)
+    texts = _slack_texts(receiver.json())
+    assert max(len(text.encode("utf-16-le")) // 2 for _, text in texts) <= 3000
+    (code,) = [text for _, text in texts if "```" in text]
+    assert "(truncated, " in code and code.endswith("39 " + _code(LINE) + "```")
+    assert Delivery.objects.get(channel="slack").status == "sent"
+
+
+def _code(text: str) -> str:
+    from portal.services.notify.messages import slack_text
+
+    return slack_text(text).replace("`", "`\u200b")
+
+
 def test_it_mails_about_a_gpu_whose_stored_model_has_a_line_break(
     smtp, started, django_capture_on_commit_callbacks
 ):

@@ -8,6 +8,7 @@ import pytest
 from django.db import transaction
 from rest_framework.test import APIClient
 
+from portal import outbound
 from portal.models import Delivery, NotificationContact, ProjectNotificationSettings
 from portal.services.notify.notifications import booking_event_record
 from tests.factories import make_active_booking, make_node
@@ -145,3 +146,58 @@ def test_it_resolves_names_at_send_time(monkeypatch, started, owner, settings,
     delivery = Delivery.objects.get(channel="webhook")
     assert (delivery.status, delivery.attempts) == ("failed", 1)
     assert "loopback" in delivery.last_error
+
+
+@pytest.mark.parametrize(
+    ("address", "refused"),
+    [
+        ("8.8.8.8", ""),
+        ("2606:4700::1111", ""),
+        ("::ffff:8.8.8.8", ""),
+        ("64:ff9b::808:808", ""),  # NAT64 of a public address (an IPv6-only site's DNS64)
+        ("2002:7f00:1::", "6to4"),  # carries 127.0.0.1; ipaddress.is_global says global
+        ("2002:808:808::1", "6to4"),  # a relay's address, whatever it carries
+        ("fec0::1", "site-local"),  # deprecated, and global to ipaddress
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "2001:0:4136:e378"),  # Teredo
+        ("64:ff9b::7f00:1", "127.0.0.1 is a loopback"),
+        ("64:ff9b::a00:1", "10.0.0.1 is a private"),
+        ("64:ff9b:1::1", "64:ff9b:1::1"),
+        ("::ffff:127.0.0.1", "127.0.0.1 is a loopback"),
+        ("::ffff:169.254.169.254", "link-local"),
+        ("::7f00:1", "::7f00:1"),  # IPv4-compatible (deprecated)
+        ("::ffff:0:7f00:1", "::ffff:0:7f00:1"),  # IPv4-translated
+        ("192.0.0.8", "192.0.0.8"),  # the IPv4 dummy address, global to ipaddress
+        ("3fff::1", "documentation"),
+        ("100.64.0.1", "not a public address"),  # carrier-grade NAT
+        ("fe80::1%eth0", "link-local"),
+        ("fd00::1", "private"),
+        ("ff02::1", "multicast"),
+        ("::", "unspecified"),
+        ("255.255.255.255", "255.255.255.255"),
+    ],
+)
+def test_it_judges_each_address_by_the_address_it_reaches(address, refused):
+    problem = outbound.address_refused(address)
+    assert (refused in problem and problem) if refused else problem == "", problem
+
+
+def test_it_connects_only_to_the_address_it_checked(monkeypatch, receiver, settings):
+    """DNS rebinding: the name is public when checked and loopback a moment later."""
+    settings.NOTIFY_ALLOW_HTTP = True
+    real = socket.getaddrinfo
+    answers = []
+
+    def rebinding(host, port, *args, **kwargs):
+        if host != "hooks.example.org":
+            return real(host, port, *args, **kwargs)
+        answers.append("203.0.113.7" if not answers else "127.0.0.1")
+        return real(answers[-1], port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    port = receiver.server.server_port
+    # A TEST-NET address stands for the public one: allowed here, and nothing answers there.
+    settings.NOTIFY_ALLOWED_NETWORKS = ["203.0.113.0/24"]
+    with pytest.raises(outbound.DestinationUnreachable):
+        outbound.destination_post(f"http://hooks.example.org:{port}/hook", b"{}", {}, timeout=0.5)
+    assert answers[0] == "203.0.113.7"
+    assert receiver.arrivals == 0

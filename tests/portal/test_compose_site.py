@@ -32,7 +32,9 @@ WIRED = {
     "EMAIL_BACKEND",
 }
 # The helpers settings read the environment through (portal/env.py, portal/sso/config.py).
-_READ = r"(?:env|envint|envbool|envfloat|envlist|_read|_bool)\(\s*(?:env,\s*)?\"{}\""
+_READ = (
+    r"(?:env|envint|envbool|envfloat|envlist|envchoice|envurl|_read|_bool)\(\s*(?:env,\s*)?\"{}\""
+)
 
 
 def _compose() -> dict:

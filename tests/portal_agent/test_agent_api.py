@@ -419,6 +419,81 @@ def test_it_stores_a_foreign_process_and_notifies_owner(
     assert "mallory" in mail.outbox[0].body
 
 
+@pytest.mark.both_databases
+def test_it_counts_a_repeated_process_on_one_alert_and_tells_its_owner_once(
+    node_a, agent_a, django_capture_on_commit_callbacks
+):
+    gpu = node_a[0].gpus.first()
+    owner = UserFactory(username="dave", email="dave@example.org")
+    booking = make_active_booking([gpu], owner=owner)
+    first = timezone.now() - timedelta(minutes=3)
+    event = {
+        "kind": "foreign_process",
+        "detail": "process 4242 (python) of mallory",
+        "booking_id": booking.pk,
+        "device_uuid": gpu.uuid,
+        "pid": 4242,
+        "user": "mallory",
+        "action": "report",
+    }
+    for minute, action in ((0, "report"), (2, "report"), (1, "kill")):  # one arrives late
+        moment = (first + timedelta(minutes=minute)).isoformat()
+        with django_capture_on_commit_callbacks(execute=True):
+            response = agent_a.events({**event, "time": moment, "action": action})
+        assert response.status_code == 202
+    alert = NodeAlert.objects.get()
+    assert (alert.count, alert.time, alert.last_seen) == (3, first, first + timedelta(minutes=2))
+    assert alert.action == "kill"  # the latest report's
+    assert [m.to for m in mail.outbox] == [["dave@example.org"]]
+    # Another process, or the same pid on another device or of another user, is another alert.
+    others = [{"pid": 4243}, {"user": "eve"}, {"booking_id": None, "kind": "unbooked_process"}]
+    now = timezone.now().isoformat()
+    assert agent_a.events(*[{**event, "time": now, **o} for o in others]).status_code == 202
+    assert NodeAlert.objects.count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_makes_one_alert_of_two_racing_reports_of_a_process(node_a):
+    import threading
+
+    from django.db import connection, transaction
+
+    from portal.services.fleet.alerts import node_alert_record
+
+    if connection.vendor != "postgresql":
+        pytest.skip("a race between connections: PostgreSQL's (SQLite writes one at a time)")
+    barrier, seen = threading.Barrier(2), []
+
+    def report() -> None:
+        try:
+            with transaction.atomic():
+                barrier.wait(timeout=10)
+                seen.append(
+                    node_alert_record(
+                        node=node_a[0],
+                        kind="unbooked_process",
+                        time=timezone.now(),
+                        now=timezone.now(),
+                        booking=None,
+                        device_uuid="GPU-race",
+                        pid=99,
+                        user="eve",
+                        action="report",
+                        detail="race",
+                    )
+                )
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=report) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert NodeAlert.objects.get().count == 2
+    assert sorted(s.new for s in seen) == [False, True]
+
+
 def test_it_stores_an_unbooked_process_without_mailing_anyone(
     node_a, agent_a, django_capture_on_commit_callbacks
 ):

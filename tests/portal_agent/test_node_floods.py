@@ -1,6 +1,6 @@
 """What one node may send in one request is bounded (a 400 naming the list and the limit);
 names refuse control characters; times far ahead of the portal's clock are refused; a flood
-of alerts sends a few messages, not one per alert."""
+of alerts sends a few messages, not one per alert, and repeats count on one row per process."""
 
 import copy
 from datetime import timedelta
@@ -97,9 +97,45 @@ def test_it_sends_a_few_messages_for_a_flood_of_alerts(node_a, agent_a, settings
     ]
     for _ in range(3):
         assert agent_a.events(*batch).status_code == 202
-    assert NodeAlert.objects.count() == 3 * protocol.MAX_EVENTS  # every alert is a row
+    # One row per process, whatever the repeats: a request adds at most MAX_EVENTS rows.
+    assert NodeAlert.objects.count() == protocol.MAX_EVENTS
+    assert set(NodeAlert.objects.values_list("count", flat=True)) == {3}
     assert Notification.objects.count() == 1  # one message for the node and kind
     assert Delivery.objects.count() <= 2
     foreign = {"kind": "foreign_process", "time": protocol.utcnow().isoformat(), "pid": 1}
     assert agent_a.events(foreign).status_code == 202
     assert Notification.objects.count() == 2  # another kind is told
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_merges_the_repeated_alerts_stored_before_when_migrating():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    before, after = (
+        ("portal", "0024_gpu_topology_node_network_group"),
+        ("portal", "0025_nodealert_one_per_process"),
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    apps = executor.loader.project_state([before]).apps
+    try:
+        node = apps.get_model("portal", "Node").objects.create(hostname="old")
+        Alert = apps.get_model("portal", "NodeAlert")
+        t0 = timezone.now() - timedelta(hours=1)
+        for minute in (5, 0, 9):  # the same process three times, then another once
+            Alert.objects.create(
+                node=node, kind="unbooked_process", pid=7, time=t0 + timedelta(minutes=minute)
+            )
+        Alert.objects.create(node=node, kind="unbooked_process", pid=8, time=t0)
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate([after])
+    finally:
+        MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes())
+    merged = NodeAlert.objects.order_by("pid")
+    assert [(a.pid, a.count, a.time, a.last_seen) for a in merged] == [
+        (7, 3, t0, t0 + timedelta(minutes=9)),
+        (8, 1, t0, t0),
+    ]

@@ -81,6 +81,22 @@ def test_it_rolls_up_before_pruning_in_the_periodic_job(settings):
     assert SampleMinute.objects.get().samples == 1
 
 
+def test_it_prunes_alerts_not_reported_within_retention_in_the_periodic_job(settings):
+    from portal.models import NodeAlert
+
+    settings.TELEMETRY_ROLLUP_RETENTION_D = 2
+    node = NodeFactory()
+    old, recent = NOW - timedelta(days=3), NOW - timedelta(days=1)
+    stale = NodeAlert.objects.create(node=node, kind="unbooked_process", time=old, pid=1)
+    # First seen long ago, still reported: kept.
+    ongoing = NodeAlert.objects.create(
+        node=node, kind="unbooked_process", time=old, last_seen=recent, pid=2
+    )
+    assert telemetry_maintain(now=NOW)["alerts_pruned"] == 1
+    assert list(NodeAlert.objects.all()) == [ongoing]
+    assert not NodeAlert.objects.filter(pk=stale.pk).exists()
+
+
 def test_it_returns_raw_history_within_raw_retention():
     node = NodeFactory()
     now = timezone.now()

@@ -113,6 +113,27 @@ def test_it_shows_staff_node_state_and_open_alerts(client, db):
     assert 'href="/admin/"' in body
 
 
+def test_it_shows_an_alert_first_seen_long_ago_and_still_reported_with_its_count(client, db):
+    node = make_node("gpu-rep", gpus=1)
+    gpu = node.gpus.get()
+    now = timezone.now()
+    alert = NodeAlert.objects.create(
+        node=node,
+        kind=NodeAlert.Kind.UNBOOKED_PROCESS,
+        time=now - timedelta(days=30),  # before the panel's window: its last report counts
+        last_seen=now - timedelta(minutes=1),
+        count=3,
+        device_uuid=gpu.uuid,
+        pid=4242,
+    )
+    latest_store({gpu.uuid: reading(processes=[{"pid": 4242, "user": "mallory"}])})
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    body = client.get("/staff/").content.decode()
+    assert f"/admin/portal/nodealert/{alert.pk}/change/" in body and "reported 3 times" in body
+    admin = client.get("/admin/portal/nodealert/").content.decode()
+    assert f"/admin/portal/nodealert/{alert.pk}/change/" in admin
+
+
 def test_it_serves_a_favicon_at_the_usual_address(client, db):
     response = client.get("/favicon.ico")
     assert response.status_code == 302

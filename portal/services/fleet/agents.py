@@ -23,11 +23,12 @@ from agents.protocol import (
     RegisterResponse,
 )
 from portal.errors import NotAllowed, ValidationFailed
-from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeAlert
+from portal.models import Allocation, Booking, Gpu, MigInstance, Node
 from portal.services.booking import events as booking_events
 from portal.services.booking.bookings import booking_stop, booking_transition
 from portal.services.booking.sessions import session_event_apply
 from portal.services.core.jobs import job_enqueue
+from portal.services.fleet.alerts import node_alert_record
 from portal.services.fleet.nodes import node_check_hostname, node_inventory_update
 from portal.services.fleet.runs import (
     agent_desired_dispatch,
@@ -192,8 +193,9 @@ def agent_events_record(*, node: Node, request: EventsRequest) -> int:
 
     exited ends a batch booking (exit 0: finished, else failed) with its exit code and log tail;
     output stores a running job's log tail and sends it to the owner's pages after commit;
-    started and stopped are logged; foreign_process / unbooked_process become NodeAlert rows
-    and notify the booking owner and the site after commit.
+    started and stopped are logged; foreign_process / unbooked_process become NodeAlert rows,
+    one per process (a repeat counts on its row), and a new one notifies the booking owner and
+    the site after commit.
     """
     _check_events(node, request.events)
     now = timezone.now()
@@ -242,7 +244,7 @@ def _apply(node: Node, event: Event, now: datetime) -> None:
     elif event.kind == "output":
         _record_output(node, event)
     else:
-        _alert(node, event)
+        _alert(node, event, now)
 
 
 def _record_output(node: Node, event: Event) -> None:
@@ -368,22 +370,24 @@ def _outcome(event: Event) -> tuple[str, str, str]:
     return Booking.State.FAILED, "failed", event.detail  # not launched (_interruption)
 
 
-def _alert(node: Node, event: Event) -> None:
+def _alert(node: Node, event: Event, now: datetime) -> None:
     booking = Booking.objects.filter(pk=event.booking_id).first() if event.booking_id else None
-    alert = NodeAlert.objects.create(
+    seen = node_alert_record(
         node=node,
         kind=event.kind,
         time=event.time,
+        now=now,
+        booking=booking,
         device_uuid=event.device_uuid or "",
         pid=event.pid,
         user=event.user or "",
         action=event.action or "",
         detail=event.detail,
-        booking=booking,
-        owner_id=booking.owner_id if booking else None,
     )
+    if not seen.new:
+        return  # told already: a repeat counts on the alert's row
     # Coalesced: one message per node and kind per NODE_ALERT_COALESCE_S (a cache key as the
-    # clock), so a flood of alerts sends a few messages; every alert is still a row to read.
+    # clock), so a flood of alerts sends a few messages; every process is still a row to read.
     gate = f"node-alert-notify:{node.pk}:{event.kind}"
     if cache.add(gate, 1, settings.NODE_ALERT_COALESCE_S):
-        transaction.on_commit(lambda: job_enqueue("node_alert_notify", alert.pk), robust=True)
+        transaction.on_commit(lambda: job_enqueue("node_alert_notify", seen.alert_id), robust=True)

@@ -3,7 +3,8 @@
 Raw samples go to PostgreSQL with COPY (one transaction per batch, no per-row queries); the
 latest reading of each device goes to the cache for live views; after commit the batch is
 broadcast to the channel-layer group "telemetry". Raw samples are kept
-TELEMETRY_RAW_RETENTION_H hours, per-minute rollups TELEMETRY_ROLLUP_RETENTION_D days.
+TELEMETRY_RAW_RETENTION_H hours; per-minute rollups, process rollups and node alerts
+TELEMETRY_ROLLUP_RETENTION_D days (since last seen).
 """
 
 import time
@@ -18,6 +19,7 @@ from agents.protocol import DeviceReading, ReadingsRequest, to_json
 from portal.errors import ValidationFailed
 from portal.models import Allocation, Gpu, MigInstance, Node, ProcessUsage, Sample, SampleMinute
 from portal.services.core import counters
+from portal.services.fleet.alerts import node_alerts_prune
 from portal.services.fleet.nodes import node_check_hostname
 from portal.services.inventory import telemetry_cache
 from portal.services.realtime.live_nowait import live_send_nowait
@@ -252,6 +254,8 @@ def telemetry_maintain(*, now: datetime) -> dict:
         "raw_pruned": raw,
         "rollups_pruned": minutes,
         "processes_pruned": processes,
+        # The alerts that mark those processes, on the same retention.
+        "alerts_pruned": node_alerts_prune(now=now),
     }
 
 

@@ -296,36 +296,71 @@ def slack_text(text: str) -> str:
     return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def slack_code(text: str) -> str:
-    """A code block the text cannot leave: escaped, and a zero-width space after every
-    backtick, so no three of them in a row close the block early."""
-    return "```" + slack_text(text).replace("`", "`\u200b") + "```"
+def _code_text(text: str) -> str:
+    # A zero-width space after every backtick: no three of them in a row close the block early.
+    return slack_text(text).replace("`", "`\u200b")
+
+
+# Block Kit's limits (characters; counted here as UTF-16 units, never fewer than Slack's count).
+# Past one, Slack answers 400 invalid_blocks and the message is lost, so text is cut to fit.
+SLACK_SECTION_MAX = 3000  # a section's text
+SLACK_FIELD_MAX = 2000  # each of a section's fields
+SLACK_HEADER_MAX = 150  # a header's plain text
+_FENCE = "```"
+
+
+def _units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def slack_fit(text: str, limit: int, *, escape=slack_text, keep_end: bool = False) -> str:
+    """``escape(text)`` in at most ``limit`` characters: whole, or cut after escaping (never
+    inside an escape) with "… (truncated, N characters)" saying how many of the text's own
+    characters were left out. ``keep_end`` keeps the end (a log's last lines), else the start."""
+    whole = escape(text)
+    if _units(whole) <= limit:
+        return whole
+    room = limit - _units(f"… (truncated, {len(text)} characters)") - 1
+    chars = reversed(text) if keep_end else iter(text)
+    kept: list[str] = []
+    for char in chars:
+        piece = escape(char)
+        room -= _units(piece)
+        if room < 0:
+            break
+        kept.append(piece)
+    marker = f"… (truncated, {len(text) - len(kept)} characters)"
+    if keep_end:
+        return marker + "\n" + "".join(reversed(kept))
+    return "".join(kept) + " " + marker
+
+
+def slack_code(text: str, *, limit: int = SLACK_SECTION_MAX) -> str:
+    """A code block the text cannot leave (escaped, backticks broken up), at most ``limit``
+    characters fences included: a longer text keeps its end, and the closing fence."""
+    inner = slack_fit(text, limit - 2 * len(_FENCE), escape=_code_text, keep_end=True)
+    return _FENCE + inner + _FENCE
 
 
 def slack_payload(message: Message) -> dict:
-    """The Block Kit message: header, sentence, facts, code block, buttons, link."""
+    """The Block Kit message: header, sentence, facts, code block, buttons, link; every text
+    escaped, then cut to its block's limit."""
     blocks = [
-        {"type": "header", "text": {"type": "plain_text", "text": message.subject[:150]}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": slack_text(message.intro)}},
+        {
+            "type": "header",
+            "text": {"type": "plain_text", "text": message.subject[:SLACK_HEADER_MAX]},
+        },
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": slack_fit(message.intro, SLACK_SECTION_MAX)},
+        },
     ]
     if message.facts:
-        blocks.append(
-            {
-                "type": "section",
-                "fields": [
-                    {"type": "mrkdwn", "text": f"*{slack_text(label)}*\n{slack_text(value)}"}
-                    for label, value in message.facts[:10]
-                ],
-            }
-        )
+        blocks.append({"type": "section", "fields": [_fact(*f) for f in message.facts[:10]]})
     if message.block:
         title = f"*{slack_text(message.block_title)}*\n" if message.block_title else ""
-        blocks.append(
-            {
-                "type": "section",
-                "text": {"type": "mrkdwn", "text": title + slack_code(message.block)},
-            }
-        )
+        code = slack_code(message.block, limit=SLACK_SECTION_MAX - _units(title))
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": title + code}})
     buttons = [
         {
             "type": "button",
@@ -350,6 +385,11 @@ def slack_payload(message: Message) -> dict:
         blocks.append({"type": "actions", "elements": buttons})
     # The top-level text (the notification's preview) is mrkdwn too.
     return {"text": slack_text(message.subject), "blocks": blocks}
+
+
+def _fact(label: str, value: str) -> dict:
+    head = f"*{slack_text(label)}*\n"
+    return {"type": "mrkdwn", "text": head + slack_fit(value, SLACK_FIELD_MAX - _units(head))}
 
 
 def webhook_payload(message: Message, *, event: str, delivery_key: str) -> dict:
