@@ -197,6 +197,16 @@ class BookingExtendInput(StrictSerializer):
     by_s = serializers.IntegerField(min_value=60, max_value=MAX_SECONDS)
 
 
+class ArrayCancelOutput(serializers.Serializer):
+    array = serializers.IntegerField(source="array_id", help_text="the array: its first task's id")
+    cancelled = serializers.ListField(
+        child=serializers.IntegerField(), help_text="the tasks this call cancelled"
+    )
+    states = serializers.DictField(
+        child=serializers.IntegerField(), help_text="the array's tasks by state, after"
+    )
+
+
 def gpus_shown(gpus: int, mig_profile: str) -> int | None:
     """A booking's `gpus` in the API: whole GPUs, or null for a MIG slice (not 0 GPUs)."""
     return None if mig_profile else gpus

@@ -285,7 +285,20 @@ def _pairs(rows) -> None:
 
 
 def cancel(client: Client, args) -> int:
+    if getattr(args, "array", False):
+        return _cancel_array(client, args)
     return _command_on(client, args, "cancel", None, "Cancelled")
+
+
+def _cancel_array(client: Client, args) -> int:
+    """Every task of the array ID names that has not ended, in one call."""
+    done = client.post(f"{BOOKINGS}{args.id}/cancel-array/", None)
+    if args.json:
+        print_json(done)
+        return OK
+    states = ", ".join(f"{n} {state}" for state, n in sorted(done["states"].items()))
+    print(f"Cancelled {len(done['cancelled'])} tasks of array {done['array']} ({states})")
+    return OK
 
 
 def release(client: Client, args) -> int:

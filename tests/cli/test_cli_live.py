@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.models import Booking, Gpu, MigInstance, Node
+from portal.models import Booking, Gpu, MigInstance, Node, Notification
 from portal.services.booking.bookings import booking_cancel
 from portal.services.inventory.telemetry_cache import latest_store
 from tests.cli.conftest import token_for
@@ -143,6 +143,24 @@ def test_it_extends_cancels_and_releases(site, cli):
     cancelled = cli("cancel", str(planned["id"]), token=token)
     assert cancelled.stdout == f"Cancelled booking {planned['id']} (cancelled)\n"
     again = cli("cancel", str(planned["id"]), token=token)
+    assert again.returncode == 5 and "[invalid_state]" in again.stderr
+
+
+def test_it_cancels_a_whole_array_in_one_call(site, cli):
+    token = token_for(site["alice"])
+    submitted = cli(
+        "submit", "--json", "-g", "1", "-t", "1h", "--array", "0-4", "--", "run", token=token
+    )
+    array = _json(submitted)["id"]
+    cancelled = cli("cancel", "--array", str(array), token=token)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout == f"Cancelled 5 tasks of array {array} (5 cancelled)\n"
+    states = Booking.objects.filter(array_parent_id=array).values_list("state", flat=True)
+    assert set(states) == {"cancelled"}
+    # One digest, not a message per task.
+    ended = Notification.objects.filter(booking__array_parent_id=array, event="ended")
+    assert [n.key for n in ended] == [f"array:{array}:ended"]
+    again = cli("cancel", "--array", str(array), token=token)
     assert again.returncode == 5 and "[invalid_state]" in again.stderr
 
 
