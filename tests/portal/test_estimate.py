@@ -220,3 +220,34 @@ def test_it_reads_the_queue_again_before_answering_once_it_is_long_past_its_ttl(
     time.sleep(0.6)
     assert _estimate(api).json()["pending_reason"] == "resources"
     assert not estimate._refreshing.is_set()
+
+
+@pytest.mark.parametrize("ttl", [0, 5])
+def test_it_estimates_a_high_qos_request_that_will_preempt_as_preempting(
+    api, user, project, cluster, settings, ttl
+):
+    from portal.models import Allocation, Booking, Gpu
+
+    settings.ESTIMATE_SNAPSHOT_TTL_S = ttl  # planned afresh, and resumed from the kept walk
+    settings.SCHEDULER_POLICY = {**settings.SCHEDULER_POLICY, "preempt_grace_s": 300}
+    project.quotas.update(max_gpus=None, allowed_qos=None)
+    now = timezone.now()
+    batch = Booking.objects.create(
+        owner=user, project=project, gpus=16, duration_s=86400, state="active", qos="low",
+        preemptible=True, command="python train.py", submitted_at=now, started_at=now,
+    )  # fmt: skip
+    Allocation.objects.bulk_create(
+        Allocation(
+            booking=batch, gpu=gpu, start=now, end=now + timezone.timedelta(days=1), fraction=1
+        )
+        for gpu in Gpu.objects.all()
+    )
+    # A queue to resume the kept walk in (with none the estimate plans afresh).
+    Booking.objects.create(
+        owner=user, project=project, gpus=1, duration_s=600, qos="high", submitted_at=now
+    )
+    body = _estimate(api, {"gpus": 8, "duration_s": 3600, "qos": "high"}).json()
+    assert body["pending_reason"] == "preempting", body
+    assert body["state_detail"].startswith(f"will preempt booking {batch.pk} at ")
+    start = timezone.datetime.fromisoformat(body["planned_start"])
+    assert abs((start - (now + timezone.timedelta(seconds=300))).total_seconds()) < 30
