@@ -691,6 +691,11 @@ class MyQuotaOutput(serializers.Serializer):
     results = QuotaLimitOutput(many=True, help_text="one per project, by project slug")
 
 
+class WindowOutput(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+
 class EstimateOutput(serializers.Serializer):
     """Named as on a booking: what its planned_start, queue_position, pending_reason and
     state_detail would be if it were submitted now."""
@@ -706,6 +711,11 @@ class EstimateOutput(serializers.Serializer):
         "quota, node_down, never, or a refusal's error code"
     )
     state_detail = serializers.CharField(help_text="a sentence: why not sooner")
+    next_window = WindowOutput(
+        allow_null=True,
+        help_text="for a reservation window that does not fit: the next window of the same "
+        "length that does, {start, end}, within 30 days of the asked start; else null",
+    )
 
 
 class FromToQuery(StrictSerializer):

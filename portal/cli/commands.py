@@ -143,11 +143,14 @@ def estimate(client: Client, args) -> int:
     start = answer.get("planned_start", answer.get("earliest_start"))
     reason = answer.get("pending_reason", answer.get("reason"))
     detail = answer.get("state_detail", answer.get("detail"))
+    window = answer.get("next_window")
     rows = [
         ("Earliest start", when(start) or "not possible now"),
         ("Reason", reason),
         ("Queue position", answer.get("queue_position")),
         ("Detail", detail),
+        # A window that does not fit: the next one of the same length that does.
+        ("Next window", f"{when(window['start'])} to {when(window['end'])}" if window else None),
     ]
     _pairs(rows)
     return OK

@@ -121,6 +121,24 @@ def test_it_estimates_without_writing_and_reads_either_field_naming(site, cli):
     assert Booking.objects.count() == 0
 
 
+def test_it_estimates_the_next_window_when_a_window_does_not_fit(site, cli):
+    token = token_for(site["alice"])
+    held = _json(cli("submit", "--json", "-g", "1", "-t", "1h", token=token))
+    assert held["state"] == "active"  # one of the node's two GPUs, for an hour
+    start = (timezone.now() + timedelta(minutes=10)).replace(microsecond=0)
+    asked = ("estimate", "-g", "2", "--start", start.isoformat(), "-t", "30m")
+    answer = _json(cli(*asked[:1], "--json", *asked[1:], token=token))
+    assert answer["pending_reason"] == "no_capacity"
+    window = answer["next_window"]
+    assert window["start"] == held["end"]  # when the two GPUs free up, for the same 30 min
+    end = timezone.datetime.fromisoformat(window["end"])
+    assert end - timezone.datetime.fromisoformat(window["start"]) == timedelta(minutes=30)
+    shown = cli(*asked, token=token)
+    assert shown.returncode == 0, shown.stderr
+    (line,) = [row for row in shown.stdout.splitlines() if row.startswith("Next window:")]
+    assert " to " in line
+
+
 def test_it_extends_cancels_and_releases(site, cli):
     token = token_for(site["alice"])
     active = _json(cli("submit", "--json", "-g", "1", "-t", "1h", token=token))
