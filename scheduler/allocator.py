@@ -15,7 +15,7 @@ import math
 
 from scheduler.dependencies import dependency_verdicts
 from scheduler.placement import Finder, Fit, build_nodes, fit_horizon, fits_window, is_multi_node
-from scheduler.preemption import preempt_phase
+from scheduler.preemption import PreemptLater, preempt_phase
 from scheduler.priority import (
     fairshare_factors,
     priority_of,
@@ -24,7 +24,7 @@ from scheduler.priority import (
     site_scales,
 )
 from scheduler.quota import ArrayLedger, Quotas
-from scheduler.timeline import NodeTimeline
+from scheduler.timeline import INF, NodeTimeline
 from scheduler.types import (
     REASON_ARRAY_LIMIT,
     REASON_DEPENDENCY,
@@ -83,6 +83,8 @@ class _Pass:
         # A booking waiting on a dependency is not eligible: it neither starts, nor holds a
         # reservation, nor preempts.
         self.waiting = dependency_verdicts(state.pending, state.outcomes)
+        # Bookings that will preempt once their grace period is over (filled by preempt_phase).
+        self.preempt_later: dict[str, PreemptLater] = {}
         self._load_allocations()
         running = [
             a.end - a.start for a in state.allocations if a.running and a.start <= self.now < a.end
@@ -312,6 +314,10 @@ class _Pass:
         return REASON_NEVER, "no devices in the cluster match this request"
 
 
+# Reasons a booking waits for something other than devices: preempting does not help.
+_NOT_BY_DEVICES = {REASON_STARTING, REASON_DEPENDENCY, REASON_QUOTA, REASON_ARRAY_LIMIT}
+
+
 def _copy(timeline: NodeTimeline) -> NodeTimeline:
     twin = NodeTimeline(timeline.times[0], 0)
     twin.times, twin.masks = list(timeline.times), list(timeline.masks)
@@ -335,8 +341,18 @@ class _Walk:
         """Plan one booking (in priority order) and return its Planned line."""
         run = self.run
 
+        later = run.preempt_later.get(request.booking_id)
+
         def planned(start, fit, reason, detail):
             ids = run.device_ids(fit) if fit is not None else ()
+            if (
+                later is not None
+                and reason not in _NOT_BY_DEVICES
+                and later.at < (INF if start is None else start)
+            ):
+                # It will start by preempting once its grace is over, before the devices free
+                # up (the walk still holds them for it then, in case the victims end first).
+                start, reason, detail = later.at, REASON_PREEMPTING, later.detail
             return Planned(request.booking_id, start, ids, position, reason, detail, prio)
 
         waiting = run.waiting.get(request.booking_id)

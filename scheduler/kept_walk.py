@@ -20,6 +20,7 @@ state ``plan()`` reaches, so it is built by the same code, not by a second copy 
 from __future__ import annotations
 
 import copy
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -94,6 +95,8 @@ class KeptWalk:
         self.projects = projects
         top = [r for r in state.pending if policy.qos_level(r.qos) == run.top_qos]
         self.oldest = sorted((r.submit_time, r.booking_id) for r in top)[: policy.protect_oldest]
+        running = [a for a in state.allocations if a.running and a.preemptible]
+        self.lowest_preemptible = min((policy.qos_level(a.qos) for a in running), default=math.inf)
 
     def line(
         self,
@@ -138,6 +141,8 @@ class KeptWalk:
             return False
         if run.now - request.submit_time >= policy.preempt_grace_s:
             return False  # it could preempt, before the walk
+        if policy.qos_level(request.qos) > self.lowest_preemptible:
+            return False  # it could preempt once its grace is over: its line says when
         level = policy.qos_level(request.qos)
         if level > run.top_qos:
             return False  # protection would move to its QOS

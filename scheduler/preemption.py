@@ -4,14 +4,37 @@ request that fits on one, on whole nodes cleared entirely for a larger one."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
 from scheduler.placement import Fit, fewest_victims, fit_horizon, is_multi_node
 from scheduler.timeline import INF
 from scheduler.types import Allocation, Preemption, Request
 
 
+@dataclass(frozen=True)
+class PreemptLater:
+    """A booking that will preempt once its grace period is over: the bookings it would stop,
+    as they stand now, and when."""
+
+    victims: tuple[str, ...]
+    at: float
+
+    @property
+    def detail(self) -> str:
+        """ "will preempt booking 12 at 2026-12-03 14:05 UTC" """
+        moment = datetime.fromtimestamp(self.at, UTC)
+        plural = "s" if len(self.victims) > 1 else ""
+        return (
+            f"will preempt booking{plural} {', '.join(self.victims)} at {moment:%Y-%m-%d %H:%M} UTC"
+        )
+
+
 def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
     """Pick victims for eligible bookings in priority order; hold their devices from now.
 
+    A booking that would preempt but for its grace period is listed in ``run.preempt_later``
+    with the victims it would pick now and the end of its grace, so its reason says so.
     Runs before the planning walk, so a preempting booking takes precedence over the queue.
     Free devices only shrink during the phase, so a shape that fits now, or finds no victims, is
     remembered, by shape and not by duration: how long a shape fits from now answers every
@@ -41,6 +64,11 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
             hopeless[shape] = min(request.duration_s, hopeless.get(shape, INF))
             continue
         parts, victims = choice
+        graced = request.submit_time + policy.preempt_grace_s
+        if graced > run.now:  # not yet: nothing is stopped in this pass
+            ids = tuple(v.booking_id for v in victims)
+            run.preempt_later[request.booking_id] = PreemptLater(ids, graced)
+            continue
         for victim in victims:
             _release(run, victim, by_node)
             preemptions.append(Preemption(victim.booking_id, request.booking_id))
@@ -63,10 +91,8 @@ def _preemptible_by_node(run) -> dict[int, list[Allocation]]:
 
 
 def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
-    """Pending past the grace period, within quota now, and not fitting already."""
+    """Within quota now and not fitting already (the grace period is the caller's)."""
     now, duration = run.now, request.duration_s
-    if now - request.submit_time < run.policy.preempt_grace_s:
-        return False
     ledgers = run.quotas.of(request.user, request.project, request.array)
     if ledgers and run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
         return False

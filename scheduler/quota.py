@@ -54,8 +54,9 @@ def position_refusal(
     sides: Iterable[QuotaSide], *, gpus: float, gpu_hours: float
 ) -> QuotaRefusal | None:
     """The one check of a quota position, for every path (the allocator's ledgers compare the
-    same way): each side in turn, the user first, by ``quota_refusal``."""
-    for side in sides:
+    same way): each side by ``quota_refusal``, the project's first, so a refusal names the
+    project's limit whenever that one binds (as the allocator's reasons do, ``Quotas.of``)."""
+    for side in sorted(sides, key=lambda side: side.scope != "project"):
         refusal = quota_refusal(side.quota, gpus=gpus, gpu_hours=gpu_hours, held=side.held)
         if refusal is not None:
             return replace(refusal, scope=side.scope)
@@ -220,8 +221,13 @@ class Quotas:
             self.ledgers[("array", name)] = ledger
 
     def of(self, user: str, project: str, array: str = "") -> list[Ledger]:
-        """The ledgers that apply to a booking of ``user`` in ``project`` (and ``array``)."""
-        keys = (("user", user), ("project", project), ("array", array))
+        """The ledgers that apply to a booking of ``user`` in ``project`` (and ``array``).
+
+        The project's first: the sentences below name the first ledger that holds a booking
+        back, and a project limit that binds is the one to name even where the user's binds too
+        (a user without a limit of their own has the project's: raising "theirs" would not help).
+        """
+        keys = (("project", project), ("user", user), ("array", array))
         return [self.ledgers[key] for key in keys if key in self.ledgers]
 
     def add(

@@ -14,7 +14,7 @@ inventory's own integers and every remaining tie goes to the lowest.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.topology import best_set
 
@@ -191,3 +191,27 @@ def _one_slice(free: list[Slot], window: list[Hold]) -> Slot | None:
         if hold.mig is not None:
             held[hold.gpu] += hold.fraction
     return min(free, key=lambda s: (-held[s.gpu], s.node, s.gpu, s.mig))
+
+
+# Starts a search for the next window tries at most (each one placement over the holds).
+NEXT_WINDOW_TRIES = 500
+
+
+def next_window(
+    wanted: Wanted, slots: tuple[Slot, ...], holds: tuple[Hold, ...], *, until: float
+) -> float | None:
+    """The earliest start at or after ``wanted.start`` (at most ``until``) at which a window of
+    the same length gets its slots by ``reserve``, or None.
+
+    Devices only free up where a hold ends, so the earliest window that fits starts at the
+    requested start or at the end of a hold: those are tried in order, at most
+    NEXT_WINDOW_TRIES of them. ``holds`` must hold every live allocation overlapping
+    [wanted.start, until + the window's length).
+    """
+    length = wanted.end - wanted.start
+    ends = {hold.end for hold in holds if wanted.start < hold.end <= until}
+    for start in sorted({wanted.start} | ends)[:NEXT_WINDOW_TRIES]:
+        moved = replace(wanted, start=start, end=start + length)
+        if reserve(moved, slots, holds).slots:
+            return start
+    return None

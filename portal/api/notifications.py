@@ -26,6 +26,10 @@ class EventChoiceOutput(serializers.Serializer):
 class NotificationsOutput(serializers.Serializer):
     email = serializers.CharField()
     events = EventChoiceOutput(many=True)
+    array_each_task = serializers.BooleanField(
+        help_text="A message per task of a job array; false: one per array (submitted, first "
+        "task started, all ended with counts)."
+    )
     contact = ContactOutput()
 
 
@@ -45,6 +49,9 @@ class NotificationsInput(serializers.Serializer):
         help_text='By event, by channel: {"started": {"email": true, "slack": false}}.',
     )
     contact = ContactInput(required=False)
+    array_each_task = serializers.BooleanField(
+        required=False, help_text="true: a message per task of a job array."
+    )
 
 
 class MyNotificationsView(APIView):
@@ -63,5 +70,6 @@ class MyNotificationsView(APIView):
             user=request.user,
             choices=data.get("preferences", {}),
             contact=data.get("contact"),
+            array_each_task=data.get("array_each_task"),
         )
         return Response(result)

@@ -197,6 +197,16 @@ class BookingExtendInput(StrictSerializer):
     by_s = serializers.IntegerField(min_value=60, max_value=MAX_SECONDS)
 
 
+class ArrayCancelOutput(serializers.Serializer):
+    array = serializers.IntegerField(source="array_id", help_text="the array: its first task's id")
+    cancelled = serializers.ListField(
+        child=serializers.IntegerField(), help_text="the tasks this call cancelled"
+    )
+    states = serializers.DictField(
+        child=serializers.IntegerField(), help_text="the array's tasks by state, after"
+    )
+
+
 def gpus_shown(gpus: int, mig_profile: str) -> int | None:
     """A booking's `gpus` in the API: whole GPUs, or null for a MIG slice (not 0 GPUs)."""
     return None if mig_profile else gpus
@@ -681,6 +691,11 @@ class MyQuotaOutput(serializers.Serializer):
     results = QuotaLimitOutput(many=True, help_text="one per project, by project slug")
 
 
+class WindowOutput(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+
 class EstimateOutput(serializers.Serializer):
     """Named as on a booking: what its planned_start, queue_position, pending_reason and
     state_detail would be if it were submitted now."""
@@ -696,6 +711,11 @@ class EstimateOutput(serializers.Serializer):
         "quota, node_down, never, or a refusal's error code"
     )
     state_detail = serializers.CharField(help_text="a sentence: why not sooner")
+    next_window = WindowOutput(
+        allow_null=True,
+        help_text="for a reservation window that does not fit: the next window of the same "
+        "length that does, {start, end}, within 30 days of the asked start; else null",
+    )
 
 
 class FromToQuery(StrictSerializer):

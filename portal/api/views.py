@@ -28,6 +28,7 @@ from portal.services.access import tokens as token_services
 from portal.services.allocation.estimate import booking_estimate
 from portal.services.booking import bookings as booking_services
 from portal.services.booking import selectors as booking_selectors
+from portal.services.booking.arrays import array_cancel
 from portal.services.booking.idempotency import booking_submit_once
 from portal.services.booking.quotas import quota_overview
 from portal.services.fleet import selectors as fleet_selectors
@@ -328,6 +329,18 @@ class BookingViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
             user=request.user, booking_id=_pk(pk), now=timezone.now(), source=_source(request)
         )
         return self._render(booking)
+
+    @extend_schema(
+        request=None, responses={200: s.ArrayCancelOutput, **s.error_responses(404, 409)}
+    )
+    @action(detail=True, methods=["post"], url_path="cancel-array")
+    def cancel_array(self, request, pk=None):
+        """Cancel every task of the job array this booking (its first task) names that has not
+        ended, in one call; its owner hears of it in one message."""
+        done = array_cancel(
+            user=request.user, array_id=_pk(pk), now=timezone.now(), source=_source(request)
+        )
+        return Response(s.ArrayCancelOutput(done).data)
 
     @extend_schema(request=None, responses={200: s.BookingOutput, **s.error_responses(404, 409)})
     @action(detail=True, methods=["post"])

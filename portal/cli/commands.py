@@ -161,11 +161,14 @@ def estimate(client: Client, args) -> int:
     start = answer.get("planned_start", answer.get("earliest_start"))
     reason = answer.get("pending_reason", answer.get("reason"))
     detail = answer.get("state_detail", answer.get("detail"))
+    window = answer.get("next_window")
     rows = [
         ("Earliest start", when(start) or "not possible now"),
         ("Reason", reason),
         ("Queue position", answer.get("queue_position")),
         ("Detail", detail),
+        # A window that does not fit: the next one of the same length that does.
+        ("Next window", f"{when(window['start'])} to {when(window['end'])}" if window else None),
     ]
     _pairs(rows)
     return OK
@@ -303,7 +306,20 @@ def _pairs(rows) -> None:
 
 
 def cancel(client: Client, args) -> int:
+    if getattr(args, "array", False):
+        return _cancel_array(client, args)
     return _command_on(client, args, "cancel", None, "Cancelled")
+
+
+def _cancel_array(client: Client, args) -> int:
+    """Every task of the array ID names that has not ended, in one call."""
+    done = client.post(f"{BOOKINGS}{args.id}/cancel-array/", None)
+    if args.json:
+        print_json(done)
+        return OK
+    states = ", ".join(f"{n} {state}" for state, n in sorted(done["states"].items()))
+    print(f"Cancelled {len(done['cancelled'])} tasks of array {done['array']} ({states})")
+    return OK
 
 
 def release(client: Client, args) -> int:

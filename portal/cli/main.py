@@ -127,10 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, help, run in (
         ("show", "one booking in full", commands.show),
-        ("cancel", "cancel a queued, planned or active booking", commands.cancel),
         ("release", "end an active booking now and free its devices", commands.release),
     ):
         add(name, help, run).add_argument("id", type=int)
+
+    p = add("cancel", "cancel a queued, planned or active booking", commands.cancel)
+    p.add_argument("id", type=int)
+    p.add_argument(
+        "--array",
+        action="store_true",
+        help="cancel every task of the job array ID (its first task) names, in one call",
+    )
 
     p = add("extend", "extend a booking", commands.extend)
     p.add_argument("id", type=int)

@@ -141,7 +141,8 @@ class NotificationPreference(models.Model):
 
 
 class NotificationContact(models.Model):
-    """Where a user is reached besides their email: Slack (bot DM or personal webhook), a webhook."""
+    """Where a user is reached besides their email: Slack (bot DM or personal webhook), a webhook;
+    and whether a job array's tasks are told one by one (else the array is told as one)."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_contact"
@@ -152,6 +153,11 @@ class NotificationContact(models.Model):
     slack_webhook_url = models.URLField(blank=True, help_text="Personal Slack incoming webhook.")
     webhook_url = models.URLField(blank=True, help_text="JSON webhook, signed with the secret.")
     webhook_secret = models.CharField(max_length=128, blank=True)
+    array_each_task = models.BooleanField(
+        default=False,
+        help_text="A message per task of a job array; else one each when the array is "
+        "submitted, its first task starts and all have ended.",
+    )
 
     def __str__(self) -> str:
         return f"contact of {self.user}"

@@ -100,7 +100,12 @@ def notification_settings(request):
         if request.POST.get("webhook_secret"):
             contact["webhook_secret"] = request.POST["webhook_secret"]
         try:
-            preferences_set(user=request.user, choices=choices, contact=contact)
+            preferences_set(
+                user=request.user,
+                choices=choices,
+                contact=contact,
+                array_each_task="array_each_task" in request.POST,
+            )
         except ApplicationError as error:
             errors = error.fields or {"": error.message}
         else:

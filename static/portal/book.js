@@ -65,6 +65,11 @@
     return text + " (in " + Math.round(minutes / 60) + " h)";
   }
 
+  function field(ms) {
+    // As the form's start and end take it: "YYYY-MM-DD HH:MM" in UTC.
+    return new Date(ms).toISOString().slice(0, 16).replace("T", " ");
+  }
+
   function show(html, state) {
     out.dataset.state = state;
     out.innerHTML = html;
@@ -104,6 +109,20 @@
         if (response.ok && data.planned_start) {
           show("Earliest start: <strong>" + escape(when(data.planned_start)) + "</strong>" +
             (data.state_detail ? ' <span class="muted">' + escape(data.state_detail) + "</span>" : ""), "ok");
+        } else if (response.ok && data.next_window) {
+          // The window does not fit: offer the next one of the same length that does.
+          show("Cannot start as asked: " + escape(data.state_detail) +
+            ' Next free window of the same length: <strong id="next-window">' +
+            escape(when(data.next_window.start)) + "</strong> " +
+            '<button type="button" id="use-next-window">Use it</button>', "next");
+          document.getElementById("use-next-window").addEventListener("click", function () {
+            // The form takes minutes: the window moves to the next whole minute, as long.
+            var start = Math.ceil(Date.parse(data.next_window.start) / 60000) * 60000;
+            var length = Date.parse(data.next_window.end) - Date.parse(data.next_window.start);
+            form.elements.start.value = field(start);
+            form.elements.end.value = field(start + length);
+            later();
+          });
         } else if (response.ok) {
           show("No start found yet. " + escape(data.state_detail || data.pending_reason), "none");
         } else if (data.error) {

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
-from portal.models import Booking, Gpu, MigInstance, Node
+from portal.models import Booking, Gpu, MigInstance, Node, Notification
 from portal.services.allocation.allocation import allocation_pass
 from portal.services.booking.bookings import booking_cancel, booking_stop, booking_transition
 from portal.services.fleet.agents import agent_events_record
@@ -125,6 +125,24 @@ def test_it_estimates_without_writing_and_reads_either_field_naming(site, cli):
     assert Booking.objects.count() == 0
 
 
+def test_it_estimates_the_next_window_when_a_window_does_not_fit(site, cli):
+    token = token_for(site["alice"])
+    held = _json(cli("submit", "--json", "-g", "1", "-t", "1h", token=token))
+    assert held["state"] == "active"  # one of the node's two GPUs, for an hour
+    start = (timezone.now() + timedelta(minutes=10)).replace(microsecond=0)
+    asked = ("estimate", "-g", "2", "--start", start.isoformat(), "-t", "30m")
+    answer = _json(cli(*asked[:1], "--json", *asked[1:], token=token))
+    assert answer["pending_reason"] == "no_capacity"
+    window = answer["next_window"]
+    assert window["start"] == held["end"]  # when the two GPUs free up, for the same 30 min
+    end = timezone.datetime.fromisoformat(window["end"])
+    assert end - timezone.datetime.fromisoformat(window["start"]) == timedelta(minutes=30)
+    shown = cli(*asked, token=token)
+    assert shown.returncode == 0, shown.stderr
+    (line,) = [row for row in shown.stdout.splitlines() if row.startswith("Next window:")]
+    assert " to " in line
+
+
 def test_it_extends_cancels_and_releases(site, cli):
     token = token_for(site["alice"])
     active = _json(cli("submit", "--json", "-g", "1", "-t", "1h", token=token))
@@ -147,6 +165,24 @@ def test_it_extends_cancels_and_releases(site, cli):
     cancelled = cli("cancel", str(planned["id"]), token=token)
     assert cancelled.stdout == f"Cancelled booking {planned['id']} (cancelled)\n"
     again = cli("cancel", str(planned["id"]), token=token)
+    assert again.returncode == 5 and "[invalid_state]" in again.stderr
+
+
+def test_it_cancels_a_whole_array_in_one_call(site, cli):
+    token = token_for(site["alice"])
+    submitted = cli(
+        "submit", "--json", "-g", "1", "-t", "1h", "--array", "0-4", "--", "run", token=token
+    )
+    array = _json(submitted)["id"]
+    cancelled = cli("cancel", "--array", str(array), token=token)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout == f"Cancelled 5 tasks of array {array} (5 cancelled)\n"
+    states = Booking.objects.filter(array_parent_id=array).values_list("state", flat=True)
+    assert set(states) == {"cancelled"}
+    # One digest, not a message per task.
+    ended = Notification.objects.filter(booking__array_parent_id=array, event="ended")
+    assert [n.key for n in ended] == [f"array:{array}:ended"]
+    again = cli("cancel", "--array", str(array), token=token)
     assert again.returncode == 5 and "[invalid_state]" in again.stderr
 
 

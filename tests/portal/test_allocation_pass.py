@@ -124,7 +124,15 @@ def test_it_preempts_a_preemptible_lower_qos_booking_after_the_grace_period(
         api, gpus=16, duration_s=86400, qos="low", preemptible=True, command="python train.py"
     )
     urgent = _submit(api, gpus=8, duration_s=3600, qos="high")
-    assert _get(api, urgent["id"])["state"] == "pending"  # within the grace period
+    waiting = _get(api, urgent["id"])
+    assert waiting["state"] == "pending"  # within the grace period, and it says what comes
+    graced = Booking.objects.get(pk=urgent["id"]).submitted_at + timedelta(seconds=300)
+    assert (waiting["pending_reason"], waiting["state_detail"]) == (
+        "preempting",
+        f"will preempt booking {batch['id']} at {graced:%Y-%m-%d %H:%M} UTC",
+    )
+    planned = timezone.datetime.fromisoformat(waiting["planned_start"])
+    assert abs((planned - graced).total_seconds()) < 1
     allocation_pass(now=timezone.now() + timedelta(seconds=301))
     requeued = Booking.objects.get(pk=batch["id"])
     assert requeued.state == "pending" and "preempted" in requeued.state_detail

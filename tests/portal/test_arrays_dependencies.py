@@ -270,3 +270,32 @@ def test_it_estimates_a_dependent_booking_as_waiting_for_its_dependency(api, pro
     )
     assert response.status_code == 200, response.json()
     assert response.json()["pending_reason"] == "dependency"
+
+
+def test_it_cancels_every_task_of_an_array_left_to_end_in_one_call(api, project, cluster):
+    first = _submit(api, gpus=1, duration_s=600, command="t", array="0-3")
+    done = Booking.objects.get(array_parent_id=first["id"], array_task_id=1)
+    with _commits(execute=True):
+        api.post(f"/api/v1/bookings/{done.pk}/release/")
+    with _commits(execute=True):
+        response = api.post(f"/api/v1/bookings/{first['id']}/cancel-array/")
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert (body["array"], body["states"]) == (first["id"], {"cancelled": 3, "finished": 1})
+    assert sorted(body["cancelled"]) == sorted(
+        Booking.objects.filter(array_parent_id=first["id"], state=State.CANCELLED).values_list(
+            "pk", flat=True
+        )
+    )
+    again = api.post(f"/api/v1/bookings/{first['id']}/cancel-array/")
+    assert again.status_code == 409 and "no task left" in error_of(again)["message"]
+
+
+def test_it_refuses_to_cancel_as_an_array_what_names_no_array_of_yours(api, project, cluster):
+    single = _submit(api, gpus=1, duration_s=600, command="t")
+    first = _submit(api, gpus=1, duration_s=600, command="t", array="0-1")
+    second = Booking.objects.get(array_parent_id=first["id"], array_task_id=1)
+    for booking_id in (single["id"], second.pk, 999999):
+        response = api.post(f"/api/v1/bookings/{booking_id}/cancel-array/")
+        assert response.status_code == 404, (booking_id, response.json())
+    assert Booking.objects.filter(state=State.CANCELLED).count() == 0

@@ -147,4 +147,5 @@ def test_it_documents_the_refusals_of_submit_and_estimate(api):
         "queue_position",
         "pending_reason",
         "state_detail",
+        "next_window",
     }

@@ -50,7 +50,13 @@ def test_it_gives_no_queue_position_to_a_request_that_starts_now(api, project, c
     assert body["queue_position"] is None  # was 1: it never waits in the queue
     started = timezone.datetime.fromisoformat(body["planned_start"])
     assert abs((started - timezone.now()).total_seconds()) < 30
-    assert set(body) == {"planned_start", "queue_position", "pending_reason", "state_detail"}
+    assert set(body) == {
+        "planned_start",
+        "queue_position",
+        "pending_reason",
+        "state_detail",
+        "next_window",
+    }
 
 
 def test_it_answers_429_with_retry_after_past_the_per_user_rate(api, project, cluster, settings):
@@ -220,3 +226,72 @@ def test_it_reads_the_queue_again_before_answering_once_it_is_long_past_its_ttl(
     time.sleep(0.6)
     assert _estimate(api).json()["pending_reason"] == "resources"
     assert not estimate._refreshing.is_set()
+
+
+@pytest.mark.parametrize("ttl", [0, 5])
+def test_it_estimates_a_high_qos_request_that_will_preempt_as_preempting(
+    api, user, project, cluster, settings, ttl
+):
+    from portal.models import Allocation, Booking, Gpu
+
+    settings.ESTIMATE_SNAPSHOT_TTL_S = ttl  # planned afresh, and resumed from the kept walk
+    settings.SCHEDULER_POLICY = {**settings.SCHEDULER_POLICY, "preempt_grace_s": 300}
+    project.quotas.update(max_gpus=None, allowed_qos=None)
+    now = timezone.now()
+    batch = Booking.objects.create(
+        owner=user, project=project, gpus=16, duration_s=86400, state="active", qos="low",
+        preemptible=True, command="python train.py", submitted_at=now, started_at=now,
+    )  # fmt: skip
+    Allocation.objects.bulk_create(
+        Allocation(
+            booking=batch, gpu=gpu, start=now, end=now + timezone.timedelta(days=1), fraction=1
+        )
+        for gpu in Gpu.objects.all()
+    )
+    # A queue to resume the kept walk in (with none the estimate plans afresh).
+    Booking.objects.create(
+        owner=user, project=project, gpus=1, duration_s=600, qos="high", submitted_at=now
+    )
+    body = _estimate(api, {"gpus": 8, "duration_s": 3600, "qos": "high"}).json()
+    assert body["pending_reason"] == "preempting", body
+    assert body["state_detail"].startswith(f"will preempt booking {batch.pk} at ")
+    start = timezone.datetime.fromisoformat(body["planned_start"])
+    assert abs((start - (now + timezone.timedelta(seconds=300))).total_seconds()) < 30
+
+
+def _window(start, hours: float = 1) -> dict:
+    end = start + timezone.timedelta(hours=hours)
+    return {"gpus": 2, "start": start.isoformat(), "end": end.isoformat()}
+
+
+@pytest.mark.both_databases
+def test_it_offers_the_next_window_of_the_same_length_when_a_window_does_not_fit(
+    api, user, project, cluster
+):
+    from portal.models import Allocation
+
+    _hog(user, project)  # every GPU for two hours
+    hog_end = Allocation.objects.order_by("end").last().end
+    asked = timezone.now().replace(microsecond=0) + timezone.timedelta(hours=1)
+    response = _estimate(api, _window(asked, hours=1.5))
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert (body["pending_reason"], body["planned_start"]) == ("no_capacity", None)
+    window = body["next_window"]
+    start = timezone.datetime.fromisoformat(window["start"])
+    end = timezone.datetime.fromisoformat(window["end"])
+    assert abs((start - hog_end).total_seconds()) < 1  # the first moment the devices free up
+    assert end - start == timezone.timedelta(hours=1.5)  # the same length
+    # The window offered fits: asked for, it is what the estimate says fits.
+    again = _estimate(api, {"gpus": 2, "start": window["start"], "end": window["end"]}).json()
+    assert (again["pending_reason"], again["next_window"]) == ("fits", None)
+
+
+def test_it_offers_no_next_window_where_none_fits_within_the_search(api, user, project, cluster):
+    from portal.models import Allocation
+
+    _hog(user, project)
+    Allocation.objects.update(end=timezone.now() + timezone.timedelta(days=40))  # past the search
+    asked = timezone.now() + timezone.timedelta(hours=1)
+    body = _estimate(api, _window(asked)).json()
+    assert (body["pending_reason"], body["next_window"]) == ("no_capacity", None)

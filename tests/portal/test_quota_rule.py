@@ -292,3 +292,17 @@ def test_it_admits_slices_that_fill_the_limit_exactly(project, user, db):
     )
     more = booking_submit(user=user, now=now, mig_profile="4g.40gb", start=start, end=end)
     assert more.state == Booking.State.PLANNED
+
+
+def test_it_names_the_projects_limit_when_only_the_project_has_one(project, user, cluster):
+    """Only the project's limit was set: the waiting booking names the project, not the user
+    (who has the project's limit as theirs, and alone fills it)."""
+    project.quotas.update(max_gpus=2, gpu_hours_budget=None)
+    now = timezone.now()
+    for _ in range(2):
+        booking_submit(user=user, now=now, gpus=1, duration_s=3600)
+    waiting = booking_submit(user=user, now=now, gpus=1, duration_s=3600)
+    allocation_pass(now=now)
+    waiting.refresh_from_db()
+    assert (waiting.state, waiting.pending_reason) == (Booking.State.PENDING, "quota")
+    assert waiting.state_detail == f"project {project.slug} quota: 2 of 2 GPUs in use, needs 1"

@@ -223,7 +223,26 @@ def test_it_preempts_the_fewest_and_lowest_qos_bookings():
 def test_it_preempts_only_after_the_grace_period_and_only_what_it_may(victim, submit, preempted):
     result = _preempt_case([victim], [req("vip", 1, qos="high", submit=submit)])
     assert bool(result.preemptions) is preempted
-    assert by_id(result)["vip"].reason == ("preempting" if preempted else "resources")
+    within_grace = submit == 900 and victim.preemptible and victim.qos == "low"
+    reason = "preempting" if preempted or within_grace else "resources"
+    assert by_id(result)["vip"].reason == reason
+
+
+def test_it_says_whom_and_when_a_booking_in_its_grace_period_will_preempt():
+    victims = [
+        alloc("12", ["a-g0", "a-g1"], 9000, qos="low", preemptible=True),
+        alloc("13", ["a-g2", "a-g3"], 9000, qos="low", preemptible=True),
+    ]
+    # Submitted at 900: its 300 s of grace end at 1200 (00:20 UTC on the epoch's first day).
+    one = by_id(_preempt_case(victims, [req("vip", 1, qos="high", submit=900)]))["vip"]
+    assert (one.reason, one.start) == ("preempting", 1200.0)
+    assert one.detail == "will preempt booking 12 at 1970-01-01 00:20 UTC"
+    both = by_id(_preempt_case(victims, [req("vip", 3, qos="high", submit=900)]))["vip"]
+    assert both.detail == "will preempt bookings 12, 13 at 1970-01-01 00:20 UTC"
+    # Devices that free up before the grace ends: it starts then, preempting nobody.
+    short = [alloc("12", ["a-g0", "a-g1", "a-g2", "a-g3"], 1100, qos="low", preemptible=True)]
+    line = by_id(_preempt_case(short, [req("vip", 1, qos="high", submit=900)]))["vip"]
+    assert (line.reason, line.start) == ("resources", 1100)
 
 
 def _whole_node_case(victims, gpus_asked=8):

@@ -116,3 +116,32 @@ def test_it_skips_an_instance_sharing_compute_slices_with_a_held_one_of_another_
     held = (Hold(4, 40, 0.0, 10.0, 3 / 7, compute=(0, 3)),)
     placement = reserve(Wanted(1, 0.0, 10.0, mig_profile="2g.20gb"), slots, held)
     assert [s.mig for s in placement.slots] == [43] and placement.free == 1
+
+
+TWO = _node(1, 2, 10)  # one node of GPUs 10 and 11
+
+
+@pytest.mark.parametrize(
+    ("case", "gpus", "holds", "until", "start"),
+    [
+        ("free as asked", 2, (), 5000, 100),
+        ("after the one hold in the way", 2, _busy(10, start=0, end=700), 5000, 700),
+        # One GPU frees at 400, the other at 900: two GPUs for 100 s first fit at 900.
+        ("after the last of two", 2, _busy(10, end=400) + _busy(11, end=900), 5000, 900),
+        ("one GPU, the first to free", 1, _busy(10, end=400) + _busy(11, end=900), 5000, 400),
+        # A gap too short for the window (free 300-350, then held again): the next end.
+        (
+            "not in a gap shorter than the window",
+            1,
+            _busy(10, end=300) + _busy(10, start=350, end=2000) + _busy(11, end=2500),
+            5000,
+            2000,
+        ),
+        ("none before the search ends", 2, _busy(10, end=9000), 5000, None),
+    ],
+)
+def test_it_finds_the_next_window_of_the_same_length_that_fits(case, gpus, holds, until, start):
+    from scheduler.reserve import next_window
+
+    wanted = Wanted(gpus=gpus, start=100, end=200)
+    assert next_window(wanted, TWO, holds, until=until) == start, case

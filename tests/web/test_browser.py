@@ -295,3 +295,33 @@ def test_it_shows_the_year_of_an_estimate_only_when_it_is_not_this_year(
     page.fill("#id_gpus", "2")
     wait_for(page, 'document.getElementById("estimate").textContent.includes("31 Dec")')
     assert str(year) not in page.inner_text("#estimate")
+
+
+def test_it_offers_the_next_window_that_fits_and_fills_it_in(alice, asgi_server, browser_page):
+    from portal.models import Gpu, Project
+    from tests.factories import make_active_booking
+
+    gpus = list(Gpu.objects.order_by("index"))
+    vision = Project.objects.get(slug="vision")
+    held = make_active_booking(gpus, owner=alice, project=vision, gpus=len(gpus))
+    held_until = held.allocations.order_by("end").last().end
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.goto(f"{asgi_server}/book/")
+    page.check("#id_when_1")
+    start = timezone.now() + timedelta(minutes=10)
+    page.fill("#id_start", _local(start))
+    page.fill("#id_end", _local(start + timedelta(minutes=30)))
+    page.fill("#id_gpus", "1")
+    wait_for(page, 'document.getElementById("estimate").dataset.state === "next"')
+    assert "Next free window of the same length" in page.inner_text("#estimate")
+    page.click("#use-next-window")
+    # The next whole minute once every GPU is free again, for the same 30 minutes.
+    first = (held_until + timedelta(seconds=59)).replace(second=0, microsecond=0)
+    assert page.input_value("#id_start") == first.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    end = first + timedelta(minutes=30)
+    assert page.input_value("#id_end") == end.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    wait_for(
+        page,
+        'document.getElementById("estimate").textContent.includes("free for the whole window")',
+    )

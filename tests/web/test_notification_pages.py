@@ -45,3 +45,18 @@ def test_it_saves_choices_on_the_settings_page(alice, asgi_server, browser_page)
     page.get_by_role("button", name="Save").click()
     page.get_by_text("Notification settings saved.").wait_for()
     assert NotificationPreference.objects.get(user=alice, event="started", channel="slack").enabled
+
+
+def test_it_saves_a_message_per_array_task_on_the_settings_page(alice, asgi_server, browser_page):
+    from portal.models import NotificationContact
+
+    page = browser_page
+    sign_in(page, asgi_server, "alice", "pw-secret-123")
+    page.goto(f"{asgi_server}/settings/notifications/")
+    box = page.get_by_label("A message for each task of a job array", exact=False)
+    assert not box.is_checked()  # one message per array unless asked
+    box.check()
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("Notification settings saved.").wait_for()
+    assert NotificationContact.objects.get(user=alice).array_each_task is True
+    assert page.get_by_label("A message for each task of a job array", exact=False).is_checked()

@@ -13,8 +13,8 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
@@ -22,7 +22,8 @@ from django.db import connection
 from django.utils import timezone
 
 import scheduler
-from portal.errors import ApplicationError
+from agents.protocol import image_runtimes
+from portal.errors import ApplicationError, NoCapacity
 from portal.services.allocation.snapshot import (
     Snapshot,
     snapshot_extra,
@@ -37,18 +38,33 @@ from portal.services.booking.job_env import job_env_check, node_count_gpus
 from portal.services.booking.sessions import session_request_check
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch, to_epoch
+from portal.services.inventory import placement
 
 ESTIMATE_ID = 0  # the hypothetical booking's id in the snapshot; real ids start at 1
 
 
 @dataclass(frozen=True)
+class Window:
+    """A reservation's window."""
+
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True)
 class Estimate:
-    """The earliest start the allocator would give now, and why not sooner."""
+    """The earliest start the allocator would give now, and why not sooner; for a reservation
+    window that does not fit, the next window of the same length that does (None: none)."""
 
     planned_start: datetime | None
     pending_reason: str
     state_detail: str
     queue_position: int | None = None
+    next_window: Window | None = None
+
+
+# How far after a refused window the next one that fits is looked for.
+NEXT_WINDOW_SEARCH = timedelta(days=30)
 
 
 def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
@@ -103,6 +119,9 @@ def _request_fields(fields: dict) -> dict:
 def _estimate_reservation(user, request: BookingRequest, now: datetime, image: str) -> Estimate:
     try:
         booking_services.check_reservation(user, request, now, image=image)
+    except NoCapacity as exc:
+        window = _next_window(user, request, now, image)
+        return Estimate(None, exc.code, exc.message, next_window=window)
     except ApplicationError as exc:
         return Estimate(planned_start=None, pending_reason=exc.code, state_detail=exc.message)
     return Estimate(
@@ -110,6 +129,32 @@ def _estimate_reservation(user, request: BookingRequest, now: datetime, image: s
         pending_reason="fits",
         state_detail="The devices are free for the whole window.",
     )
+
+
+def _next_window(user, request: BookingRequest, now: datetime, image: str):
+    """The next window as long as the reservation's, starting within NEXT_WINDOW_SEARCH after
+    its own: the earliest with devices free by the placement rules, if the quota rule allows
+    it there too (check_reservation); None otherwise. Reads only."""
+    start = placement.next_window_start(
+        start=request.start,
+        end=request.end,
+        until=request.start + NEXT_WINDOW_SEARCH,
+        gpus=request.gpus,
+        mig_profile=request.mig_profile,
+        gpu_model=request.gpu_model,
+        allowed_models=request.quota.allowed_models,
+        runtimes=image_runtimes(image) if image else (),
+    )
+    if start is None:
+        return None
+    window = Window(start, start + (request.end - request.start))
+    try:
+        booking_services.check_reservation(
+            user, replace(request, start=window.start, end=window.end), now, image=image
+        )
+    except ApplicationError:  # a quota the window breaks (or devices taken a moment ago)
+        return None
+    return window
 
 
 def _estimate_queued(user, request: BookingRequest, now: datetime) -> Estimate:

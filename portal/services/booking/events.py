@@ -55,13 +55,15 @@ def caused_by(cause: str) -> Iterator[None]:
         _cause.reset(token)
 
 
-def booking_changed(booking, event: str, *, cause: str = "site") -> None:
-    """Record the fact that `booking` changed by `event` (in the caller's transaction)."""
-    fact_record(
-        kind=BOOKING_CHANGED,
-        booking_id=booking.pk,
-        payload={"event": event, "cause": _cause.get() or cause},
-    )
+def booking_changed(booking, event: str, *, cause: str = "site", bulk: str = "") -> None:
+    """Record the fact that `booking` changed by `event` (in the caller's transaction).
+
+    `bulk` names the one command that changed many bookings at once ("array_cancel"): its
+    facts are told together, in one message (portal.services.notify.arrays)."""
+    payload = {"event": event, "cause": _cause.get() or cause}
+    if bulk:
+        payload["bulk"] = bulk
+    fact_record(kind=BOOKING_CHANGED, booking_id=booking.pk, payload=payload)
 
 
 def node_changed(*, node_id: int, change: str) -> None:

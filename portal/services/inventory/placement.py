@@ -8,9 +8,9 @@ allocations that overlap the window on their GPUs, asks the pure rule, and hands
 from datetime import datetime
 
 from portal.models import Allocation, Node, mig_fraction
-from portal.services.core.clock import to_epoch
+from portal.services.core.clock import from_epoch, to_epoch
 from portal.services.inventory import selectors as inventory
-from scheduler.reserve import Hold, Slot, Wanted, clashes, reserve
+from scheduler.reserve import Hold, Slot, Wanted, clashes, next_window, reserve
 
 
 def devices_for_window(
@@ -25,6 +25,37 @@ def devices_for_window(
 ) -> tuple[list[Slot] | None, int]:
     """Devices for a fixed window by the placement rules, or None; and how many matched free.
     With ``runtimes`` (a booking in a container) only nodes with one of them count."""
+    wanted, slots, gpu_ids = _wanted(
+        start, end, gpus, mig_profile, gpu_model, allowed_models, runtimes
+    )
+    placement = reserve(wanted, slots, holds_on(gpu_ids=gpu_ids, start=start, end=end))
+    return (list(placement.slots) or None), placement.free
+
+
+def next_window_start(
+    *,
+    start: datetime,
+    end: datetime,
+    until: datetime,
+    gpus: int,
+    mig_profile: str = "",
+    gpu_model: str = "",
+    allowed_models: tuple[str, ...] = (),
+    runtimes: tuple[str, ...] = (),
+) -> datetime | None:
+    """The earliest start from ``start`` to ``until`` at which a window as long as [start, end)
+    gets devices by the same rules (``scheduler.reserve.next_window``), or None."""
+    wanted, slots, gpu_ids = _wanted(
+        start, end, gpus, mig_profile, gpu_model, allowed_models, runtimes
+    )
+    holds = holds_on(gpu_ids=gpu_ids, start=start, end=until + (end - start))
+    found = next_window(wanted, slots, holds, until=to_epoch(until))
+    return None if found is None else from_epoch(found)
+
+
+def _wanted(start, end, gpus, mig_profile, gpu_model, allowed_models, runtimes):
+    """The request as the rule takes it, the candidate slots, and their GPUs' ids (a subquery:
+    a thousand ids spelled out cost more than the read)."""
     candidates = _candidates(
         mig_profile=mig_profile, gpu_model=gpu_model, allowed_models=allowed_models
     )
@@ -39,10 +70,7 @@ def devices_for_window(
         mig_profile=mig_profile or None,
         gpu_model=gpu_model or None,
     )
-    # The candidates' GPUs as a subquery: a thousand ids spelled out cost more than the read.
-    gpu_ids = candidates.values("gpu_id" if mig_profile else "id")
-    placement = reserve(wanted, slots, holds_on(gpu_ids=gpu_ids, start=start, end=end))
-    return (list(placement.slots) or None), placement.free
+    return wanted, slots, candidates.values("gpu_id" if mig_profile else "id")
 
 
 def first_clash(allocations: list[Allocation], *, start: datetime, end: datetime):

@@ -42,11 +42,16 @@ def message_build(notification: Notification) -> Message:
     if booking is None:
         return _admin_message(notification)
     booking = Booking.objects.select_related("owner", "project").get(pk=booking.pk)
-    build = _BUILDERS[notification.event]
-    message = build(booking, notification.context or {})
+    context = notification.context or {}
+    if "array" in context:  # a job array told as one, named by its first task
+        from portal.services.notify.array_messages import array_message  # it uses Message
+
+        message, what = array_message(booking, context["array"]), "Array"
+    else:
+        message, what = _BUILDERS[notification.event](booking, context), "Booking"
     message.booking = booking
     message.link = f"{settings.SITE_URL}/bookings/{booking.pk}/"
-    message.facts.insert(0, ("Booking", f"{booking.pk} · {booking.describe_request()}"))
+    message.facts.insert(0, (what, f"{booking.pk} · {booking.describe_request()}"))
     message.facts.insert(1, ("Project", booking.project.slug))
     return message
 

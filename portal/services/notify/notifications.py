@@ -33,6 +33,7 @@ from portal.models import (
 )
 from portal.services.access import permissions
 from portal.services.core.jobs import job_enqueue
+from portal.services.notify import arrays
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,21 @@ def _read(key: tuple, load: Callable):
 
 
 def booking_fact_notify(fact) -> None:
-    """Subscriber: record the notification a booking fact gives (keyed by the fact)."""
+    """Subscriber: record the notification a booking fact gives (keyed by the fact); a job
+    array's task is told as part of its array (portal.services.notify.arrays)."""
+    event, bulk = fact.payload["event"], fact.payload.get("bulk", "")
+    task = Booking.objects.filter(pk=fact.booking_id, array_parent__isnull=False).first()
+    if task is not None and arrays.array_grouped(task, event, bulk=bulk):
+        note = arrays.array_note(task, event, bulk=bulk)
+        if note is not None:
+            notification_record(
+                event=note.event,
+                now=timezone.now(),
+                booking=note.booking,
+                context=note.context,
+                key=note.key,
+            )
+        return
     booking_event_record(
         booking_id=fact.booking_id,
         event=fact.payload["event"],

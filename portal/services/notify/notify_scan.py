@@ -15,6 +15,7 @@ from django.utils.dateparse import parse_datetime
 from portal.models import Booking, Event, Notification
 from portal.services.booking.quotas import QuotaAsk, quota_positions
 from portal.services.core.clock import to_epoch
+from portal.services.notify.arrays import tasks_told_alone
 from portal.services.notify.delivery import deliveries_due
 from portal.services.notify.notifications import deliveries_enqueue, notification_record
 from scheduler import budget_nearly_used
@@ -55,7 +56,7 @@ def _starting_soon(now: datetime) -> int:
 def _ending_soon(now: datetime) -> int:
     lead = timedelta(minutes=settings.NOTIFY_ENDING_SOON_MIN)
     due = (
-        Booking.objects.filter(state=State.ACTIVE, allocations__live=True)
+        Booking.objects.filter(tasks_told_alone(), state=State.ACTIVE, allocations__live=True)
         .annotate(until=Max("allocations__end"))
         .filter(until__gt=now, until__lte=now + lead)
         .select_related("owner", "project")
@@ -73,9 +74,12 @@ def _ending_soon(now: datetime) -> int:
 
 
 def _queue_changes(now: datetime) -> int:
-    """A queued request is told its place once planned, and again if its start moves a lot."""
+    """A queued request is told its place once planned, and again if its start moves a lot
+    (a job array's task is not, unless its owner asked: its array was told once)."""
     threshold = timedelta(minutes=settings.NOTIFY_MOVED_THRESHOLD_MIN)
-    planned = Booking.objects.filter(state=State.PENDING, planned_start__isnull=False)
+    planned = Booking.objects.filter(
+        tasks_told_alone(), state=State.PENDING, planned_start__isnull=False
+    )
     # The last queued/moved message of every waiting booking, in one query (the queue is long).
     told = dict(
         Notification.objects.filter(

@@ -10,18 +10,27 @@ from portal.services.notify.selectors import preferences_get
 CONTACT_FIELDS = ("slack_user_id", "slack_webhook_url", "webhook_url", "webhook_secret")
 
 
-def preferences_set(*, user, choices: dict, contact: dict | None = None) -> dict:
-    """Store the user's choices ({event: {channel: bool}}) and addresses; all or nothing."""
+def preferences_set(
+    *, user, choices: dict, contact: dict | None = None, array_each_task: bool | None = None
+) -> dict:
+    """Store the user's choices ({event: {channel: bool}}), addresses and whether a job array's
+    tasks are told one by one (`array_each_task`; None: unchanged); all or nothing."""
     rows = _rows(user, choices)
     record = None
-    if contact is not None:
+    if contact is not None or array_each_task is not None:
         record = NotificationContact.objects.filter(user=user).first() or NotificationContact(
             user=user
         )
+    if array_each_task is not None:
+        if not isinstance(array_each_task, bool):
+            raise ValidationFailed.field("array_each_task", "must be true or false.")
+        record.array_each_task = array_each_task
+    if contact is not None:
         for name, value in contact.items():
             if name not in CONTACT_FIELDS:
                 raise ValidationFailed.field(f"contact.{name}", "is not a contact field.")
             setattr(record, name, (value or "").strip())
+    if record is not None:
         try:
             record.full_clean()
         except ValidationError as exc:

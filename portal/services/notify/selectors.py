@@ -36,6 +36,7 @@ def preferences_get(*, user) -> dict:
     return {
         "email": user.email,
         "events": events,
+        "array_each_task": contact.array_each_task,
         "contact": {
             "slack_user_id": contact.slack_user_id,
             "slack_webhook_url": contact.slack_webhook_url,
