@@ -104,6 +104,12 @@ class BookForm(AccessibleForm):
     )
     mig_profile = forms.ChoiceField(required=False, label="MIG profile")
     gpu_model = forms.ChoiceField(required=False, label="GPU model")
+    mixed_models = forms.BooleanField(
+        required=False,
+        label="Any mix of models",
+        help_text="2 or more GPUs with no model chosen are of one model; tick this if GPUs of "
+        "different models will do.",
+    )
     when = forms.ChoiceField(
         choices=[("asap", "As soon as possible"), ("window", "A fixed window")],
         widget=forms.RadioSelect,
@@ -195,7 +201,7 @@ class BookForm(AccessibleForm):
         profiles = inventory.mig_profiles()
         self.fields["mig_profile"].choices = [("", "Choose a profile")] + [(p, p) for p in profiles]
         models = sorted(set(inventory.gpu_models()) | set(_mig_models()))
-        self.fields["gpu_model"].choices = [("", "Any model")] + [(m, m) for m in models]
+        self.fields["gpu_model"].choices = [("", "Any one model")] + [(m, m) for m in models]
 
     def _bound(self, bounds: booking_bounds.RequestBounds) -> None:
         # The request bounds the API has too; built per form, so the settings as they are now.
@@ -246,6 +252,7 @@ class BookForm(AccessibleForm):
         kwargs = {
             "project": data["project"],
             "gpu_model": data.get("gpu_model") or None,
+            "mixed_models": bool(data.get("mixed_models")),
             "qos": data["qos"],
             "preemptible": data["preemptible"],
             "command": data.get("command") or "",

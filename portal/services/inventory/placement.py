@@ -20,6 +20,7 @@ def devices_for_window(
     gpus: int,
     mig_profile: str = "",
     gpu_model: str = "",
+    mixed_models: bool = False,
     allowed_models: tuple[str, ...] = (),
     runtimes: tuple[str, ...] = (),
 ) -> tuple[list[Slot] | None, int]:
@@ -38,6 +39,7 @@ def devices_for_window(
         end=to_epoch(end),
         mig_profile=mig_profile or None,
         gpu_model=gpu_model or None,
+        mixed_models=mixed_models,
     )
     # The candidates' GPUs as a subquery: a thousand ids spelled out cost more than the read.
     gpu_ids = candidates.values("gpu_id" if mig_profile else "id")
