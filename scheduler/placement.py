@@ -52,7 +52,8 @@ class Node:
 
     def need(self, profile: str | None, match: str | None | tuple) -> int:
         """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and a
-        request's ``device_match``: a model (None: any), or (model, container runtimes)."""
+        request's ``device_match``: a model (None: any), or (model, container runtimes, any
+        models will do)."""
         mask = self._need.get((profile, match))
         if mask is None:
             model, runtimes = match[:2] if isinstance(match, tuple) else (match, ())
