@@ -3,7 +3,8 @@ hours, allowed models chosen among the site's models (the stored value stays a J
 
 from django import forms
 
-from portal.models import Gpu, Quota
+from portal.models import Quota
+from portal.services.inventory.selectors import site_gpu_models
 from portal.templatetags.portal_web import duration
 
 
@@ -38,11 +39,6 @@ def hours_used_text(used: float, budget: float | None) -> str:
 def duration_text(seconds: int | None) -> str:
     """'3 d', '12 h', '1 d 6 h'; 'site maximum' where the quota sets none."""
     return "site maximum" if seconds is None else duration(seconds)
-
-
-def site_models() -> list[str]:
-    """The GPU models of the site's inventory (whole GPUs and those in MIG mode), each once."""
-    return sorted(Gpu.objects.order_by().values_list("model", flat=True).distinct())
 
 
 class _ModelChoices(forms.MultipleChoiceField):
@@ -81,7 +77,7 @@ class QuotaForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         stored = self.instance.allowed_models or []
         # A stored model the inventory no longer has stays a choice: saving must not drop it.
-        names = site_models()
+        names = site_gpu_models()
         names += [name for name in stored if name not in names]
         self.fields["allowed_models"].choices = [(name, name) for name in names]
         self.initial["allowed_models"] = list(stored)

@@ -200,7 +200,7 @@ class BookForm(AccessibleForm):
             self.fields["project"].initial = projects[0]
         profiles = inventory.mig_profiles()
         self.fields["mig_profile"].choices = [("", "Choose a profile")] + [(p, p) for p in profiles]
-        models = sorted(set(inventory.gpu_models()) | set(_mig_models()))
+        models = inventory.site_gpu_models()
         self.fields["gpu_model"].choices = [("", "Any one model")] + [(m, m) for m in models]
 
     def _bound(self, bounds: booking_bounds.RequestBounds) -> None:
@@ -273,12 +273,6 @@ class BookForm(AccessibleForm):
         else:
             kwargs["duration_s"] = round(data["duration_hours"] * 3600)
         return kwargs
-
-
-def _mig_models() -> list[str]:
-    from portal.services.inventory.selectors import mig_gpu_models
-
-    return mig_gpu_models()
 
 
 class ExtendForm(AccessibleForm):
