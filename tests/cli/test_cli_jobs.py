@@ -79,6 +79,7 @@ def test_it_books_any_model_only_when_asked_and_shows_each_nodes_devices_apart(s
     assert booking["mixed_models"] is True
     assert Booking.objects.get().mixed_models is True
     lines = cli("show", str(booking["id"]), token=token).stdout.splitlines()
+    assert "What:                  4 GPU any models" in lines
     for node, model in (("cli-b", "A100-80GB"), ("cli-h", "H100-80GB")):
         at = lines.index(f"{node}: 2 devices, {model}")
         assert lines[at + 1].split()[:2] == ["DEVICE", "UUID"]
