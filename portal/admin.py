@@ -10,6 +10,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 
 from portal.admin_audit import AuditedAdminMixin
+from portal.admin_quota import QuotaForm, duration_text, gpus_held_text, hours_used_text
 from portal.csv_cells import csv_dict_writer
 from portal.models import (
     Allocation,
@@ -29,7 +30,11 @@ from portal.models import (
 from portal.services.access import tokens as token_services
 from portal.services.access.audit import Via, source_of
 from portal.services.access.selectors import CSV_COLUMNS, audit_row
-from portal.services.booking.quotas import DEFAULT_BUDGET_PERIOD_DAYS, usage_current
+from portal.services.booking.quotas import (
+    DEFAULT_BUDGET_PERIOD_DAYS,
+    devices_held_now,
+    usage_current,
+)
 from portal.services.fleet import nodes as node_services
 
 
@@ -54,6 +59,7 @@ class GroupMappingRuleAdmin(admin.ModelAdmin):
 
 class QuotaInline(admin.StackedInline):
     model = Quota
+    form = QuotaForm
     extra = 0
     autocomplete_fields = ["user"]
 
@@ -78,9 +84,10 @@ class QuotaAdmin(AuditedAdminMixin):
         "user",
         "gpus_limit_and_use",
         "hours_limit_and_use",
-        "max_duration_s",
+        "longest_booking",
         "fairshare_shares",
     ]
+    form = QuotaForm
     list_filter = ["project"]
     list_select_related = ["project", "user"]
     autocomplete_fields = ["project", "user"]
@@ -90,20 +97,25 @@ class QuotaAdmin(AuditedAdminMixin):
         # Kept on the row (one request's object), not on this admin, which all requests share.
         if not hasattr(obj, "_usage"):
             period = obj.budget_period_days or DEFAULT_BUDGET_PERIOD_DAYS
+            now = timezone.now()
             obj._usage = usage_current(
-                project=obj.project, user=obj.user, now=timezone.now(), period_days=period
+                project=obj.project, user=obj.user, now=now, period_days=period
             )
+            obj._held = devices_held_now(project=obj.project, user=obj.user, now=now)
         return obj._usage
 
-    @admin.display(description="GPUs in use / limit")
+    @admin.display(description="GPUs in use, of the limit")
     def gpus_limit_and_use(self, obj) -> str:
-        limit = "∞" if obj.max_gpus is None else f"{obj.max_gpus:g}"
-        return f"{self._usage(obj).gpus_in_use:g} / {limit}"
+        usage = self._usage(obj)
+        return gpus_held_text(*obj._held, usage.gpus_in_use, obj.max_gpus)
 
-    @admin.display(description="GPU-hours used / budget")
+    @admin.display(description="GPU-hours used, of the budget")
     def hours_limit_and_use(self, obj) -> str:
-        limit = "∞" if obj.gpu_hours_budget is None else f"{obj.gpu_hours_budget:g}"
-        return f"{self._usage(obj).gpu_hours_used:.1f} / {limit}"
+        return hours_used_text(self._usage(obj).gpu_hours_used, obj.gpu_hours_budget)
+
+    @admin.display(description="longest booking", ordering="max_duration_s")
+    def longest_booking(self, obj) -> str:
+        return duration_text(obj.max_duration_s)
 
 
 class GpuInline(admin.TabularInline):

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.placement import Node, build_nodes, fits_window, is_multi_node
+from scheduler.placement import (
+    Node,
+    build_nodes,
+    fits_window,
+    is_multi_node,
+    keeps_one_model,
+    searches,
+    site_of,
+)
 from scheduler.priority import profile_fractions, request_size
 from scheduler.quota import QuotaSide, position_refusal
 from scheduler.reserve import Slot, Wanted, reserve
@@ -92,12 +100,17 @@ def _fits_one_node(request: Request, devices: tuple[Device, ...]) -> bool:
     on an empty cluster, on one node (the common case, answered without building either)."""
     if request.runtimes:
         return False  # runtimes are node properties the full rules check
-    counts: dict[str, int] = {}
+    # Where the request keeps one model, the devices of one node and one model.
+    one = keeps_one_model(
+        request.gpus, request.mig_profile, request.gpu_model, request.mixed_models
+    )
+    counts: dict[tuple[str, str], int] = {}
     for device in devices:
         if device.profile == request.mig_profile and (
             request.gpu_model is None or device.model == request.gpu_model
         ):
-            counts[device.node] = counts.get(device.node, 0) + 1
+            key = (device.node, device.model if one else "")
+            counts[key] = counts.get(key, 0) + 1
     return max(counts.values(), default=0) >= request.gpus
 
 
@@ -120,13 +133,21 @@ def _most_reserved(request: Request, devices: tuple[Device, ...]) -> int | None:
         Slot(nodes[d.node], i, i if d.profile else None, d.model, d.profile, d.fraction)
         for i, d in enumerate(sorted(devices, key=lambda d: d.id))
     )
-    wanted = Wanted(request.gpus, 0.0, 1.0, request.mig_profile, request.gpu_model)
+    wanted = Wanted(
+        request.gpus, 0.0, 1.0, request.mig_profile, request.gpu_model, request.mixed_models
+    )
     placement = reserve(wanted, slots, ())
     return None if placement.slots else placement.free
 
 
 def _most_for_one(request: Request, nodes: list[Node]) -> int:
-    """The most matching devices one booking could hold: on one node, or on whole nodes."""
+    """The most matching devices one booking could hold: on one node, or on whole nodes (of
+    one model, where it keeps one)."""
+    site = site_of(nodes)
+    return max(_most_of(choice, nodes) for choice in searches(request, site, True))
+
+
+def _most_of(request: Request, nodes: list[Node]) -> int:
     one = max(
         (n.need(request.mig_profile, request.device_match).bit_count() for n in nodes), default=0
     )
@@ -139,4 +160,6 @@ def _most_for_one(request: Request, nodes: list[Node]) -> int:
 def _inventory_text(request: Request) -> str:
     kind = f"MIG {request.mig_profile} instances" if request.mig_profile else "whole GPUs"
     model = f" of model {request.gpu_model}" if request.gpu_model else ""
+    if keeps_one_model(request.gpus, request.mig_profile, request.gpu_model, request.mixed_models):
+        model = " of one model"
     return f"the cluster never has {request.gpus} {kind}{model} for one booking"

@@ -1,6 +1,8 @@
 """Where and when a request fits: per-node timelines, best-fit packing, cooler-GPU tie-breaks.
 
 A request that fits on one node goes on one node; a larger one takes whole nodes of whole GPUs.
+A request of 2 or more GPUs that names no model gets GPUs of one model unless it says any model
+will do (``keeps_one_model``, the one rule; ``searches`` applies it to every search here).
 Searches for one request shape (count, MIG profile, model, duration) share a lazy heap of per-node
 earliest starts: a reservation only makes starts later, so a stale entry is a lower bound that is
 recomputed when it reaches the top, and most requests touch one or two nodes instead of all.
@@ -9,7 +11,7 @@ recomputed when it reaches the top, and most requests touch one or two nodes ins
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import combinations
 
@@ -37,6 +39,7 @@ class Node:
         self.full = (1 << len(devices)) - 1
         self.timeline = NodeTimeline(now, self.full)
         self.whole = all(device.profile is None for device in devices)
+        self.models = frozenset(device.model for device in devices if device.profile is None)
         self._need: dict[tuple, int] = {}
         self.runtimes = frozenset(r for device in devices for r in device.runtimes)
         self.cool = self.heat(self.full)
@@ -49,10 +52,11 @@ class Node:
 
     def need(self, profile: str | None, match: str | None | tuple) -> int:
         """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and a
-        request's ``device_match``: a model (None: any), or (model, container runtimes)."""
+        request's ``device_match``: a model (None: any), or (model, container runtimes, any
+        models will do)."""
         mask = self._need.get((profile, match))
         if mask is None:
-            model, runtimes = match if isinstance(match, tuple) else (match, ())
+            model, runtimes = match[:2] if isinstance(match, tuple) else (match, ())
             mask = 0
             if not runtimes or self.runtimes.intersection(runtimes):
                 for bit, device in enumerate(self.devices):
@@ -138,17 +142,73 @@ def build_nodes(devices: tuple[Device, ...], now: float) -> list[Node]:
     """Group the inventory into nodes, sorted by name, devices sorted by id (determinism)."""
     # A new pass's nodes: forget the last one's (the memo must not keep old passes alive).
     _largest.cache_clear()
+    _site.cache_clear()
+    _pinned.cache_clear()
     by_node: dict[str, list[Device]] = {}
     for device in sorted(devices, key=lambda d: d.id):
         by_node.setdefault(device.node, []).append(device)
     return [Node(i, name, by_node[name], now) for i, name in enumerate(sorted(by_node))]
 
 
+def keeps_one_model(
+    gpus: int, mig_profile: str | None, gpu_model: str | None, mixed_models: bool
+) -> bool:
+    """The one-model rule: whether a request's GPUs must all be of one model of the site's.
+
+    A request of 2 or more whole GPUs (on one node or on several) that names no model gets
+    GPUs of one model, unless it says any model will do (``mixed_models``). One device, a MIG
+    instance or a named model are of one model already. The allocation pass, the estimate, the
+    kept walk, preemption, the submit-time check and advance reservations all ask here.
+    """
+    return gpus >= 2 and mig_profile is None and gpu_model is None and not mixed_models
+
+
+@dataclass(frozen=True)
+class Site:
+    """The whole-GPU models of a list of nodes (sorted) and whether some node has several."""
+
+    models: tuple[str, ...]
+    mixed: bool
+
+
+def site_of(nodes: list[Node] | tuple[Node, ...]) -> Site:
+    """The ``Site`` of these nodes (memoized for the pass, like ``_largest``)."""
+    return _site(tuple(nodes))
+
+
+@lru_cache(maxsize=64)
+def _site(nodes: tuple[Node, ...]) -> Site:
+    models = sorted({model for node in nodes for model in node.models})
+    return Site(tuple(models), any(len(node.models) > 1 for node in nodes))
+
+
+def searches(request: Request, site: Site, multi: bool) -> tuple[Request, ...]:
+    """The searches that place ``request`` by ``keeps_one_model``: ``request`` itself where
+    every set a search can give it is of one model (the rule does not apply, the site has one
+    model, or one node is asked and no node mixes models), else ``request`` pinned to each
+    model of the site in turn (the caller takes the best of their answers)."""
+    if not keeps_one_model(request.gpus, request.mig_profile, request.gpu_model, False):
+        return (request,)
+    if request.mixed_models or len(site.models) < 2 or not (multi or site.mixed):
+        return (request,)
+    return _pinned(request, site.models)
+
+
+@lru_cache(maxsize=4096)
+def _pinned(request: Request, models: tuple[str, ...]) -> tuple[Request, ...]:
+    return tuple(replace(request, gpu_model=model) for model in models)
+
+
 def is_multi_node(request: Request, nodes: list[Node]) -> bool:
-    """True when no single node has enough matching devices: the request takes whole nodes."""
+    """True when no single node has enough matching devices (of one model, where the request
+    keeps one): the request takes whole nodes."""
     if request.mig_profile is not None:
         return False
-    return request.gpus > _largest(tuple(nodes), request.device_match)
+    key = tuple(nodes)
+    if not keeps_one_model(request.gpus, None, request.gpu_model, request.mixed_models):
+        return request.gpus > _largest(key, request.device_match)
+    choices = searches(request, _site(key), False)
+    return request.gpus > max(_largest(key, choice.device_match) for choice in choices)
 
 
 @lru_cache(maxsize=64)
@@ -167,6 +227,7 @@ class Finder:
         self._need_lists: dict[tuple, list[int]] = {}
         self._whole_nodes: dict[str | None, list[Node]] = {}
         self.grouped = any(node.group for node in nodes)  # some node has a network group
+        self.site = site_of(nodes)
 
     def bounds(self) -> tuple[dict, dict]:
         """A copy of the lazy lower bounds (the shape heaps and the whole-node bounds).
@@ -192,15 +253,19 @@ class Finder:
         so far get an exact search, so a pass costs about one heap per shape and duration
         octave, not one full scan per distinct duration.
         """
+        choices = searches(request, self.site, multi)
         if multi:
-            return self._find_whole_nodes(request, not_before)
+            return self._find_whole_nodes(request, not_before, choices)
         floor = _octave(request.duration_s)
-        shape = (request.gpus, request.mig_profile, request.device_match, floor)
-        heap = self._heaps.get(shape)
-        if heap is None:
-            heap = self._heaps[shape] = self._scan(request, floor)
-            heapq.heapify(heap)
-        return self._find_single(heap, request, floor, not_before)
+        exact: list = []
+        for choice in choices:
+            shape = (choice.gpus, choice.mig_profile, choice.device_match, floor)
+            heap = self._heaps.get(shape)
+            if heap is None:
+                heap = self._heaps[shape] = self._scan(choice, floor)
+                heapq.heapify(heap)
+            exact += self._find_single(heap, choice, floor, not_before)
+        return self._choose_single(exact, request.gpus)
 
     def _needs(self, profile: str | None, model: str | None) -> list[int]:
         """Each node's mask of devices matching a profile and model, by node index."""
@@ -227,10 +292,9 @@ class Finder:
                     entries.append(entry)
         return entries
 
-    def _find_single(
-        self, heap: list, request: Request, floor: float, not_before: float
-    ) -> Fit | None:
-        """Pop nodes in order of their lower bound until none can beat the best exact start."""
+    def _find_single(self, heap: list, request: Request, floor: float, not_before: float) -> list:
+        """Pop nodes in order of their lower bound until none can beat the best exact start;
+        the exact entries found (for ``_choose_single``)."""
         exact, kept, best = [], [], None
         nodes, count, duration = self.nodes, request.gpus, request.duration_s
         needs = self._needs(request.mig_profile, request.device_match)
@@ -258,7 +322,7 @@ class Finder:
                     best = start
         for entry in kept:
             heapq.heappush(heap, entry)
-        return self._choose_single(exact, count)
+        return exact
 
     def _choose_single(self, entries: list, count: int) -> Fit | None:
         """Earliest start; then best fit (fewest spare devices); then the best-connected set
@@ -287,8 +351,9 @@ class Finder:
         (index, mask), count = fit.parts[0], request.gpus
         worst = self.nodes[index].quality(mask)
         best = None
-        for node in self.nodes:
-            need = node.need(None, request.device_match)
+        matches = [choice.device_match for choice in searches(request, self.site, False)]
+        for node, match in ((node, match) for match in matches for node in self.nodes):
+            need = node.need(None, match)
             if not node.topology or need.bit_count() < count:
                 continue
             if node.quality(node.choose(need, count)) >= worst:
@@ -316,18 +381,25 @@ class Finder:
             self._whole_nodes[model] = nodes
         return nodes
 
-    def _find_whole_nodes(self, request: Request, not_before: float) -> Fit | None:
-        """Earliest start with enough whole nodes free together, the coolest among equals.
+    def _find_whole_nodes(
+        self, request: Request, not_before: float, choices: tuple[Request, ...]
+    ) -> Fit | None:
+        """Earliest start with enough whole nodes free together, the coolest among equals;
+        all of one of ``choices``' matches (``searches``: one per model, or the request's own).
 
         At a candidate start t every node's own earliest start from t is needed only up to the
         nodes that make up the count: nodes come off a heap keyed by a lower bound (the start
         for the duration's octave, shared across requests) and get an exact search only when
         they reach the top. When the nodes found start later than t, t moves there and the
-        exact starts found so far become the new lower bounds.
+        exact starts found so far become the new lower bounds. One heap serves every choice
+        (their nodes are apart: one model each): the first choice to make up the count wins.
         """
-        eligible = self.whole_nodes(request.device_match)
-        if sum(n.full.bit_count() for n in eligible) < request.gpus:
+        groups = [self.whole_nodes(choice.device_match) for choice in choices]
+        groups = [g for g in groups if sum(n.full.bit_count() for n in g) >= request.gpus]
+        if not groups:
             return None
+        member = {node.index: k for k, group in enumerate(groups) for node in group}
+        eligible = [node for group in groups for node in group]
         floor = _octave(request.duration_s)
         cache = self._whole.setdefault(floor, {})
         bounds = {node.index: self._whole_bound(node, cache, floor) for node in eligible}
@@ -335,21 +407,25 @@ class Finder:
         while True:
             heap = [(max(bounds[n.index], t), n.cool, n.index, False) for n in eligible]
             heapq.heapify(heap)
-            chosen, total = [], 0
-            while total < request.gpus:
+            chosen, totals = [[] for _ in groups], [0] * len(groups)
+            while True:
                 start, cool, index, exact = heapq.heappop(heap)
                 if exact:
-                    chosen.append(index)
-                    total += self.nodes[index].full.bit_count()
+                    k = member[index]
+                    chosen[k].append(index)
+                    totals[k] += self.nodes[index].full.bit_count()
+                    if totals[k] >= request.gpus:
+                        break
                     continue
                 node = self.nodes[index]
                 found = node.timeline.earliest(node.full, node.full.bit_count(), duration, start)
                 bounds[index] = found[0]
                 heapq.heappush(heap, (found[0], cool, index, True))
             if start == t:
+                picked = chosen[k]
                 if self.grouped:
-                    chosen = self._one_group(eligible, chosen, bounds, request, t)
-                return Fit(t, tuple((index, self.nodes[index].full) for index in chosen))
+                    picked = self._one_group(groups[k], picked, bounds, request, t)
+                return Fit(t, tuple((index, self.nodes[index].full) for index in picked))
             t = start
 
     def _one_group(
@@ -412,6 +488,9 @@ def fits_window(
 ):
     """Whether ``request`` fits on ``nodes`` over [start, end] with these timelines."""
     end = max(end, start + 1e-9)
+    choices = searches(request, site_of(nodes), multi)
+    if len(choices) > 1:
+        return any(fits_window(nodes, timelines, c, multi, start, end) for c in choices)
     if multi:
         total = 0
         for node, timeline in zip(nodes, timelines, strict=True):
@@ -433,20 +512,29 @@ def fit_horizon(nodes: list[Node], timelines, request: Request, multi: bool, sta
     ``fits_window(..., start, end)`` holds exactly when this is not None and ``end`` is at most
     it, so one walk answers every duration of a request shape.
     """
+    choices = searches(request, site_of(nodes), multi)
+    matches = [choice.device_match for choice in choices]
     if multi:
         ends = []
         for node, timeline in zip(nodes, timelines, strict=True):
-            if node.whole and node.need(None, request.device_match) == node.full:
+            if node.whole and any(node.need(None, match) == node.full for match in matches):
                 end = timeline.free_until(node.full, node.full.bit_count(), start)
                 if end is not None:
                     ends.append((end, node))
         ends.sort(key=lambda pair: -pair[0])
-        total = 0
-        for end, node in ends:
-            total += node.full.bit_count()
-            if total >= request.gpus:
-                return end
-        return None
+        best = None
+        for match in matches:  # the latest end of any one model searched
+            total = 0
+            for end, node in ends:
+                if node.need(None, match) == node.full:
+                    total += node.full.bit_count()
+                    if total >= request.gpus:
+                        best = end if best is None else max(best, end)
+                        break
+        return best
+    if len(choices) > 1:
+        ends = [fit_horizon(nodes, timelines, choice, multi, start) for choice in choices]
+        return max((end for end in ends if end is not None), default=None)
     best = None
     for node, timeline in zip(nodes, timelines, strict=True):
         need = node.need(request.mig_profile, request.device_match)

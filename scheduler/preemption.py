@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from scheduler.placement import Fit, fewest_victims, fit_horizon, is_multi_node
+from scheduler.placement import Fit, fewest_victims, fit_horizon, is_multi_node, searches
 from scheduler.timeline import INF
 from scheduler.types import Allocation, Preemption, Request
 
@@ -56,10 +56,7 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
             continue
         if not _eligible(run, request, shape, fits_now):
             continue
-        if is_multi_node(request, run.nodes):
-            choice = _best_whole_nodes(run, request, level, by_node)
-        else:
-            choice = _best_victims(run, request, level, by_node)
+        choice = _cheapest(run, request, level, by_node)
         if choice is None:
             hopeless[shape] = min(request.duration_s, hopeless.get(shape, INF))
             continue
@@ -102,6 +99,22 @@ def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
         fits_now[shape] = fit_horizon(run.nodes, timelines, request, multi, now)
     horizon = fits_now[shape]
     return horizon is None or now + duration > horizon
+
+
+def _cheapest(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):
+    """(parts, victims) for ``request``: on one node or on whole nodes, of one model where it
+    keeps one (``placement.searches``): the lowest-QOS, then fewest, victims; or None."""
+    multi = is_multi_node(request, run.nodes)
+    best_of = _best_whole_nodes if multi else _best_victims
+    best = None
+    for choice in searches(request, run.finder.site, multi):
+        found = best_of(run, choice, level, by_node)
+        if found is not None:
+            levels = [run.policy.qos_level(victim.qos) for victim in found[1]]
+            key = (max(levels, default=-1), len(levels))
+            if best is None or key < best[0]:
+                best = (key, found)
+    return None if best is None else best[1]
 
 
 def _best_whole_nodes(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):

@@ -8,7 +8,10 @@ so whole nodes stay free for large requests), and there gets its GPUs by the all
 rule (``topology.best_set``: NVLink-connected first, then one NUMA domain, then the lowest ids);
 a larger one takes whole free nodes, largest first, those of one network group where one group
 can hold it; a MIG slice goes on the GPU with the most slices already held in the window. Ids are the
-inventory's own integers and every remaining tie goes to the lowest.
+inventory's own integers and every remaining tie goes to the lowest. Like the allocation pass,
+2 or more GPUs with no model asked are of one model unless any will do
+(``placement.keeps_one_model``): each model is placed by these rules and the placement on the
+fewest nodes, then with the fewest spare GPUs there, then of the first model, is taken.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from scheduler.placement import keeps_one_model
 from scheduler.topology import best_set
 
 
@@ -61,6 +65,7 @@ class Wanted:
     end: float
     mig_profile: str | None = None
     gpu_model: str | None = None
+    mixed_models: bool = False  # any models will do (else GPUs of one model: see above)
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,10 @@ def holds_by_gpu(holds: tuple[Hold, ...], start: float, end: float) -> dict[int,
 
 def reserve(wanted: Wanted, slots: tuple[Slot, ...], holds: tuple[Hold, ...]) -> Placement:
     """The slots ``wanted`` gets among ``slots`` given ``holds``, by the rules above."""
+    if keeps_one_model(wanted.gpus, wanted.mig_profile, wanted.gpu_model, wanted.mixed_models):
+        models = sorted({slot.model for slot in slots if slot.profile is None})
+        if len(models) > 1:
+            return _one_model(wanted, slots, holds, models)
     matching = [s for s in slots if _matches(s, wanted)]
     by_gpu = holds_by_gpu(holds, wanted.start, wanted.end)
     window = [hold for group in by_gpu.values() for hold in group]
@@ -123,6 +132,34 @@ def reserve(wanted: Wanted, slots: tuple[Slot, ...], holds: tuple[Hold, ...]) ->
         chosen = _one_slice(free, window)
         return Placement((chosen,) if chosen else (), len(free))
     return Placement(_whole_gpus(matching, free, wanted.gpus), len(free))
+
+
+def _one_model(
+    wanted: Wanted, slots: tuple[Slot, ...], holds: tuple[Hold, ...], models: list[str]
+) -> Placement:
+    """The best placement of ``wanted`` on the GPUs of one model (see the module's rules);
+    none fitting, the most free GPUs of one model."""
+    by_gpu = holds_by_gpu(holds, wanted.start, wanted.end)
+    best, most = None, 0
+    for order, model in enumerate(models):
+        pinned = replace(wanted, gpu_model=model)
+        placed = reserve(pinned, slots, holds)
+        most = max(most, placed.free)
+        if not placed.slots:
+            continue
+        nodes = {slot.node for slot in placed.slots}
+        # Spare: this model's free GPUs on those nodes that the placement leaves free.
+        left = sum(
+            1
+            for s in slots
+            if s.node in nodes
+            and _matches(s, pinned)
+            and not any(blocks(h, s) for h in by_gpu.get(s.gpu, ()))
+        )
+        key = (len(nodes), left - len(placed.slots), order)
+        if best is None or key < best[0]:
+            best = (key, placed)
+    return best[1] if best else Placement((), most)
 
 
 def _matches(slot: Slot, wanted: Wanted) -> bool:

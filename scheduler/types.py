@@ -113,6 +113,8 @@ class Request:
     one array hold devices at once (None: no limit). Tasks of one array have the same shape.
     ``runtimes``: it runs in a container image, so only devices of nodes with one of these
     container runtimes fit (empty: any node).
+    ``mixed_models``: its GPUs may be of several models. Without it, a request of 2 or more
+    whole GPUs that names no model gets GPUs of one model (``placement.keeps_one_model``).
     """
 
     booking_id: str
@@ -129,12 +131,17 @@ class Request:
     array: str = ""
     array_limit: int | None = None
     runtimes: tuple[str, ...] = ()  # it runs in a container: its node needs one of these
+    mixed_models: bool = False  # any models will do: no one-model rule
 
     @property
     def device_match(self) -> str | None | tuple:
         """What a device must match besides the MIG profile: the model, and with ``runtimes``
-        a node that has one of them. One value, so every cache keyed by it tells them apart."""
-        return (self.gpu_model, self.runtimes) if self.runtimes else self.gpu_model
+        a node that has one of them; with ``mixed_models`` it says so too (a search for it
+        differs from one for GPUs of one model). One value, so every cache keyed by it tells
+        them apart."""
+        if self.runtimes or self.mixed_models:
+            return (self.gpu_model, self.runtimes, self.mixed_models)
+        return self.gpu_model
 
 
 @dataclass(frozen=True)

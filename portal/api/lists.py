@@ -52,6 +52,7 @@ BOOKING_FIELDS = (
     "gpus",
     "mig_profile",
     "gpu_model",
+    "mixed_models",
     "start",
     "end",
     "duration_s",
@@ -95,6 +96,7 @@ _ALLOCATION_FIELDS = (
     "gpu__uuid",
     "gpu__index",
     "gpu__node__hostname",
+    "gpu__model",
     "mig_instance_id",
     "mig_instance__uuid",
     "mig_instance__profile",
@@ -198,6 +200,7 @@ def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:
             "device": label,
             "uuid": uuid,
             "node": a["gpu__node__hostname"],
+            "model": a["gpu__model"],
             "start": iso(a["start"], tz),
             "end": iso(a["end"], tz),
         }

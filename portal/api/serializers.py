@@ -120,6 +120,12 @@ class BookingCreateInput(StrictSerializer):
     gpus = serializers.IntegerField(required=False)
     mig_profile = serializers.CharField(required=False, max_length=booking_bounds.PROFILE_MAX)
     gpu_model = serializers.CharField(required=False, max_length=booking_bounds.MODEL_MAX)
+    mixed_models = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Any GPU models will do. Without it, a booking of 2 or more GPUs (on one node "
+        "or on several) that names no gpu_model gets GPUs of one model. Not with gpu_model.",
+    )
     start = serializers.DateTimeField(required=False)
     end = serializers.DateTimeField(required=False)
     duration_s = serializers.IntegerField(required=False)
@@ -228,6 +234,7 @@ def allocation_row(allocation, tz) -> dict:
         "device": allocation.device_label,
         "uuid": allocation.device_uuid,
         "node": allocation.gpu.node.hostname,
+        "model": allocation.gpu.model,
         "start": iso(allocation.start, tz),
         "end": iso(allocation.end, tz),
     }
@@ -253,6 +260,7 @@ class AllocationOutput(serializers.Serializer):
     device = serializers.CharField(source="device_label")
     uuid = serializers.CharField(source="device_uuid")
     node = serializers.CharField(source="gpu.node.hostname")
+    model = serializers.CharField(source="gpu.model")
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
 
@@ -364,6 +372,7 @@ class BookingOutput(serializers.ModelSerializer):
             "gpus",
             "mig_profile",
             "gpu_model",
+            "mixed_models",
             "start",
             "end",
             "duration_s",
@@ -452,6 +461,7 @@ class BookingOutput(serializers.ModelSerializer):
             "gpus": gpus_shown(obj.gpus, obj.mig_profile),
             "mig_profile": obj.mig_profile,
             "gpu_model": obj.gpu_model,
+            "mixed_models": obj.mixed_models,
             "start": iso(start, tz),
             "end": iso(end, tz),
             "duration_s": obj.duration_s,

@@ -26,6 +26,8 @@ def _booking_body(args) -> dict:
         body["mig_profile"] = args.mig
     if args.model:
         body["gpu_model"] = args.model
+    if args.any_model:
+        body["mixed_models"] = True
     if args.project:
         body["project"] = args.project
     if args.start:
@@ -275,9 +277,9 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
             ("CUDA_VISIBLE_DEVICES", booking.get("cuda_visible_devices")),
         ]
     )
-    devices = booking.get("devices") or []
-    if devices:
+    for node, devices in _by_node(booking.get("devices") or []):
         print()
+        print(f"{node}: {_devices_of(devices)}")
         rows = [[d["device"], d["uuid"], when(d["start"]), when(d["end"])] for d in devices]
         print(table(["DEVICE", "UUID", "FROM", "TO"], rows))
     runs = booking.get("nodes") or []
@@ -285,6 +287,27 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
         print()
         rows = [[r["rank"], r["node"], r["state"], r["exit_code"]] for r in runs]
         print(table(["RANK", "NODE", "STATE", "EXIT"], rows))
+
+
+def _by_node(devices: list) -> list:
+    """(node, its devices) in the order the nodes first appear: each node's devices apart."""
+    nodes: dict = {}
+    for device in devices:
+        nodes.setdefault(device.get("node") or "?", []).append(device)
+    return list(nodes.items())
+
+
+def _devices_of(devices: list) -> str:
+    """'2 devices, A100-80GB' or '8 devices, 4 A100-80GB + 4 H100-80GB'."""
+    counts: dict = {}
+    for device in devices:
+        model = device.get("model") or "unknown model"
+        counts[model] = counts.get(model, 0) + 1
+    models = " + ".join(
+        name if len(counts) == 1 else f"{n} {name}" for name, n in sorted(counts.items())
+    )
+    plural = "" if len(devices) == 1 else "s"
+    return f"{len(devices)} device{plural}, {models}"
 
 
 def _array(array: dict | None) -> str | None:

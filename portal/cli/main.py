@@ -35,7 +35,13 @@ def _booking_options(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--mig", metavar="PROFILE", help="one MIG slice of this profile, e.g. 3g.40gb"
     )
-    parser.add_argument("-m", "--model", help="GPU model, e.g. A100-80GB")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("-m", "--model", help="GPU model, e.g. A100-80GB")
+    model.add_argument(
+        "--any-model",
+        action="store_true",
+        help="GPUs of different models will do (else 2 or more GPUs are of one model)",
+    )
     parser.add_argument("-p", "--project", help="project (needed if you are in several)")
     parser.add_argument("-t", "--time", metavar="DURATION", help="90m, 2h, 1d, HH:MM:SS")
     parser.add_argument("--start", help="reservation start: 2030-01-01T09:00, now+1h")

@@ -102,9 +102,11 @@ def parse_moment(text: str) -> str:
 
 
 def what(booking: dict) -> str:
-    """'2 GPU', '1 GPU A100-80GB' or 'MIG 3g.40gb'."""
+    """'2 GPU', '1 GPU A100-80GB', '16 GPU any models' or 'MIG 3g.40gb'."""
     if booking.get("mig_profile"):
         base = f"MIG {booking['mig_profile']}"
     else:
         base = f"{booking.get('gpus') or 0} GPU"
+    if booking.get("mixed_models"):
+        return f"{base} any models"
     return f"{base} {booking['gpu_model']}" if booking.get("gpu_model") else base

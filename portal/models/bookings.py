@@ -69,6 +69,11 @@ class Booking(models.Model):
     )
     mig_profile = models.CharField(max_length=32, blank=True)
     gpu_model = models.CharField(max_length=64, blank=True)
+    mixed_models = models.BooleanField(
+        default=False,
+        help_text="Any GPU models will do; without it, 2 or more GPUs with no model asked are "
+        "of one model.",
+    )
     start = models.DateTimeField(
         null=True, blank=True, help_text="Fixed window start (reservation)."
     )

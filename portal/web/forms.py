@@ -104,6 +104,12 @@ class BookForm(AccessibleForm):
     )
     mig_profile = forms.ChoiceField(required=False, label="MIG profile")
     gpu_model = forms.ChoiceField(required=False, label="GPU model")
+    mixed_models = forms.BooleanField(
+        required=False,
+        label="Any mix of models",
+        help_text="2 or more GPUs with no model chosen are of one model; tick this if GPUs of "
+        "different models will do.",
+    )
     when = forms.ChoiceField(
         choices=[("asap", "As soon as possible"), ("window", "A fixed window")],
         widget=forms.RadioSelect,
@@ -194,8 +200,8 @@ class BookForm(AccessibleForm):
             self.fields["project"].initial = projects[0]
         profiles = inventory.mig_profiles()
         self.fields["mig_profile"].choices = [("", "Choose a profile")] + [(p, p) for p in profiles]
-        models = sorted(set(inventory.gpu_models()) | set(_mig_models()))
-        self.fields["gpu_model"].choices = [("", "Any model")] + [(m, m) for m in models]
+        models = inventory.site_gpu_models()
+        self.fields["gpu_model"].choices = [("", "Any one model")] + [(m, m) for m in models]
 
     def _bound(self, bounds: booking_bounds.RequestBounds) -> None:
         # The request bounds the API has too; built per form, so the settings as they are now.
@@ -246,6 +252,7 @@ class BookForm(AccessibleForm):
         kwargs = {
             "project": data["project"],
             "gpu_model": data.get("gpu_model") or None,
+            "mixed_models": bool(data.get("mixed_models")),
             "qos": data["qos"],
             "preemptible": data["preemptible"],
             "command": data.get("command") or "",
@@ -266,12 +273,6 @@ class BookForm(AccessibleForm):
         else:
             kwargs["duration_s"] = round(data["duration_hours"] * 3600)
         return kwargs
-
-
-def _mig_models() -> list[str]:
-    from portal.services.inventory.selectors import mig_gpu_models
-
-    return mig_gpu_models()
 
 
 class ExtendForm(AccessibleForm):

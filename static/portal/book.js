@@ -29,6 +29,7 @@
     var body = { qos: value("qos"), preemptible: !!value("preemptible") };
     if (value("project")) body.project = value("project");
     if (value("gpu_model")) body.gpu_model = value("gpu_model");
+    if (value("mixed_models") && value("kind") !== "mig") body.mixed_models = true;
     if (value("command")) body.command = value("command");
     if (value("image")) body.image = value("image");
     if (value("kind") === "mig") {

@@ -63,3 +63,27 @@ def test_it_shows_each_nodes_process_and_exit_code(site, cli):
     assert lines[at + 2].split() == ["1", "cli-b", "exited", "3"]
     body = json.loads(cli("show", "--json", str(booking.pk), token=token).stdout)
     assert body["nodes"][1]["log_tail"] == "boom\n"
+
+
+def test_it_books_any_model_only_when_asked_and_shows_each_nodes_devices_apart(site, cli):
+    site["project"].quotas.update(max_gpus=None)
+    make_node("cli-b", gpus=2), make_node("cli-h", gpus=2, model="H100-80GB")
+    token = token_for(site["alice"])
+    # 4 GPUs of one model: cli-b's 2 A100 are the only whole node of A100 (cli-a has MIG).
+    refused = cli("submit", "-g", "4", "-t", "1h", token=token)
+    assert refused.returncode == 5, refused.stderr
+    assert "whole GPUs of one model" in refused.stderr
+    result = cli("submit", "--json", "-g", "4", "--any-model", "-t", "1h", token=token)
+    assert result.returncode == 0, result.stderr
+    booking = json.loads(result.stdout)
+    assert booking["mixed_models"] is True
+    assert Booking.objects.get().mixed_models is True
+    lines = cli("show", str(booking["id"]), token=token).stdout.splitlines()
+    assert "What:                  4 GPU any models" in lines
+    for node, model in (("cli-b", "A100-80GB"), ("cli-h", "H100-80GB")):
+        at = lines.index(f"{node}: 2 devices, {model}")
+        assert lines[at + 1].split()[:2] == ["DEVICE", "UUID"]
+        assert [line.split()[0] for line in lines[at + 2 : at + 4]] == [
+            f"{node}/gpu0",
+            f"{node}/gpu1",
+        ]

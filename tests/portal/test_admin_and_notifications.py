@@ -7,13 +7,13 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from tests.factories import AllocationFactory, BookingFactory, make_node
+from tests.factories import AllocationFactory, BookingFactory, make_mig_gpu, make_node
 
 pytestmark = pytest.mark.django_db
 
 
 def test_it_lists_quotas_with_usage_beside_each_limit(admin_client, user, project):
-    project.quotas.update(max_gpus=8, gpu_hours_budget=100)
+    project.quotas.update(max_gpus=8, gpu_hours_budget=100, max_duration_s=3 * 86400)
     gpu = make_node("n1", gpus=1).gpus.get()
     now = timezone.now()
     booking = BookingFactory(owner=user, project=project, state="active")
@@ -21,9 +21,56 @@ def test_it_lists_quotas_with_usage_beside_each_limit(admin_client, user, projec
         booking=booking, gpu=gpu, start=now - timedelta(hours=3), end=now + timedelta(hours=1)
     )
     html = admin_client.get("/admin/portal/quota/").content.decode()
-    assert "GPUs in use / limit" in html
-    assert "1 / 8" in html
-    assert "3.0 / 100" in html
+    assert "GPUs in use, of the limit" in html
+    assert "1 GPU of 8" in html
+    assert "3.0 of 100 GPU-hours" in html
+    assert '<td class="field-longest_booking">3 d</td>' in html
+
+
+def test_it_lists_gpus_and_mig_slices_as_people_count_them(admin_client, user, project):
+    # 4 whole GPUs and 3 one-slice MIG instances: 4 + 3/7 = 4.43 GPU-equivalents.
+    project.quotas.update(max_gpus=16, max_duration_s=None)
+    node = make_node("n1", gpus=4)
+    mig = make_mig_gpu(node, 4, profiles=("1g.10gb",) * 7)
+    now = timezone.now()
+    booking = BookingFactory(owner=user, project=project, state="active")
+    window = {"start": now - timedelta(hours=1), "end": now + timedelta(hours=1)}
+    for gpu in node.gpus.filter(mig_mode=False):
+        AllocationFactory(booking=booking, gpu=gpu, **window)
+    for instance in mig.mig_instances.all()[:3]:
+        AllocationFactory(
+            booking=booking, gpu=mig, mig_instance=instance, fraction=instance.fraction, **window
+        )
+    html = admin_client.get("/admin/portal/quota/").content.decode()
+    assert "4 GPUs + 3 MIG slices, 4.4 GPU-equivalents, of 16" in html
+    assert "4.4286" not in html
+    assert '<td class="field-longest_booking">site maximum</td>' in html
+
+
+def test_it_offers_allowed_models_as_a_choice_of_the_sites_models(admin_client, project):
+    make_node("n1", model="A100-80GB"), make_node("n2", model="H100-80GB")
+    quota = project.quotas.get()
+    quota.allowed_models = ["H100-80GB", "A100-80GB"]
+    quota.save()
+    page = admin_client.get(f"/admin/portal/quota/{quota.pk}/change/").content.decode()
+    for model in ("A100-80GB", "H100-80GB"):
+        assert f'type="checkbox" name="allowed_models" value="{model}"' in page
+    form = {"project": project.pk, "allowed_qos": "", "max_gpus": "16"}
+    unchanged = admin_client.post(
+        f"/admin/portal/quota/{quota.pk}/change/",
+        {**form, "allowed_models": ["A100-80GB", "H100-80GB"]},
+    )
+    assert unchanged.status_code == 302, unchanged.content.decode()[:2000]
+    quota.refresh_from_db()
+    assert quota.allowed_models == ["H100-80GB", "A100-80GB"]  # the same stored value
+    admin_client.post(
+        f"/admin/portal/quota/{quota.pk}/change/", {**form, "allowed_models": ["H100-80GB"]}
+    )
+    quota.refresh_from_db()
+    assert quota.allowed_models == ["H100-80GB"]
+    admin_client.post(f"/admin/portal/quota/{quota.pk}/change/", form)
+    quota.refresh_from_db()
+    assert quota.allowed_models is None  # nothing ticked: all models
 
 
 def test_it_lets_an_admin_override_a_users_quota(admin_client, user, project):
@@ -41,18 +88,20 @@ def test_it_lets_an_admin_override_a_users_quota(admin_client, user, project):
     assert project.quotas.get(user=user).max_gpus == 2
 
 
-def test_it_refuses_a_malformed_model_list_in_the_admin(admin_client, user, project):
+def test_it_refuses_a_model_the_site_does_not_have_in_the_admin(admin_client, user, project):
     response = admin_client.post(
         "/admin/portal/quota/add/",
         {
             "project": project.pk,
             "user": user.pk,
-            "allowed_models": '"A100"',
+            "allowed_models": ["A100"],
             "allowed_qos": "",
         },
     )
     assert response.status_code == 200
-    assert "Enter a list of names" in response.content.decode()
+    assert "Select a valid choice. A100 is not one of the available choices." in (
+        response.content.decode()
+    )
     assert not project.quotas.filter(user=user).exists()
 
 

@@ -164,6 +164,28 @@ def test_it_starts_no_afterok_dependent_of_a_job_its_agent_stopped(
 
 
 @pytest.mark.both_databases
+def test_it_never_starts_an_afterok_dependent_of_a_cancelled_booking(api, project, cluster):
+    # A cancelled booking did not end successfully: its afterok dependents are ended unstarted,
+    # its afternotok ones run.
+    project.quotas.update(max_gpus=None)
+    first = _submit(api, gpus=1, duration_s=600, command="train")
+    second = _submit(api, gpus=1, duration_s=600, command="eval", after=f"afterok:{first['id']}")
+    third = _submit(
+        api, gpus=1, duration_s=600, command="cleanup", after=f"afternotok:{first['id']}"
+    )
+    with _commits(execute=True):
+        assert api.post(f"/api/v1/bookings/{first['id']}/cancel/").status_code == 200
+    allocation_pass(now=timezone.now())
+    ended = _get(api, second["id"])
+    assert (ended["state"], ended["started_at"]) == ("cancelled", None)
+    assert ended["state_detail"] == (
+        f"dependency never satisfied: booking {first['id']} did not end successfully (afterok)"
+    )
+    assert not Booking.objects.get(pk=second["id"]).allocations.exists()
+    assert _get(api, third["id"])["state"] == "active"
+
+
+@pytest.mark.both_databases
 def test_it_waits_for_every_task_of_an_array_named_by_its_first_task(api, project, cluster):
     project.quotas.update(max_gpus=None)
     first = _submit(api, gpus=1, duration_s=600, command="t", array="0-2")

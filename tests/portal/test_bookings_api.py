@@ -5,9 +5,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.models import Allocation, Booking, Membership
+from portal.models import Allocation, Booking, DomainEvent, Membership
 from tests.conftest import error_of
-from tests.factories import GpuFactory, UserFactory, make_mig_gpu, make_node, member
+from tests.factories import (
+    GpuFactory,
+    UserFactory,
+    make_active_booking,
+    make_mig_gpu,
+    make_node,
+    member,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -288,6 +295,27 @@ def test_it_refuses_to_cancel_twice_with_409(api, project, cluster):
     response = api.post(f"/api/v1/bookings/{booking['id']}/cancel/")
     assert response.status_code == 409
     assert error_of(response)["code"] == "invalid_state"
+
+
+def test_it_refuses_to_cancel_a_finished_booking_and_leaves_it_finished(
+    api, user, project, cluster
+):
+    booking = make_active_booking(list(cluster[0].gpus.all()[:2]), owner=user, project=project)
+    assert api.post(f"/api/v1/bookings/{booking.pk}/release/").json()["state"] == "finished"
+    booking.refresh_from_db()
+    before = (booking.state, booking.ended_at, booking.state_detail)
+    ends = sorted(booking.allocations.values_list("end", flat=True))
+    facts = DomainEvent.objects.count()
+    response = api.post(f"/api/v1/bookings/{booking.pk}/cancel/")
+    assert response.status_code == 409
+    assert error_of(response)["code"] == "invalid_state"
+    assert error_of(response)["message"] == (
+        f"Booking {booking.pk} is finished; it cannot be cancelled."
+    )
+    booking.refresh_from_db()
+    assert (booking.state, booking.ended_at, booking.state_detail) == before
+    assert sorted(booking.allocations.values_list("end", flat=True)) == ends
+    assert DomainEvent.objects.count() == facts  # nothing told: nothing happened
 
 
 def test_it_extends_a_reservation_when_the_devices_are_free(api, project, cluster):

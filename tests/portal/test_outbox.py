@@ -2,6 +2,7 @@
 subscribers (notify, live, agents, pass request) run after commit, the sweep sends what a dead
 process left, and nothing is sent for a change that rolled back."""
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -166,6 +167,47 @@ def test_it_retries_a_failed_subscriber_without_sending_the_others_twice(
     assert Notification.objects.filter(booking=booking).count() == 1
     assert Delivery.objects.count() == deliveries
     assert DomainEvent.objects.get().dispatched_at is not None
+
+
+RACE_KIND = "test.race"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_runs_a_fact_claimed_by_another_dispatcher_once():
+    # Dispatcher A has claimed the fact and is inside its subscriber when dispatcher B (another
+    # connection: the after-commit dispatch of another process) asks for the same fact.
+    inside, finish, calls, errors = threading.Event(), threading.Event(), [], []
+
+    def slow_subscriber(fact):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            inside.set()
+            assert finish.wait(30)
+
+    fact = DomainEvent.objects.create(kind=RACE_KIND, created_at=timezone.now())
+    outbox.subscribe(RACE_KIND, slow_subscriber)
+
+    def dispatcher_a():
+        try:
+            outbox.facts_dispatch(fact_ids=[fact.pk])
+        except Exception as exc:  # pragma: no cover - shown by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=dispatcher_a, name="A")
+    try:
+        thread.start()
+        assert inside.wait(30)
+        assert outbox.facts_dispatch(fact_ids=[fact.pk]) == 0  # B: A holds the claim
+        finish.set()
+        thread.join(30)
+    finally:
+        finish.set()
+        outbox.unsubscribe(RACE_KIND, slow_subscriber)
+    assert not errors and calls == ["A"]
+    fact.refresh_from_db()
+    assert fact.dispatched_at is not None and fact.attempts == 1
 
 
 def test_it_tells_a_reclaim_as_a_reclaim_without_asking_reclaim(user, project, cluster):

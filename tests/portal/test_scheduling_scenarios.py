@@ -12,12 +12,15 @@ from django.utils import timezone
 
 from portal.models import Booking
 from portal.services.allocation.allocation import allocation_pass
+from tests.conftest import error_of
 from tests.factories import (
     AllocationFactory,
     BookingFactory,
     ProjectFactory,
     QuotaFactory,
     UserFactory,
+    make_active_booking,
+    make_node,
     member,
 )
 
@@ -154,3 +157,39 @@ def test_it_moves_the_planned_start_of_the_queue_when_the_running_booking_is_ext
     extended = _get(api, hog["id"])
     assert _seconds_apart(extended["end"], _at(hog["end"]) + timedelta(hours=1)) < 1
     assert _seconds_apart(_get(api, waiting["id"])["planned_start"], extended["end"]) < 5
+
+
+def test_it_keeps_a_two_node_booking_on_one_model_unless_any_will_do(api, user, project):
+    # One H100 node and two A100 nodes, one of them busy for an hour: `--nodes 2` with no model
+    # waits for the two A100 nodes rather than start now on one H100 and one A100 node.
+    make_node("h1", model="H100-80GB"), make_node("a1")
+    busy = make_node("a2")
+    hog = make_active_booking(list(busy.gpus.all()), owner=user, project=project, gpus=8)
+    hog_end = hog.allocations.first().end
+    body = {"node_count": 2, "duration_s": 600, "command": "python train.py"}
+    with _commits(execute=True):
+        estimate = api.post("/api/v1/bookings/estimate/", body, format="json").json()
+    one = _submit(api, **body)
+    assert (one["state"], one["mixed_models"], one["devices"]) == ("pending", False, [])
+    assert _seconds_apart(one["planned_start"], hog_end) < 2
+    assert _seconds_apart(estimate["planned_start"], hog_end) < 2
+    mixed = _submit(api, **body, mixed_models=True)
+    assert (mixed["state"], mixed["mixed_models"]) == ("active", True)
+    models = {(d["node"], d["model"]) for d in mixed["devices"]}
+    assert models == {("h1", "H100-80GB"), ("a1", "A100-80GB")}
+    assert len(mixed["devices"]) == 16
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"mixed_models": "perhaps"}, "Must be a valid boolean."),
+        ({"mixed_models": True, "gpu_model": "A100-80GB"}, "give either gpu_model"),
+    ],
+)
+def test_it_refuses_a_bad_mixed_models_naming_the_field(api, cluster, extra, said):
+    body = {"gpus": 2, "duration_s": 600, **extra}
+    response = api.post("/api/v1/bookings/", body, format="json")
+    assert response.status_code == 400
+    assert said in error_of(response)["fields"]["mixed_models"]
+    assert not Booking.objects.exists()

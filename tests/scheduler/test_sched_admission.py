@@ -30,8 +30,12 @@ QUOTA_LIMITS = ("max_gpus", "gpu_hours_budget")
         (req("x", 9, gpu_model="A100"), True, None, None),  # a reservation takes b's four too
         (req("x", 12, gpu_model="A100"), True, None, None),
         (req("x", 13, gpu_model="A100"), True, "inventory", 12),
-        (req("x", 16), False, None, None),  # no model asked: b is whole GPUs of any model
-        (req("x", 17), False, "inventory", 16),
+        # No model asked: GPUs of one model, and b is a whole node of neither.
+        (req("x", 16), False, "inventory", 8),
+        (req("x", 16), True, "inventory", 12),  # a reservation: a's 8 and b's 4 A100
+        (req("x", 8), False, None, None),
+        (req("x", 16, mixed_models=True), False, None, None),  # any model: b counts whole
+        (req("x", 17, mixed_models=True), False, "inventory", 16),
         (req("x", 5, gpu_model="H100"), False, "inventory", 4),
         (req("x", mig_profile=MIG_3G), False, None, None),
         (req("x", mig_profile="7g.80gb"), False, "inventory", 0),

@@ -36,6 +36,7 @@ def _request(draw, bid: str, submit: float) -> Request:
         mig_profile=profile,
         gpu_model=draw(st.sampled_from([None, None, "H100"])),
         qos=draw(st.sampled_from(["low", "normal", "normal", "high"])),
+        mixed_models=draw(st.sampled_from([False, False, True])),
     )
 
 

@@ -1,11 +1,16 @@
-"""Placement rules: one node, whole nodes, MIG profiles, models, node state, packing, coolness."""
+"""Placement rules: one node, whole nodes, MIG profiles, models (one per booking unless any will
+do), node state, packing, coolness."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from sched_factories import MIG_1G, MIG_3G, alloc, by_id, gpus, mig, req, state
 
 from scheduler import Device, Policy, plan
+from scheduler.kept_walk import keep_walk
+from scheduler.reserve import Slot, Wanted, reserve
 
 
 def _nodes_of(device_ids):
@@ -109,3 +114,88 @@ def test_it_prefers_less_loaded_gpus_when_temperatures_tie():
     )
     result = plan(state(devices, [req("r")]), Policy())
     assert result.starts[0].device_ids == ("a-g1",)
+
+
+# The one-model rule (placement.keeps_one_model): a request of 2 or more GPUs that names no
+# model gets GPUs of one model, unless it says any model will do (mixed_models).
+H100_A100_A100 = gpus("h", 8, "H100") + gpus("a", 8, "A100") + gpus("b", 8, "A100")
+# One node of 2 H100 and 4 A100, one of 8 V100.
+MIXED_NODE = (
+    tuple(Device(f"m-g{i}", "m", "H100") for i in range(2))
+    + tuple(Device(f"m-g{i}", "m", "A100") for i in range(2, 6))
+    + gpus("v", 8, "V100")
+)
+B_BUSY = [alloc("x", [f"b-g{i}" for i in range(8)], 500)]
+
+
+def _models(devices, device_ids) -> set[str]:
+    model = {device.id: device.model for device in devices}
+    return {model[device_id] for device_id in device_ids}
+
+
+@pytest.mark.parametrize(
+    ("devices", "busy", "request_", "start", "nodes", "reason"),
+    [
+        # Two nodes' worth with no model: both A100 nodes, never one H100 and one A100 node.
+        (H100_A100_A100, [], req("r", gpus=16), 0, {"a", "b"}, "starting"),
+        # ... even when that means waiting for b, with h and a free now.
+        (H100_A100_A100, B_BUSY, req("r", gpus=16), 500, {"a", "b"}, "resources"),
+        # Any model will do: h and a, now.
+        (H100_A100_A100, B_BUSY, req("r", gpus=16, mixed_models=True), 0, {"h", "a"}, "starting"),
+        # No 16 GPUs of one model without b: never, unless any model will do.
+        (H100_A100_A100[:16], [], req("r", gpus=16), None, set(), "never"),
+        (H100_A100_A100[:16], [], req("r", 16, mixed_models=True), 0, {"h", "a"}, "starting"),
+        # A named model is one model already.
+        (H100_A100_A100, B_BUSY, req("r", gpus=16, gpu_model="A100"), 500, {"a", "b"}, "resources"),
+        # One node of several models: 4 GPUs of one of them (its A100), not 2 H100 + 2 A100...
+        (MIXED_NODE, [], req("r", gpus=4), 0, {"m"}, "starting"),
+        # ... 6 of one model only on v (which has 8 V100), where m has 6 GPUs of two models.
+        (MIXED_NODE, [], req("r", gpus=6), 0, {"v"}, "starting"),
+        (MIXED_NODE, [], req("r", gpus=6, mixed_models=True), 0, {"m"}, "starting"),
+        # One GPU, or a MIG slice, keeps one model by itself.
+        (H100_A100_A100, [], req("r", gpus=1), 0, {"a"}, "starting"),
+    ],
+)
+def test_it_keeps_a_booking_on_one_model_unless_any_will_do(
+    devices, busy, request_, start, nodes, reason
+):
+    line = by_id(plan(state(devices, [request_], busy), Policy()))["r"]
+    assert (line.start, line.reason) == (start, reason)
+    if start is not None:
+        assert _nodes_of(line.device_ids) == nodes
+        assert len(line.device_ids) == request_.gpus
+    if start is not None and not request_.mixed_models:
+        assert len(_models(devices, line.device_ids)) == 1
+
+
+def test_the_estimate_walk_and_reservations_keep_one_model_by_the_same_rule():
+    # The estimate's kept walk gives the line plan() gives (q holds 2 GPUs until 100).
+    policy = Policy(protect_oldest=0)
+    queued = state(H100_A100_A100, [req("q", gpus=2, submit=-5)], B_BUSY)
+    kept = keep_walk(queued, policy, every=1)
+    for request, start, nodes in (
+        (req("r", gpus=16), 500, {"a", "b"}),
+        (req("r", gpus=16, mixed_models=True), 100, {"h", "a"}),
+    ):
+        line = kept.line(request)
+        whole = by_id(plan(replace(queued, pending=queued.pending + (request,)), policy))["r"]
+        assert line == whole
+        assert (line.start, _nodes_of(line.device_ids)) == (start, nodes)
+    slots = tuple(
+        Slot(i // 8, i, model=device.model) for i, device in enumerate(H100_A100_A100[:16])
+    )
+    assert reserve(Wanted(16, 0.0, 100.0), slots, ()).slots == ()
+    both = reserve(Wanted(16, 0.0, 100.0, mixed_models=True), slots, ())
+    assert {slot.model for slot in both.slots} == {"H100", "A100"}
+    # A fixed window of 4 with no model: the fullest node of one model, not 2 + 2 of two.
+    slots = tuple(Slot(0, i, model=model) for i, model in enumerate(["H100"] * 2 + ["A100"] * 3))
+    assert {slot.model for slot in reserve(Wanted(3, 0.0, 1.0), slots, ()).slots} == {"A100"}
+
+
+def test_it_preempts_for_one_model_rather_than_take_free_gpus_of_two():
+    victims = [alloc("low", [f"b-g{i}" for i in range(8)], 9000, qos="low", preemptible=True)]
+    urgent = req("r", gpus=16, qos="high", submit=-1000)
+    result = plan(state(H100_A100_A100, [urgent], victims, now=0.0), Policy(preempt_grace_s=300))
+    assert [p.booking_id for p in result.preemptions] == ["low"]
+    line = by_id(result)["r"]
+    assert (line.reason, _nodes_of(line.device_ids)) == ("preempting", {"a", "b"})

@@ -3,6 +3,7 @@ start never later than without topology (docs/scheduling.md, Placement)."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ from sched_factories import alloc, by_id, gpus, req, state
 
 from scheduler import Device, Policy, plan
 from scheduler.reserve import Hold, Slot, Wanted, reserve
-from scheduler.topology import best_set, describe
+from scheduler.topology import SUBSETS_MAX, best_set, describe
 
 # DGX-1's hybrid cube-mesh: two fully connected quads (0-3, 4-7) and the links i <-> i+4.
 # A fully connected set of 4 is one of the two quads; no set of 8 is fully connected.
@@ -208,6 +209,29 @@ def test_best_set_searches_large_nodes_greedily():
     chosen = best_set(list(range(16)), 8, links, {i: i // 8 for i in range(16)})
     assert sorted(chosen) == list(range(8))
     assert best_set([3, 1, 2], 2, {}, {}) == (3, 1)  # no topology: the caller's order
+
+
+# A 16-GPU node whose odd GPUs form one NVLink clique; GPU i is on NUMA node (i // 2) % 2 (odd
+# GPUs alternate 0, 1, 0, 1, ...). Even GPUs have no links.
+_ODD = [i for i in range(16) if i % 2]
+_CLIQUE = {i: set(_ODD) - {i} for i in _ODD}
+_ALTERNATING = {i: (i // 2) % 2 for i in range(16)}
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        # The linked set is not where the caller's order begins: found from another seed, by
+        # the links alone (8 of 16 is C(16, 8) = 12,870 subsets).
+        (8, _ODD),
+        # Any 4 of the clique are fully connected: the greedy keeps them on the seed's NUMA node.
+        (4, [1, 5, 9, 13]),
+    ],
+)
+def test_it_finds_the_linked_set_of_a_16_gpu_node_greedily(count, expected):
+    assert math.comb(16, count) > SUBSETS_MAX  # past the exact search
+    chosen = best_set(list(range(16)), count, _CLIQUE, _ALTERNATING)
+    assert sorted(chosen) == expected
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from tests.factories import (
     ProjectFactory,
     UserFactory,
     make_mig_gpu,
+    make_node,
     member,
 )
 
@@ -185,6 +186,28 @@ def test_it_books_a_reservation_from_the_form(client_in, project, cluster):
     assert response["Location"] == f"/bookings/{booking.pk}/"
     assert booking.state == Booking.State.PLANNED
     assert booking.allocations.count() == 2
+
+
+def test_it_books_gpus_of_any_mix_of_models_only_when_the_box_is_ticked(
+    client_in, project, django_capture_on_commit_callbacks
+):
+    project.quotas.update(max_gpus=None)
+    make_node("a1"), make_node("h1", model="H100-80GB")
+    form = {"project": "vision", "kind": "gpus", "gpus": "16", "when": "asap", "qos": "normal"}
+    page = client_in.get("/book/").content.decode()
+    assert 'name="mixed_models"' in page and "Any one model" in page
+    refused = client_in.post("/book/", {**form, "duration_hours": "1"})
+    assert refused.status_code == 400
+    assert "of one model" in refused.content.decode()
+    with django_capture_on_commit_callbacks(execute=True):  # the pass, as after a real commit
+        response = client_in.post("/book/", {**form, "duration_hours": "1", "mixed_models": "on"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    booking = Booking.objects.get()
+    assert booking.mixed_models is True and booking.state == Booking.State.ACTIVE
+    assert set(booking.allocations.values_list("gpu__model", flat=True)) == {
+        "A100-80GB",
+        "H100-80GB",
+    }
 
 
 def test_it_books_an_array_after_another_booking_from_the_form(client_in, user, project, cluster):

@@ -134,6 +134,7 @@ BOOKING_FIELDS = [
     "gpus",
     "mig_profile",
     "gpu_model",
+    "mixed_models",
     "qos",
     "start",
     "end",

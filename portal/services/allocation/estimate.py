@@ -106,6 +106,7 @@ def _request_fields(fields: dict) -> dict:
         "gpus": None,
         "mig_profile": None,
         "gpu_model": None,
+        "mixed_models": False,
         "start": None,
         "end": None,
         "duration_s": None,

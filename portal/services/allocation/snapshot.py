@@ -99,6 +99,7 @@ _PENDING_FIELDS = (
     "array_parent_id",
     "array_spec",
     "image",
+    "mixed_models",
 )
 
 
@@ -159,6 +160,7 @@ def _request_row(row: tuple, after: tuple):
         array=str(row[17] or ""),
         array_limit=array_limit(row[18]),
         runtimes=_runtimes(row[19]),
+        mixed_models=row[20],
     )
 
 
@@ -403,4 +405,5 @@ def _request(booking: Booking):
         qos=booking.qos,
         preemptible=booking.preemptible,
         runtimes=_runtimes(booking.image),
+        mixed_models=booking.mixed_models,
     )

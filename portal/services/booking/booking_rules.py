@@ -22,6 +22,7 @@ class BookingRequest:
     gpus: int
     mig_profile: str
     gpu_model: str
+    mixed_models: bool  # any models will do (scheduler.placement.keeps_one_model)
     start: datetime | None
     end: datetime | None
     duration_s: int
@@ -66,18 +67,24 @@ def check_request(
     qos: str,
     preemptible: bool,
     command: str,
+    mixed_models: bool = False,
 ) -> BookingRequest:
     """Validate a submission against the inventory, the window rules and the quota."""
     proj = resolve_project(user=user, slug=project)
     limits = quota_position(project=proj, user=user, now=now, use=False)
     quota = limits.user_limits
     start, end, duration = _check_window(now=now, start=start, end=end, duration_s=duration_s)
+    if mixed_models and gpu_model:
+        raise ValidationFailed.field(
+            "mixed_models", "give either gpu_model (one model) or mixed_models, not both."
+        )
     model = _check_model(gpu_model or "", quota, mig=bool(mig_profile))
     request = BookingRequest(
         project=proj,
         gpus=0,
         mig_profile="",
         gpu_model=model,
+        mixed_models=bool(mixed_models) and not model,
         start=start,
         end=end,
         duration_s=duration,
@@ -208,6 +215,7 @@ def _check_admission(request: BookingRequest) -> None:
         gpus=request.gpus or 1,
         mig_profile=request.mig_profile or None,
         gpu_model=request.gpu_model or None,
+        mixed_models=request.mixed_models,
     )
     refusal = scheduler.admission_refusal(
         asked,

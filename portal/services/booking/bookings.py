@@ -59,6 +59,7 @@ def booking_submit(
     gpus: int | None = None,
     mig_profile: str | None = None,
     gpu_model: str | None = None,
+    mixed_models: bool = False,
     start: datetime | None = None,
     end: datetime | None = None,
     duration_s: int | None = None,
@@ -101,6 +102,7 @@ def booking_submit(
         gpus=gpus,
         mig_profile=mig_profile,
         gpu_model=gpu_model,
+        mixed_models=mixed_models,
         start=start,
         end=end,
         duration_s=duration_s,
@@ -159,6 +161,7 @@ def booking_from_request(
         gpus=request.gpus,
         mig_profile=request.mig_profile,
         gpu_model=request.gpu_model,
+        mixed_models=request.mixed_models,
         start=request.start,
         end=request.end,
         duration_s=request.duration_s,
@@ -309,6 +312,7 @@ def _place(request: BookingRequest, image: str) -> list[Slot]:
         gpus=request.gpus,
         mig_profile=request.mig_profile,
         gpu_model=request.gpu_model,
+        mixed_models=request.mixed_models,
         allowed_models=request.quota.allowed_models,
     )
     if not devices:

@@ -148,7 +148,8 @@ def array_save(booking: Booking, spec: str, task_ids: tuple[int, ...], after: Af
 
 def _copy_request(booking: Booking) -> Booking:
     names = (
-        "owner_id project_id gpus mig_profile gpu_model duration_s qos preemptible command"
+        "owner_id project_id gpus mig_profile gpu_model mixed_models duration_s qos preemptible"
+        " command"
         " image workdir env signal_name signal_before_s state submitted_at"
     ).split()
     return Booking(**{name: getattr(booking, name) for name in names})

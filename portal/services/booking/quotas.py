@@ -9,7 +9,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import ExpressionWrapper, F, FloatField, Sum, Value
+from django.db.models import Count, ExpressionWrapper, F, FloatField, Q, Sum, Value
 from django.db.models.functions import Greatest, Least
 
 import scheduler
@@ -243,6 +243,21 @@ def usage_current(*, project: Project, user=None, now: datetime, period_days: in
 
 
 _INSTANT = timedelta(microseconds=1)
+
+
+def devices_held_now(*, project: Project, user=None, now: datetime) -> tuple[int, int]:
+    """Whole GPUs and MIG slices (instances) a project, or one user in it, holds at `now`: the
+    devices behind `usage_current`'s GPU-equivalents, counted as people count them."""
+    rows = Allocation.objects.filter(
+        booking__project=project, live=True, start__lt=now + _INSTANT, end__gt=now
+    )
+    if user is not None:
+        rows = rows.filter(booking__owner=user)
+    counts = rows.aggregate(
+        whole=Count("id", filter=Q(mig_instance__isnull=True)),
+        slices=Count("id", filter=Q(mig_instance__isnull=False)),
+    )
+    return counts["whole"], counts["slices"]
 
 
 def quota_overview(*, user, now: datetime) -> list[dict]:

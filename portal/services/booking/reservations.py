@@ -106,6 +106,7 @@ def _move(booking: Booking, now: datetime, detail: str) -> bool:
             gpus=booking.gpus,
             mig_profile=booking.mig_profile,
             gpu_model=booking.gpu_model,
+            mixed_models=booking.mixed_models,
             runtimes=image_runtimes(booking.image) if booking.image else (),
         )
         if not devices or not allocations_write(

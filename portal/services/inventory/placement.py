@@ -20,6 +20,7 @@ def devices_for_window(
     gpus: int,
     mig_profile: str = "",
     gpu_model: str = "",
+    mixed_models: bool = False,
     allowed_models: tuple[str, ...] = (),
     runtimes: tuple[str, ...] = (),
 ) -> tuple[list[Slot] | None, int]:
@@ -69,6 +70,7 @@ def _wanted(start, end, gpus, mig_profile, gpu_model, allowed_models, runtimes):
         end=to_epoch(end),
         mig_profile=mig_profile or None,
         gpu_model=gpu_model or None,
+        mixed_models=mixed_models,
     )
     return wanted, slots, candidates.values("gpu_id" if mig_profile else "id")
 

@@ -73,6 +73,11 @@ def mig_gpu_models() -> list[str]:
     )
 
 
+def site_gpu_models() -> list[str]:
+    """Every model of the bookable inventory, whole GPUs and GPUs in MIG mode, each once."""
+    return sorted(set(gpu_models()) | set(mig_gpu_models()))
+
+
 def mig_profiles(*, gpu_model: str = "") -> list[str]:
     qs = mig_instances_bookable()
     if gpu_model:
