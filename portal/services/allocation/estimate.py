@@ -143,6 +143,7 @@ def _next_window(user, request: BookingRequest, now: datetime, image: str):
         gpus=request.gpus,
         mig_profile=request.mig_profile,
         gpu_model=request.gpu_model,
+        mixed_models=request.mixed_models,
         allowed_models=request.quota.allowed_models,
         runtimes=image_runtimes(image) if image else (),
     )

@@ -27,7 +27,7 @@ def devices_for_window(
     """Devices for a fixed window by the placement rules, or None; and how many matched free.
     With ``runtimes`` (a booking in a container) only nodes with one of them count."""
     wanted, slots, gpu_ids = _wanted(
-        start, end, gpus, mig_profile, gpu_model, allowed_models, runtimes
+        start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes
     )
     placement = reserve(wanted, slots, holds_on(gpu_ids=gpu_ids, start=start, end=end))
     return (list(placement.slots) or None), placement.free
@@ -41,20 +41,21 @@ def next_window_start(
     gpus: int,
     mig_profile: str = "",
     gpu_model: str = "",
+    mixed_models: bool = False,
     allowed_models: tuple[str, ...] = (),
     runtimes: tuple[str, ...] = (),
 ) -> datetime | None:
     """The earliest start from ``start`` to ``until`` at which a window as long as [start, end)
     gets devices by the same rules (``scheduler.reserve.next_window``), or None."""
     wanted, slots, gpu_ids = _wanted(
-        start, end, gpus, mig_profile, gpu_model, allowed_models, runtimes
+        start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes
     )
     holds = holds_on(gpu_ids=gpu_ids, start=start, end=until + (end - start))
     found = next_window(wanted, slots, holds, until=to_epoch(until))
     return None if found is None else from_epoch(found)
 
 
-def _wanted(start, end, gpus, mig_profile, gpu_model, allowed_models, runtimes):
+def _wanted(start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes):
     """The request as the rule takes it, the candidate slots, and their GPUs' ids (a subquery:
     a thousand ids spelled out cost more than the read)."""
     candidates = _candidates(
