@@ -26,7 +26,9 @@ def image_check(
         raise ValidationFailed.field("image", f"at most {IMAGE_MAX} characters.")
     sources = settings.CONTAINER_IMAGE_SOURCES
     if not sources:
-        raise ValidationFailed.field("image", "this site runs no container images.")
+        raise ValidationFailed.field(
+            "image", "this site runs no container images (CONTAINER_IMAGE_SOURCES is empty)."
+        )
     if not any(image.startswith(source) for source in sources):
         allowed = ", ".join(sources)
         raise ValidationFailed.field("image", f"not from an allowed source ({allowed}).")
