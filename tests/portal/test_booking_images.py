@@ -64,7 +64,9 @@ def test_it_refuses_an_image_naming_the_field(api, project, cluster, sources, bo
     assert Booking.objects.count() == before
 
 
-def test_it_refuses_every_image_naming_the_setting_when_the_site_allows_none(api, project, cluster, settings):
+def test_it_refuses_every_image_naming_the_setting_when_the_site_allows_none(
+    api, project, cluster, settings
+):
     settings.CONTAINER_IMAGE_SOURCES = []
     _runtimes(cluster[0], "podman")
     response = _post(api, command="run", image=OCI)
