@@ -66,10 +66,14 @@ def container_launch(
     env: Mapping[str, str],
     workdir: str,
     extra_args: Mapping[str, list[str]] | None = None,
+    inject_devices: bool = True,
 ) -> ContainerLaunch:
     """The launch of ``command`` in ``image`` on the first runtime of ``runtimes`` that can run
     it. ``env`` is the job's environment (it goes into the container); ``extra_args`` are the
-    site's own options per runtime (e.g. podman's ``--runtime``), placed before the image."""
+    site's own options per runtime (e.g. podman's ``--runtime``), placed before the image.
+    ``inject_devices=False`` (simulated GPUs, which no CDI spec or driver knows) gives the
+    container no devices: no ``--device``, no ``--nv``; CUDA_VISIBLE_DEVICES still names them."""
+    device_uuids = device_uuids if inject_devices else []
     have = list(runtimes)
     usable = [name for name in image_runtimes(image) if name in have]
     if not usable:
@@ -83,7 +87,9 @@ def container_launch(
         argv = _oci_argv(runtime, booking_id, image, device_uuids, uid, gid, env, workdir, extra)
         handle = [runtime, f"gpu-portal-{booking_id}"]
         return ContainerLaunch(runtime, argv + [SHELL, "-c", command], handle=handle)
-    argv, runtime_env = _apptainer(runtime, image, device_uuids, env, workdir, extra)
+    argv, runtime_env = _apptainer(
+        runtime, image, device_uuids, env, workdir, extra, inject_devices
+    )
     return ContainerLaunch(runtime, argv + [SHELL, "-c", command], runtime_env)
 
 
@@ -128,9 +134,12 @@ def _oci_reference(image: str) -> str:
     return image.removeprefix("docker://")
 
 
-def _apptainer(runtime, image, device_uuids, env, workdir, extra):
+def _apptainer(runtime, image, device_uuids, env, workdir, extra, inject_devices=True):
     prefix = "APPTAINERENV_" if runtime == "apptainer" else "SINGULARITYENV_"
     runtime_env = {f"{prefix}{name}": value for name, value in env.items()}
-    runtime_env["NVIDIA_VISIBLE_DEVICES"] = ",".join(device_uuids) or "void"
-    argv = [runtime, "exec", "--nv", "--nvccli", "--cleanenv", "--pwd", workdir]
+    argv = [runtime, "exec"]
+    if inject_devices:
+        runtime_env["NVIDIA_VISIBLE_DEVICES"] = ",".join(device_uuids) or "void"
+        argv += ["--nv", "--nvccli"]
+    argv += ["--cleanenv", "--pwd", workdir]
     return argv + extra + [image], runtime_env

@@ -77,6 +77,19 @@ def test_it_pins_the_docker_launch_line():
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("runtime", "image"), [("podman", "localhost/tiny:1"), ("apptainer", "/shared/torch.sif")]
+)
+def test_it_gives_a_container_no_devices_when_told_they_are_simulated(runtime, image):
+    launch = container_launch(runtimes=[runtime], image=image, inject_devices=False, **COMMON)
+    assert not [arg for arg in launch.argv if "nvidia.com/gpu" in arg or arg.startswith("--nv")]
+    assert "NVIDIA_VISIBLE_DEVICES" not in launch.env
+    # The job still learns its booked devices: CUDA_VISIBLE_DEVICES goes in as always.
+    assert (
+        "CUDA_VISIBLE_DEVICES" in launch.argv or "APPTAINERENV_CUDA_VISIBLE_DEVICES" in launch.env
+    )
+
+
 @pytest.mark.parametrize("runtime", ["apptainer", "singularity"])
 def test_it_pins_the_apptainer_and_singularity_launch_lines(runtime):
     launch = container_launch(runtimes=[runtime], image="/shared/torch.sif", **COMMON)
@@ -224,3 +237,21 @@ def test_it_removes_a_container_that_ignored_the_stop_signal(
         text=True,
     )
     assert left.stdout.strip() == ""  # killed client, and its container removed too
+
+
+def test_it_runs_a_container_on_simulated_gpus_with_no_cdi_spec_when_told_not_to_inject(
+    portal, make_agent, cycle_until, me, image
+):
+    # What `up` gives its demo agents (--no-container-devices): no CDI spec names the simulated
+    # GPUs, so a --device for them would fail the launch.
+    agent = make_agent(
+        container_runtimes=["podman"],
+        container_args={"podman": PODMAN_ARGS},
+        container_devices=False,
+    )
+    gpu = _gpu_uuids(agent)[0]
+    portal.book(14, me, [gpu], command="echo cvd=$CUDA_VISIBLE_DEVICES", image=image)
+    cycle_until(agent, lambda: ("exited", 14) in _kinds(portal), timeout_s=60)
+    exited = _event(portal, "exited", 14)
+    assert exited.exit_code == 0, exited.log_tail
+    assert exited.log_tail.strip() == f"cvd={gpu}"
