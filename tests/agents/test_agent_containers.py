@@ -4,12 +4,12 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 import zlib
 from pathlib import Path
 
 import pytest
 
+from agents.container_trial import rootfs_tar
 from agents.containers import NoRuntime, container_launch, detect_runtimes
 from agents.protocol import image_runtimes
 from tests.agents.test_agent_dispatch import _event, _gpu_uuids, _kinds, _outputs
@@ -132,11 +132,6 @@ PROGRAMS = ["/bin/sh", "/usr/bin/env", "/usr/bin/id", "/bin/cat", "/bin/sleep", 
 TAG = f"localhost/gpu-portal-test:{zlib.crc32(str(Path(__file__).resolve()).encode()):08x}"
 
 
-def _libraries(program: str) -> list[str]:
-    out = subprocess.run(["ldd", program], capture_output=True, text=True).stdout
-    return [word for line in out.splitlines() for word in line.split() if word.startswith("/")]
-
-
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
     """A tiny OCI image made with `podman import` from the host's shell and coreutils."""
@@ -144,16 +139,8 @@ def image(tmp_path_factory):
         pytest.skip("needs podman and runc (apt-get install podman runc)")
     if os.geteuid() != 0:
         pytest.skip("the test writes a CDI spec under /var/run/cdi")
-    root = tmp_path_factory.mktemp("rootfs")
-    tarball = root / "rootfs.tar"
-    files = {}
-    for program in PROGRAMS:
-        real = os.path.realpath(program)
-        files[program] = real
-        files.update({library: os.path.realpath(library) for library in _libraries(real)})
-    with tarfile.open(tarball, "w") as tar:
-        for path, real in sorted(files.items()):
-            tar.add(real, arcname=path.lstrip("/"))
+    tarball = tmp_path_factory.mktemp("rootfs") / "rootfs.tar"
+    rootfs_tar(PROGRAMS, tarball)
     subprocess.run(["podman", "import", str(tarball), TAG], check=True, capture_output=True)
     yield TAG
     subprocess.run(["podman", "rmi", "-f", TAG], capture_output=True)
