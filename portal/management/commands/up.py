@@ -70,6 +70,7 @@ class Command(BaseCommand):
         children = Children()
         _stop_on_signals(children)
         if not no_demo:
+            demo_agent_args()  # a bad DEMO_AGENT_ARGS stops up now, in one line
             call_command("seed_demo")
         if settings.REDIS_URL:
             children.add(_start_celery)
@@ -256,9 +257,47 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             str(_AGENT_JOBS_GRACE_S),
             "--log-level",
             _agent_log_level(),
+            # Simulated GPUs: no CDI spec or driver knows them, so a container gets none.
+            "--no-container-devices",
+            *demo_agent_args(),
         ]
         children.append(_child(command, env=env))
     return children
+
+
+# What `up` gives its agents itself: DEMO_AGENT_ARGS may not say otherwise.
+_AGENT_ARGS_OF_UP = {
+    "--portal", "--hostname", "--simulate", "--state-dir", "--user-map", "--site-id",
+    "--token", "--token-file",
+}  # fmt: skip
+_DEMO_AGENT_ARGS_MAX = 4096
+
+
+def demo_agent_args() -> list[str]:
+    """DEMO_AGENT_ARGS as the agents' extra words, checked with the agent's own parser; a bad
+    value is a CommandError naming the setting."""
+    import shlex
+
+    from agents.__main__ import build_parser
+
+    text = settings.DEMO_AGENT_ARGS
+    if len(text) > _DEMO_AGENT_ARGS_MAX:
+        raise CommandError(f"DEMO_AGENT_ARGS: at most {_DEMO_AGENT_ARGS_MAX} characters")
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise CommandError(f"DEMO_AGENT_ARGS: {exc}") from None
+    taken = sorted({word.split("=", 1)[0] for word in words} & _AGENT_ARGS_OF_UP)
+    if taken:
+        raise CommandError(f"DEMO_AGENT_ARGS: up sets {', '.join(taken)} itself")
+    parser = build_parser()
+
+    def refuse(message: str):
+        raise CommandError(f"DEMO_AGENT_ARGS: {message}")
+
+    parser.error = refuse
+    parser.parse_args(["--portal", "http://127.0.0.1", *words])
+    return words
 
 
 def _agent_log_level() -> str:
