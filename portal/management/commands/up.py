@@ -332,23 +332,44 @@ def _demo_queue(timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
 def _start_celery() -> list[subprocess.Popen]:
     # --quiet: no startup banners of their own after (or in the middle of) up's banner.
     base = [sys.executable, "-m", "celery", "-A", "portal", "--quiet"]
+    workers = _worker_env()
     return [
         # The allocation pass has a queue of its own (CELERY_TASK_ROUTES) and a worker of its
         # own: a flood of notification work never stands in front of a pass.
         _child(
             base
             + ["worker", "--loglevel", "WARNING", "--concurrency", "1"]
-            + ["--queues", settings.CELERY_PASS_QUEUE, "--hostname", "pass@%h"]
+            + ["--queues", settings.CELERY_PASS_QUEUE, "--hostname", "pass@%h"],
+            env=workers,
         ),
         _child(
             base
             + ["worker", "--loglevel", "WARNING", "--concurrency", "2"]
-            + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE, "--hostname", "work@%h"]
+            + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE, "--hostname", "work@%h"],
+            env=workers,
         ),
         _child(
             base + ["beat", "--loglevel", "WARNING", "--schedule", str(settings.VAR_DIR / "beat")]
         ),
     ]
+
+
+# Celery's own warning to a worker run as root: eight lines per worker, said once by up instead.
+_CELERY_ROOT_WARNING = "You're running the worker with superuser privileges"
+
+
+def _worker_env() -> dict | None:
+    """The Celery workers' environment: when up runs as root (so do they), one line of up's
+    says so, and Python's warning filter keeps Celery's eight-line SecurityWarning out."""
+    if os.geteuid() != 0:
+        return None
+    log.warning(
+        "the Celery workers run as root, as up does: in production run up as another user, "
+        "or the workers with celery worker --uid"
+    )
+    given = os.environ.get("PYTHONWARNINGS")
+    ignore = f"ignore:{_CELERY_ROOT_WARNING}"
+    return {**os.environ, "PYTHONWARNINGS": f"{given},{ignore}" if given else ignore}
 
 
 def _child(command: list[str], env: dict | None = None) -> subprocess.Popen:
