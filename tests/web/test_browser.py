@@ -294,4 +294,4 @@ def test_it_shows_an_estimates_date_with_its_year_this_year_or_next(
     assert f"{year + 1}-01-05 10:00 UTC" in page.inner_text("#estimate")
     page.fill("#id_gpus", "2")
     wait_for(page, 'document.getElementById("estimate").textContent.includes("-12-31 10:00")')
-    assert str(year) not in page.inner_text("#estimate")
+    assert f"{year}-12-31 10:00 UTC" in page.inner_text("#estimate")  # this year's, in full too
