@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUNTIME=ARG",
         help="an extra option for a runtime's launch line, e.g. podman=--runtime=/usr/sbin/runc",
     )
+    p.add_argument(
+        "--no-container-devices",
+        action="store_true",
+        help="give containers no devices (no --device, no --nv): simulated GPUs, which no CDI "
+        "spec names; CUDA_VISIBLE_DEVICES still lists the booked UUIDs",
+    )
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -182,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             default_workdir=args.default_workdir,
             container_runtimes=[] if args.no_containers else args.container_runtime,
             container_args=_container_args(args.container_arg),
+            container_devices=not args.no_container_devices,
         )
     except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
         logging.error("cannot start: %s", exc)

@@ -75,6 +75,7 @@ class Agent:
         default_workdir: str | None = None,
         container_runtimes: list[str] | None = None,
         container_args: dict[str, list[str]] | None = None,
+        container_devices: bool = True,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -111,6 +112,7 @@ class Agent:
             if container_runtimes is None
             else container_runtimes,
             container_args=container_args,
+            container_devices=container_devices,
         )
         self.enforcer = Enforcer(grace_s, clock)
         self._stop_jobs_on_exit_s = stop_jobs_on_exit_s

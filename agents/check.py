@@ -1,8 +1,10 @@
 """`python -m agents check`: what a site admin runs on a new node before registering it.
 
-It looks, changes nothing on the node, and prints one line per check ([ok], [warn], [fail] or
-[skip]) with details under it: the GPUs and MIG layout NVML reports, one reading, which job
-confinement works, which container runtimes exist, whether the session host is an address of
+It looks, changes nothing on the node that it does not take back (a trivial container per
+runtime, from an image it imports and removes), and prints one line per check ([ok], [warn],
+[fail] or [skip]) with details under it: the GPUs and MIG layout NVML reports, one reading,
+which job confinement works, which container runtimes exist and whether each runs a container
+(agents/container_trial.py), whether the session host is an address of
 this node, whether the portal answers with the node's token, and the user map. The exit status
 is the sum of the failed checks' codes (EXIT_CODES), 0 when none failed.
 """
@@ -20,13 +22,16 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from agents import confine as confinement
+from agents.container_trial import container_trial
 from agents.containers import detect_runtimes
 from agents.dispatch import DEFAULT_MIN_UID
 from agents.portal import AuthError, PortalError, PortalUnavailable
 from agents.protocol import CONTAINER_RUNTIMES
 
-# What failed -> its bit in the exit status (1 is an unexpected error, 2 bad usage).
+# What failed -> its bit in the exit status (2 is bad usage; 1 is also what an unexpected
+# error exits with, after a traceback instead of the report).
 EXIT_CODES = {
+    **{runtime: 1 for runtime in CONTAINER_RUNTIMES},
     "nvml": 4,
     "reading": 8,
     "confinement": 16,
@@ -135,12 +140,32 @@ def check_confinement(mode: str, hostname: str) -> Result:
     return Result("confinement", "ok", f"--confine {mode}: {chosen.how}", details)
 
 
-def check_runtimes(which: Callable[[str], str | None] = shutil.which) -> Result:
+def check_runtimes(
+    which: Callable[[str], str | None] = shutil.which,
+    offered: list[str] | None = None,
+    extra_args: dict[str, list[str]] | None = None,
+    trial: Callable[[str, list[str]], str | None] = container_trial,
+) -> list[Result]:
+    """The runtimes found, then one trivial container through each the agent would offer
+    (`offered`: its --container-runtime list; None: every one installed)."""
     found = container_runtimes(which)
+    if offered is not None:
+        found = {name: path for name, path in found.items() if name in offered}
     if not found:
-        return Result("container runtimes", "ok", f"none found ({', '.join(CONTAINER_RUNTIMES)})")
+        wanted = ", ".join(offered) if offered else ", ".join(CONTAINER_RUNTIMES)
+        summary = "none offered (--no-containers)" if offered == [] else f"none found ({wanted})"
+        return [Result("container runtimes", "ok", summary)]
     details = [f"{name}: {path}" for name, path in found.items()]
-    return Result("container runtimes", "ok", ", ".join(found), details)
+    results = [Result("container runtimes", "ok", ", ".join(found), details)]
+    for name in found:
+        args = list((extra_args or {}).get(name, ()))
+        reason = trial(name, args)
+        given = f" (with {' '.join(args)})" if args else ""
+        if reason:
+            results.append(Result(name, "fail", f"cannot run a container{given}: {reason}"))
+        else:
+            results.append(Result(name, "ok", f"runs a trivial container{given}"))
+    return results
 
 
 def check_session_host(host: str) -> Result:
@@ -212,8 +237,9 @@ def check_user_map(path: str | None, load, min_uid: int) -> Result:
 
 
 def exit_status(results: list[Result]) -> int:
-    """The sum of the failed checks' codes."""
-    return sum(EXIT_CODES[r.name] for r in results if r.status == "fail" and r.name in EXIT_CODES)
+    """The failed checks' codes, each counted once (two runtimes failing are still 1)."""
+    codes = {EXIT_CODES[r.name] for r in results if r.status == "fail" and r.name in EXIT_CODES}
+    return sum(codes)
 
 
 def report(results: list[Result], out: TextIO) -> None:
@@ -236,15 +262,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-uid", type=int, default=DEFAULT_MIN_UID)
     p.add_argument("--confine", choices=list(confinement.MODES), default="auto")
     p.add_argument("--session-host", default="127.0.0.1")
+    p.add_argument("--container-runtime", action="append", choices=CONTAINER_RUNTIMES)
+    p.add_argument("--no-containers", action="store_true")
+    p.add_argument("--container-arg", action="append", default=[], metavar="RUNTIME=ARG")
     return p
 
 
 def main(argv: list[str], out: TextIO = sys.stdout) -> int:
     """Run every check, print the report, return the exit status."""
-    from agents.__main__ import _backend, _token, _user_map  # the agent's own option readers
+    # The agent's own option readers.
+    from agents.__main__ import _backend, _container_args, _token, _user_map
     from agents.portal import PortalClient
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        container_args = _container_args(args.container_arg)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
     out.write(f"GPU Portal agent check on {args.hostname}\n")
     try:
         backend = _backend(args)
@@ -259,7 +294,10 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         token = None
     results += [
         check_confinement(args.confine, args.hostname),
-        check_runtimes(),
+        *check_runtimes(
+            offered=[] if args.no_containers else args.container_runtime,
+            extra_args=container_args,
+        ),
         check_session_host(args.session_host),
     ]
     if not any(r.name == "portal" for r in results):

@@ -73,14 +73,18 @@ def container_launch(
     env: Mapping[str, str],
     workdir: str,
     extra_args: Mapping[str, list[str]] | None = None,
+    inject_devices: bool = True,
 ) -> ContainerLaunch:
     """The launch of ``command`` in ``image`` on the first runtime of ``runtimes`` that can run
     it. ``env`` is the job's environment (it goes into the container); ``extra_args`` are the
-    site's own options per runtime (e.g. podman's ``--runtime``), placed before the image."""
+    site's own options per runtime (e.g. podman's ``--runtime``), placed before the image.
+    ``inject_devices=False`` (simulated GPUs, which no CDI spec or driver knows) gives the
+    container no devices: no ``--device``, no ``--nv``; CUDA_VISIBLE_DEVICES still names them."""
     try:
         parsed = image_parse(image)
     except ImageError as exc:
         raise BadImage(f"image {image!r} is not an image reference: {exc}") from None
+    device_uuids = device_uuids if inject_devices else []
     have = list(runtimes)
     usable = [name for name in image_runtimes(image) if name in have]
     if not usable:
@@ -94,7 +98,9 @@ def container_launch(
         argv = _oci_argv(runtime, booking_id, parsed, device_uuids, uid, gid, env, workdir, extra)
         handle = [runtime, f"gpu-portal-{booking_id}"]
         return ContainerLaunch(runtime, argv + [SHELL, "-c", command], handle=handle)
-    argv, runtime_env = _apptainer(runtime, parsed, device_uuids, env, workdir, extra)
+    argv, runtime_env = _apptainer(
+        runtime, parsed, device_uuids, env, workdir, extra, inject_devices
+    )
     return ContainerLaunch(runtime, argv + [SHELL, "-c", command], runtime_env)
 
 
@@ -135,9 +141,12 @@ def _oci_argv(runtime, booking_id, image: Image, device_uuids, uid, gid, env, wo
     return argv + extra + [image.name]
 
 
-def _apptainer(runtime, image: Image, device_uuids, env, workdir, extra):
+def _apptainer(runtime, image: Image, device_uuids, env, workdir, extra, inject_devices=True):
     prefix = "APPTAINERENV_" if runtime == "apptainer" else "SINGULARITYENV_"
     runtime_env = {f"{prefix}{name}": value for name, value in env.items()}
-    runtime_env["NVIDIA_VISIBLE_DEVICES"] = ",".join(device_uuids) or "void"
-    argv = [runtime, "exec", "--nv", "--nvccli", "--cleanenv", "--pwd", workdir]
+    argv = [runtime, "exec"]
+    if inject_devices:
+        runtime_env["NVIDIA_VISIBLE_DEVICES"] = ",".join(device_uuids) or "void"
+        argv += ["--nv", "--nvccli"]
+    argv += ["--cleanenv", "--pwd", workdir]
     return argv + extra + [image.uri], runtime_env

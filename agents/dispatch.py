@@ -110,11 +110,13 @@ class Dispatcher:
         default_workdir: str | None = None,
         container_runtimes: list[str] | None = None,
         container_args: dict[str, list[str]] | None = None,
+        container_devices: bool = True,
     ) -> None:
         self._hostname, self._address = hostname, address
         self._default_workdir = default_workdir
         self.container_runtimes = list(container_runtimes or [])
         self._container_args = container_args or {}
+        self._container_devices = container_devices
         self._session_host = session_host
         self._session_python = session_python
         self._session_dir = session_dir
@@ -468,6 +470,7 @@ class Dispatcher:
             | {var.name: var.value for var in booking.env},
             workdir=workdir,
             extra_args=self._container_args,
+            inject_devices=self._container_devices,
         )
 
     def _session_workspaces(self, booking_id: int, account: pwd.struct_passwd) -> Path:

@@ -32,6 +32,15 @@ _TERMINAL_WORKSPACE = {
     "metadata": {"id": "terminal"},
 }
 _PROBE_TIMEOUT_S = 0.2
+# The session's JupyterLab settings defaults (its own app settings directory): never ask
+# whether to fetch Jupyter's news, never fetch it or look for updates. The user may still
+# change them in Settings; their own user settings apply as everywhere.
+_SETTINGS_OVERRIDES = {
+    "@jupyterlab/apputils-extension:notification": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    }
+}
 
 
 @dataclass(frozen=True)
@@ -56,12 +65,16 @@ def session_launch(
     """The JupyterLab command line for `booking`'s session on a free port of `host`.
 
     `workspaces` is the session's own JupyterLab workspaces directory (the owner may write it);
-    a terminal session gets a workspace there that opens one terminal.
+    a terminal session gets a workspace there that opens one terminal, and every session its
+    settings defaults (`app-settings/overrides.json`: no question about news).
     """
     port = free_port(host)
     if booking.interactive == "terminal":
         layout = workspaces / TERMINAL_WORKSPACE_FILE
         layout.write_text(json.dumps(_TERMINAL_WORKSPACE))
+    app_settings = workspaces / "app-settings"
+    app_settings.mkdir(exist_ok=True)
+    (app_settings / "overrides.json").write_text(json.dumps(_SETTINGS_OVERRIDES))
     argv = [
         python or sys.executable,
         "-m",
@@ -76,6 +89,7 @@ def session_launch(
         f"--ServerApp.root_dir={home}",
         "--ServerApp.terminals_enabled=True",
         f"--LabApp.workspaces_dir={workspaces}",
+        f"--LabApp.app_settings_dir={app_settings}",
         # Sites are often air-gapped: nothing in the session reaches out on its own.
         "--LabApp.extension_manager=readonly",
         "--LabApp.news_url=None",

@@ -329,6 +329,10 @@ CELERY_BEAT_SCHEDULE = {
 # e.g. "docker://nvcr.io/nvidia,/shared/images" (hosts as hosts, repositories and directories
 # by whole path segments: agents/images.py). Empty: no images at all.
 CONTAINER_IMAGE_SOURCES = envimagesources("CONTAINER_IMAGE_SOURCES")
+# Options `manage.py up` adds to each of its simulated demo agents' command lines (shell words),
+# e.g. the container runtime's options a machine needs: "--container-runtime podman
+# --container-arg podman=--runtime=/usr/sbin/runc" (docs/containers.md, "In the demo").
+DEMO_AGENT_ARGS = env("DEMO_AGENT_ARGS", "")
 
 # Operators' endpoints (portal/web/ops.py): /metrics answers loopback, these networks (CIDR,
 # comma-separated) and `Authorization: Bearer METRICS_TOKEN`; /readyz wants a pass this recent.

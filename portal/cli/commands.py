@@ -8,7 +8,7 @@ import sys
 import time
 from datetime import datetime, timedelta
 
-from .client import ENDED, OK, WAIT_TIMEOUT, Client, CliError
+from .client import ENDED, OK, UNAVAILABLE, WAIT_TIMEOUT, Client, CliError
 from .output import duration, parse_duration, parse_moment, print_json, table, what, when
 
 BOOKINGS = "/api/v1/bookings/"
@@ -177,7 +177,26 @@ def estimate(client: Client, args) -> int:
 
 
 def queue(client: Client, args) -> int:
-    """Live bookings as far as the user may see them: running, then queued in order."""
+    """Live bookings as far as the user may see them: running, then queued in order. --watch
+    shows it again every --interval seconds, as `watch squeue` does, until Ctrl-C (exit 0)."""
+    if args.watch and args.json:
+        raise ValueError("--watch shows the table again and again; --json prints it once")
+    if not args.watch:
+        rows = _queue_rows(client, args)
+        if args.json:
+            print_json(rows)
+        else:
+            print(_booking_table(rows, QUEUE_COLUMNS))
+        return OK
+    try:
+        while True:
+            _queue_refresh(client, args)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return OK
+
+
+def _queue_rows(client: Client, args) -> list[dict]:
     query = {"state": list(QUEUE_STATES), **_filters(args, "project", "owner")}
     rows = client.get_all(BOOKINGS, query)
     order = {"active": 0, "pending": 1, "planned": 2}
@@ -189,11 +208,23 @@ def queue(client: Client, args) -> int:
             b["id"],
         )
     )
-    if args.json:
-        print_json(rows)
-        return OK
-    print(_booking_table(rows, QUEUE_COLUMNS))
-    return OK
+    return rows
+
+
+def _queue_refresh(client: Client, args) -> None:
+    """One screen of --watch: a terminal is cleared first; a pipe gets the screens in a row.
+    A portal that is busy or away is said on stderr and asked again at the next refresh."""
+    try:
+        text = _booking_table(_queue_rows(client, args), QUEUE_COLUMNS)
+    except CliError as error:
+        if error.exit_code != UNAVAILABLE:
+            raise
+        text = f"(portal unavailable: {error.message})"
+    clear = "\033[H\033[2J" if sys.stdout.isatty() else ""
+    stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    sys.stdout.write(f"{clear}Every {args.interval:g} s: gpu-portal queue    {stamp}\n\n")
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def _filters(args, *names: str) -> dict:

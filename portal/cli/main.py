@@ -84,6 +84,16 @@ def _env_pair(text: str) -> tuple[str, str]:
     return name, value
 
 
+def _refresh_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.5 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds from 0.5 to 3600")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _globals(defaults=False)
     parser = argparse.ArgumentParser(
@@ -124,6 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("queue", "the queue: running, then waiting, with position and reason", commands.queue)
     p.add_argument("-p", "--project")
     p.add_argument("-o", "--owner", help="only this user's bookings")
+    p.add_argument(
+        "-w", "--watch", action="store_true", help="show it again every --interval s (Ctrl-C stops)"
+    )
+    p.add_argument(
+        "--interval",
+        type=_refresh_seconds,
+        default=5.0,
+        metavar="S",
+        help="with --watch: every S s (default 5)",
+    )
 
     p = add("list", "bookings you can see, newest first", commands.list_)
     p.add_argument("-s", "--state", action="append", help="only this state (repeatable)")

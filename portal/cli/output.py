@@ -39,15 +39,14 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def when(value: str | None, *, now: datetime | None = None) -> str | None:
-    """A timestamp in local time (UTC with --utc), the year shown only when not this year."""
+def when(value: str | None) -> str | None:
+    """A timestamp as '2026-12-03 08:05', in local time (UTC with --utc, marked so): the same
+    full date whatever the year, so columns line up and the day is never guessed."""
     moment = parse_time(value)
     if moment is None:
         return None
     moment = moment.astimezone(UTC) if USE_UTC else moment.astimezone()
-    now = (now or datetime.now(UTC)).astimezone(moment.tzinfo)
-    text = moment.strftime("%m-%d %H:%M" if moment.year == now.year else "%Y-%m-%d %H:%M")
-    return text + (" UTC" if USE_UTC else "")
+    return moment.strftime("%Y-%m-%d %H:%M") + (" UTC" if USE_UTC else "")
 
 
 def duration(seconds: int | float | None) -> str | None:

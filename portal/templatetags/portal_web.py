@@ -100,13 +100,12 @@ def duration(value) -> str:
 
 @register.filter
 def when(value) -> str:
-    """A moment as 'Tue 3 Mar 14:05', with the year ('Tue 3 Mar 2025 14:05') when it is not
-    this year; '' for none (so `|default:"—"` applies). Times are shown in the site's zone (UTC)."""
+    """A moment as '2026-12-03 08:05' in the site's zone (UTC), the year always there; '' for
+    none (so `|default:"—"` applies). The CLI prints the same (portal/cli/output.py)."""
     if not value:
         return ""
     shown = timezone.localtime(value) if timezone.is_aware(value) else value
-    year = "" if shown.year == timezone.localtime().year else " Y"
-    return dateformat.format(shown, f"D j M{year} H:i")
+    return dateformat.format(shown, "Y-m-d H:i")
 
 
 @register.filter

@@ -56,10 +56,8 @@
 
   function when(iso) {
     var date = new Date(iso);
-    // As the pages show dates: the year only when it is not this year.
-    var options = { weekday: "short", day: "numeric", month: "short", hour: "2-digit", minute: "2-digit", timeZone: "UTC" };
-    if (date.getUTCFullYear() !== new Date().getUTCFullYear()) options.year = "numeric";
-    var text = date.toLocaleString("en-GB", options) + " UTC";
+    // As the pages show dates (the when filter): 2026-12-03 08:05 UTC.
+    var text = date.toISOString().slice(0, 16).replace("T", " ") + " UTC";
     var minutes = Math.round((date - Date.now()) / 60000);
     if (minutes <= 1) return "now (" + text + ")";
     if (minutes < 120) return text + " (in " + minutes + " min)";

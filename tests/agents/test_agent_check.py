@@ -3,20 +3,26 @@ explained line by line and its exit status names what failed."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agents import check
 from tests.agents.conftest import TOKEN
+from tests.agents.test_agent_containers import PODMAN_ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "2xH100-80GB,1xA100-80GB:mig=3g.40gb+2g.20gb"
 
 
-def _check(*args: str, env=None) -> subprocess.CompletedProcess:
+def _check(*args: str, env=None, containers=("--no-containers",)) -> subprocess.CompletedProcess:
+    """The check; `containers` are its container options (none by default: whatever runtimes
+    this machine has do not decide the other checks' results)."""
     return subprocess.run(
-        [sys.executable, "-m", "agents", "check", "--simulate", SPEC, *args],
+        [sys.executable, "-m", "agents", "check", "--simulate", SPEC, *containers, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -114,7 +120,52 @@ def test_it_lists_the_container_runtimes_on_path(tmp_path, monkeypatch):
         "podman": str(tmp_path / "podman"),
     }
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert check.check_runtimes().summary == "none found (podman, docker, apptainer, singularity)"
+    (found,) = check.check_runtimes()
+    assert found.summary == "none found (podman, docker, apptainer, singularity)"
+
+
+def _runs_podman():
+    if not shutil.which("podman") or not Path("/usr/sbin/runc").exists():
+        pytest.skip("needs podman and runc (apt-get install podman runc)")
+
+
+def test_it_fails_a_docker_client_whose_daemon_does_not_answer():
+    if not shutil.which("docker"):
+        pytest.skip("needs a docker client")
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0:
+        pytest.skip("docker's daemon answers here")
+    result = _check(containers=("--container-runtime", "docker"))
+    line = _line(result.stdout, "docker")
+    assert line.startswith("[fail] docker: cannot run a container: "), result.stdout
+    assert "daemon" in line.lower()  # docker's own reason: it cannot connect to the daemon
+    assert result.returncode == 1, result.stdout
+    assert result.stdout.rstrip().endswith("exit 1: failed docker")
+
+
+def test_it_fails_podman_whose_oci_runtime_does_not_work():
+    _runs_podman()
+    missing = "podman=--runtime=/nonexistent/runc"
+    result = _check(containers=("--container-runtime", "podman", "--container-arg", missing))
+    line = _line(result.stdout, "podman")
+    assert line.startswith(
+        "[fail] podman: cannot run a container (with --runtime=/nonexistent/runc)"
+    )
+    assert "/nonexistent/runc" in line.split(": ", 2)[2]  # podman's reason names it
+    assert result.returncode == 1
+
+
+def test_it_passes_podman_that_runs_a_container_with_the_sites_options():
+    _runs_podman()
+    # The options podman needs on this machine, as the real-run tests give them to the agent.
+    options = [word for arg in PODMAN_ARGS for word in ("--container-arg", f"podman={arg}")]
+    result = _check(containers=("--container-runtime", "podman", *options))
+    assert _line(result.stdout, "podman").startswith("[ok]   podman: runs a trivial container")
+    assert result.returncode == 0, result.stdout
+
+
+def test_it_counts_failing_runtimes_once_in_the_exit_status():
+    failed = [check.Result(name, "fail", "x") for name in ("podman", "docker", "portal")]
+    assert check.exit_status(failed) == 1 + 64
 
 
 def test_it_prints_the_topology_it_reads():

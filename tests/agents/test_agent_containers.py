@@ -4,12 +4,12 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 import zlib
 from pathlib import Path
 
 import pytest
 
+from agents.container_trial import rootfs_tar
 from agents.containers import BadImage, NoRuntime, container_launch, detect_runtimes
 from agents.protocol import image_runtimes
 from tests.agents.test_agent_dispatch import _event, _gpu_uuids, _kinds, _outputs
@@ -75,6 +75,19 @@ def test_it_pins_the_docker_launch_line():
         "--device", "nvidia.com/gpu=GPU-a", "--device", "nvidia.com/gpu=GPU-b",
         "nvcr.io/nvidia/pytorch:24.05-py3", "/bin/sh", "-c", "python train.py",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("runtime", "image"), [("podman", "localhost/tiny:1"), ("apptainer", "/shared/torch.sif")]
+)
+def test_it_gives_a_container_no_devices_when_told_they_are_simulated(runtime, image):
+    launch = container_launch(runtimes=[runtime], image=image, inject_devices=False, **COMMON)
+    assert not [arg for arg in launch.argv if "nvidia.com/gpu" in arg or arg.startswith("--nv")]
+    assert "NVIDIA_VISIBLE_DEVICES" not in launch.env
+    # The job still learns its booked devices: CUDA_VISIBLE_DEVICES goes in as always.
+    assert (
+        "CUDA_VISIBLE_DEVICES" in launch.argv or "APPTAINERENV_CUDA_VISIBLE_DEVICES" in launch.env
+    )
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "singularity"])
@@ -154,11 +167,6 @@ PROGRAMS = ["/bin/sh", "/usr/bin/env", "/usr/bin/id", "/bin/cat", "/bin/sleep", 
 TAG = f"localhost/gpu-portal-test:{zlib.crc32(str(Path(__file__).resolve()).encode()):08x}"
 
 
-def _libraries(program: str) -> list[str]:
-    out = subprocess.run(["ldd", program], capture_output=True, text=True).stdout
-    return [word for line in out.splitlines() for word in line.split() if word.startswith("/")]
-
-
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
     """A tiny OCI image made with `podman import` from the host's shell and coreutils."""
@@ -166,16 +174,8 @@ def image(tmp_path_factory):
         pytest.skip("needs podman and runc (apt-get install podman runc)")
     if os.geteuid() != 0:
         pytest.skip("the test writes a CDI spec under /var/run/cdi")
-    root = tmp_path_factory.mktemp("rootfs")
-    tarball = root / "rootfs.tar"
-    files = {}
-    for program in PROGRAMS:
-        real = os.path.realpath(program)
-        files[program] = real
-        files.update({library: os.path.realpath(library) for library in _libraries(real)})
-    with tarfile.open(tarball, "w") as tar:
-        for path, real in sorted(files.items()):
-            tar.add(real, arcname=path.lstrip("/"))
+    tarball = tmp_path_factory.mktemp("rootfs") / "rootfs.tar"
+    rootfs_tar(PROGRAMS, tarball)
     subprocess.run(["podman", "import", str(tarball), TAG], check=True, capture_output=True)
     yield TAG
     subprocess.run(["podman", "rmi", "-f", TAG], capture_output=True)
@@ -259,3 +259,21 @@ def test_it_removes_a_container_that_ignored_the_stop_signal(
         text=True,
     )
     assert left.stdout.strip() == ""  # killed client, and its container removed too
+
+
+def test_it_runs_a_container_on_simulated_gpus_with_no_cdi_spec_when_told_not_to_inject(
+    portal, make_agent, cycle_until, me, image
+):
+    # What `up` gives its demo agents (--no-container-devices): no CDI spec names the simulated
+    # GPUs, so a --device for them would fail the launch.
+    agent = make_agent(
+        container_runtimes=["podman"],
+        container_args={"podman": PODMAN_ARGS},
+        container_devices=False,
+    )
+    gpu = _gpu_uuids(agent)[0]
+    portal.book(14, me, [gpu], command="echo cvd=$CUDA_VISIBLE_DEVICES", image=image)
+    cycle_until(agent, lambda: ("exited", 14) in _kinds(portal), timeout_s=60)
+    exited = _event(portal, "exited", 14)
+    assert exited.exit_code == 0, exited.log_tail
+    assert exited.log_tail.strip() == f"cvd={gpu}"

@@ -93,3 +93,24 @@ def test_it_opens_a_terminal_session_on_its_own_workspace(
     portal.desired["generation"] += 1
     cycle_until(agent, lambda: _event(portal, "stopped", 7) is not None, timeout_s=30)
     assert not (tmp_path / "state" / "sessions" / "booking-7").exists()  # its layout went too
+
+
+@pytest.mark.timeout(120)
+def test_it_starts_jupyterlab_without_asking_about_news(portal, make_agent, cycle_until, me):
+    agent = make_agent()
+    gpu = agent.backend.discover()[0].uuid
+    portal.book(8, me, [gpu], interactive="jupyterlab", session_token=TOKEN)
+    cycle_until(agent, lambda: _event(portal, "session_ready", 8) is not None, timeout_s=60)
+    port = _event(portal, "started", 8).session_port
+    # JupyterLab asks "Would you like to get notified about official Jupyter news?" while the
+    # setting is "none" (Ask), whatever --LabApp.news_url says.
+    plugin = "@jupyterlab/apputils-extension:notification"
+    code, body = _get(f"http://127.0.0.1:{port}/sessions/8/lab/api/settings/{plugin}", TOKEN)
+    assert code == 200
+    answer = json.loads(body)
+    defaults = {k: v.get("default") for k, v in answer["schema"]["properties"].items()}
+    composite = defaults | answer["settings"]  # what the page reads (user settings over defaults)
+    assert composite["fetchNews"] == "false" and composite["checkForUpdates"] is False
+    portal.desired["bookings"].clear()
+    portal.desired["generation"] += 1
+    cycle_until(agent, lambda: _event(portal, "stopped", 8) is not None, timeout_s=30)

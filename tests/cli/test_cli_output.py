@@ -42,12 +42,15 @@ def test_it_aligns_tables_and_shows_missing_values_as_dashes():
     ]
 
 
-def test_it_shows_the_year_only_when_it_is_not_this_year(monkeypatch):
+def test_it_shows_every_date_in_full_this_year_or_not(monkeypatch):
     monkeypatch.setattr(output, "USE_UTC", True)
-    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-    assert output.when("2026-12-01T14:05:00Z", now=now) == "12-01 14:05 UTC"
-    assert output.when("2027-01-03T09:00:00+01:00", now=now) == "2027-01-03 08:00 UTC"
+    assert output.when("2026-12-03T08:05:00Z") == "2026-12-03 08:05 UTC"
+    assert output.when("2027-01-03T09:00:00+01:00") == "2027-01-03 08:00 UTC"
     assert output.when(None) is None
+    monkeypatch.setattr(output, "USE_UTC", False)
+    assert output.when("2026-12-03T08:05:00Z") == datetime(
+        2026, 12, 3, 8, 5, tzinfo=UTC
+    ).astimezone().strftime("%Y-%m-%d %H:%M")
 
 
 def test_it_joins_a_command_of_several_words_shell_quoted():

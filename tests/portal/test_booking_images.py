@@ -110,12 +110,16 @@ def test_it_refuses_to_start_with_an_image_source_that_is_none(monkeypatch):
     ]
 
 
-def test_it_refuses_every_image_when_the_site_allows_none(api, project, cluster, settings):
+def test_it_refuses_every_image_naming_the_setting_when_the_site_allows_none(
+    api, project, cluster, settings
+):
     settings.CONTAINER_IMAGE_SOURCES = []
     _runtimes(cluster[0], "podman")
     response = _post(api, command="run", image=OCI)
     assert response.status_code == 400
-    assert error_of(response)["fields"]["image"] == "this site runs no container images."
+    assert error_of(response)["fields"]["image"] == (
+        "this site runs no container images (CONTAINER_IMAGE_SOURCES is empty)."
+    )
 
 
 def test_it_refuses_an_image_in_an_estimate_as_at_submit(api, project, cluster, sources):

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,6 +125,21 @@ def test_it_starts_celery_without_banners_of_its_own(monkeypatch):
     ]
 
 
+def server_env(database: str, var_dir, web_workers: int) -> dict:
+    """`up`'s environment in server mode: PostgreSQL database `database`, Redis, no LOG_LEVEL.
+    The test settings keep this checkout's Celery queue, cache and channel prefixes its own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "LOG_LEVEL")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="portal.settings_test",
+        CELERY_WORKER_EAGER="0",
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{database}",
+        REDIS_URL="redis://127.0.0.1:6379/15",
+        PORTAL_VAR_DIR=str(var_dir),
+        WEB_WORKERS=str(web_workers),
+    )
+    return env
+
+
 @pytest.mark.parametrize("web_workers", [1, 2])
 def test_it_stops_its_worker_beat_web_workers_and_agents_on_sigterm(
     settings, tmp_path, web_workers
@@ -136,16 +152,7 @@ def test_it_stops_its_worker_beat_web_workers_and_agents_on_sigterm(
     name = f"gpuportal_upstop_{settings.TEST_RUN_ID}"
     admin = psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True)
     admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "LOG_LEVEL")}
-    # The test settings keep this checkout's Celery queue, cache and channel prefixes its own.
-    env.update(
-        DJANGO_SETTINGS_MODULE="portal.settings_test",
-        CELERY_WORKER_EAGER="0",
-        DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{name}",
-        REDIS_URL="redis://127.0.0.1:6379/15",
-        PORTAL_VAR_DIR=str(tmp_path / "var"),
-        WEB_WORKERS=str(web_workers),
-    )
+    env = server_env(name, tmp_path / "var", web_workers)
     port = free_port()
     log = open(tmp_path / "up.log", "w+")
     up_process = subprocess.Popen(
@@ -181,6 +188,54 @@ def test_it_stops_its_worker_beat_web_workers_and_agents_on_sigterm(
         print(log.read()[-5000:])
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Celery warns only a worker run as root")
+def test_it_says_in_one_line_that_its_workers_run_as_root(settings, tmp_path):
+    """Celery's SecurityWarning is eight lines per worker (sixteen for up's two); up says it once."""
+    import psycopg
+    import redis
+
+    name = f"gpuportal_upasadmin_{settings.TEST_RUN_ID}"
+    admin = psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True)
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    env = server_env(name, tmp_path / "var", web_workers=1)
+    log = open(tmp_path / "up.log", "w+")
+    up_process = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--port", str(free_port())],
+        cwd=settings_module.BASE_DIR,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    cache = redis.Redis.from_url("redis://127.0.0.1:6379/15")
+    queues = (settings_module.CELERY_PASS_QUEUE, settings_module.CELERY_TASK_DEFAULT_QUEUE)
+    try:
+        # Each worker's heartbeat starts once it is ready, after Celery's privilege check.
+        ready = _wait_for(
+            lambda: all(cache.keys(f"*worker-heartbeat:{queue}") for queue in queues), 180
+        )
+        assert ready, "the workers did not start in time"
+        up_process.send_signal(signal.SIGTERM)
+        up_process.wait(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(up_process.pid, signal.SIGKILL)
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+    log.seek(0)
+    console = log.read()
+    about_root = [
+        line
+        for line in console.splitlines()
+        if re.search(r"superuser|\broot\b|--uid|User information: uid=", line)
+    ]
+    assert about_root == [
+        "the Celery workers run as root, as up does: in production run up as another user, "
+        "or the workers with celery worker --uid"
+    ], console
+    assert "SecurityWarning" not in console
 
 
 def _all_started(tree: dict[int, str], web_workers: int) -> dict[int, str] | None:

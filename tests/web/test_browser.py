@@ -275,7 +275,7 @@ def test_it_turns_a_free_device_to_in_use_unbooked_live(alice, asgi_server, brow
     assert page.evaluate("window.__sameDocument") is True
 
 
-def test_it_shows_the_year_of_an_estimate_only_when_it_is_not_this_year(
+def test_it_shows_an_estimates_date_with_its_year_this_year_or_next(
     alice, asgi_server, browser_page
 ):
     page = browser_page
@@ -291,10 +291,10 @@ def test_it_shows_the_year_of_an_estimate_only_when_it_is_not_this_year(
     page.route("**/estimate/", estimate)
     page.goto(f"{asgi_server}/book/")
     wait_for(page, 'document.getElementById("estimate").dataset.state === "ok"')
-    assert f"5 Jan {year + 1}" in page.inner_text("#estimate")
+    assert f"{year + 1}-01-05 10:00 UTC" in page.inner_text("#estimate")
     page.fill("#id_gpus", "2")
-    wait_for(page, 'document.getElementById("estimate").textContent.includes("31 Dec")')
-    assert str(year) not in page.inner_text("#estimate")
+    wait_for(page, 'document.getElementById("estimate").textContent.includes("-12-31 10:00")')
+    assert f"{year}-12-31 10:00 UTC" in page.inner_text("#estimate")  # this year's, in full too
 
 
 def test_it_offers_the_next_window_that_fits_and_fills_it_in(alice, asgi_server, browser_page):

@@ -1,4 +1,4 @@
-"""Dates carry the year only when it is not this year; a finished booking's length is as it ran."""
+"""Dates read 2026-12-03 08:05, the year always there; a finished booking's length is as it ran."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -16,15 +16,11 @@ def client_in(client, user):
     return client
 
 
-def test_it_shows_the_year_only_when_it_is_not_this_year():
+def test_it_shows_every_date_as_year_month_day_hour_minute():
     this_year = timezone.now().year
-    assert when(datetime(this_year, 3, 3, 14, 5, tzinfo=UTC)).endswith(" 3 Mar 14:05")
-    assert when(datetime(this_year - 1, 3, 3, 14, 5, tzinfo=UTC)).endswith(
-        f" 3 Mar {this_year - 1} 14:05"
-    )
-    assert when(datetime(this_year + 1, 1, 2, 9, 0, tzinfo=UTC)).endswith(
-        f" 2 Jan {this_year + 1} 09:00"
-    )
+    assert when(datetime(this_year, 3, 3, 14, 5, tzinfo=UTC)) == f"{this_year}-03-03 14:05"
+    assert when(datetime(this_year - 1, 3, 3, 14, 5, tzinfo=UTC)) == f"{this_year - 1}-03-03 14:05"
+    assert when(datetime(2026, 12, 3, 8, 5, tzinfo=UTC)) == "2026-12-03 08:05"
     assert when(None) == ""
 
 
@@ -41,15 +37,15 @@ def test_it_shows_last_years_booking_with_its_year_and_how_long_it_ran(client_in
         ended_at=started + timedelta(minutes=95),
     )
     page = client_in.get(f"/bookings/{booking.pk}/").content.decode()
-    assert f"30 Dec {last_year} 22:00" in page  # started
-    assert f"30 Dec {last_year} 23:35" in page  # ended
+    assert f"{last_year}-12-30 22:00" in page  # started
+    assert f"{last_year}-12-30 23:35" in page  # ended
     assert "Ran for" in page
     assert '<dd id="booking-length">1 h 35 min <span class="muted">(booked 4 h)</span>' in page
     listing = client_in.get("/bookings/").content.decode()
-    assert f"30 Dec {last_year} 23:35" in listing
+    assert f"{last_year}-12-30 23:35" in listing
 
 
-def test_it_shows_a_pending_bookings_length_as_asked_and_this_years_dates_without_year(
+def test_it_shows_a_pending_bookings_length_as_asked_and_this_years_dates_with_the_year(
     client_in, user, project
 ):
     now = timezone.now()
@@ -60,8 +56,7 @@ def test_it_shows_a_pending_bookings_length_as_asked_and_this_years_dates_withou
     assert '<dd id="booking-length">2 h</dd>' in page
     assert "Ran for" not in page
     submitted = timezone.localtime(now)
-    assert f"{submitted:%-d %b %H:%M} UTC" in page
-    assert f"{submitted:%-d %b %Y}" not in page
+    assert f"{submitted:%Y-%m-%d %H:%M} UTC" in page
 
 
 def test_it_shows_a_run_under_a_minute_in_seconds_not_as_0_min():

@@ -47,7 +47,7 @@ def test_it_lists_my_pending_bookings_in_queue_order_with_reason_and_priority(cl
     assert body.index(f"#{mine1} 2 GPUs") < body.index(f"#{mine2} 2 GPUs")
     assert "Waiting for 2 free GPUs (#1)" in body
     assert "fair share 100" in body and "<strong>114</strong>" in body
-    assert f"{queue['mine1'].planned_start:%a %-d %b %H:%M}" in body
+    assert f"{queue['mine1'].planned_start:%Y-%m-%d %H:%M}" in body
     # A member sees only their own; the whole queue's length is still told.
     assert f"/bookings/{queue['mate'].pk}/" not in body
     assert f"/bookings/{queue['stranger'].pk}/" not in body

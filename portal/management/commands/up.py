@@ -70,6 +70,7 @@ class Command(BaseCommand):
         children = Children()
         _stop_on_signals(children)
         if not no_demo:
+            demo_agent_args()  # a bad DEMO_AGENT_ARGS stops up now, in one line
             call_command("seed_demo")
         if settings.REDIS_URL:
             children.add(_start_celery)
@@ -256,9 +257,47 @@ def _start_agents(url: str) -> list[subprocess.Popen]:
             str(_AGENT_JOBS_GRACE_S),
             "--log-level",
             _agent_log_level(),
+            # Simulated GPUs: no CDI spec or driver knows them, so a container gets none.
+            "--no-container-devices",
+            *demo_agent_args(),
         ]
         children.append(_child(command, env=env))
     return children
+
+
+# What `up` gives its agents itself: DEMO_AGENT_ARGS may not say otherwise.
+_AGENT_ARGS_OF_UP = {
+    "--portal", "--hostname", "--simulate", "--state-dir", "--user-map", "--site-id",
+    "--token", "--token-file",
+}  # fmt: skip
+_DEMO_AGENT_ARGS_MAX = 4096
+
+
+def demo_agent_args() -> list[str]:
+    """DEMO_AGENT_ARGS as the agents' extra words, checked with the agent's own parser; a bad
+    value is a CommandError naming the setting."""
+    import shlex
+
+    from agents.__main__ import build_parser
+
+    text = settings.DEMO_AGENT_ARGS
+    if len(text) > _DEMO_AGENT_ARGS_MAX:
+        raise CommandError(f"DEMO_AGENT_ARGS: at most {_DEMO_AGENT_ARGS_MAX} characters")
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise CommandError(f"DEMO_AGENT_ARGS: {exc}") from None
+    taken = sorted({word.split("=", 1)[0] for word in words} & _AGENT_ARGS_OF_UP)
+    if taken:
+        raise CommandError(f"DEMO_AGENT_ARGS: up sets {', '.join(taken)} itself")
+    parser = build_parser()
+
+    def refuse(message: str):
+        raise CommandError(f"DEMO_AGENT_ARGS: {message}")
+
+    parser.error = refuse
+    parser.parse_args(["--portal", "http://127.0.0.1", *words])
+    return words
 
 
 def _agent_log_level() -> str:
@@ -293,23 +332,44 @@ def _demo_queue(timeout_s: float = 120.0, poll_s: float = 0.5) -> None:
 def _start_celery() -> list[subprocess.Popen]:
     # --quiet: no startup banners of their own after (or in the middle of) up's banner.
     base = [sys.executable, "-m", "celery", "-A", "portal", "--quiet"]
+    workers = _worker_env()
     return [
         # The allocation pass has a queue of its own (CELERY_TASK_ROUTES) and a worker of its
         # own: a flood of notification work never stands in front of a pass.
         _child(
             base
             + ["worker", "--loglevel", "WARNING", "--concurrency", "1"]
-            + ["--queues", settings.CELERY_PASS_QUEUE, "--hostname", "pass@%h"]
+            + ["--queues", settings.CELERY_PASS_QUEUE, "--hostname", "pass@%h"],
+            env=workers,
         ),
         _child(
             base
             + ["worker", "--loglevel", "WARNING", "--concurrency", "2"]
-            + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE, "--hostname", "work@%h"]
+            + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE, "--hostname", "work@%h"],
+            env=workers,
         ),
         _child(
             base + ["beat", "--loglevel", "WARNING", "--schedule", str(settings.VAR_DIR / "beat")]
         ),
     ]
+
+
+# Celery's own warning to a worker run as root: eight lines per worker, said once by up instead.
+_CELERY_ROOT_WARNING = "You're running the worker with superuser privileges"
+
+
+def _worker_env() -> dict | None:
+    """The Celery workers' environment: when up runs as root (so do they), one line of up's
+    says so, and Python's warning filter keeps Celery's eight-line SecurityWarning out."""
+    if os.geteuid() != 0:
+        return None
+    log.warning(
+        "the Celery workers run as root, as up does: in production run up as another user, "
+        "or the workers with celery worker --uid"
+    )
+    given = os.environ.get("PYTHONWARNINGS")
+    ignore = f"ignore:{_CELERY_ROOT_WARNING}"
+    return {**os.environ, "PYTHONWARNINGS": f"{given},{ignore}" if given else ignore}
 
 
 def _child(command: list[str], env: dict | None = None) -> subprocess.Popen:

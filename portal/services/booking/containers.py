@@ -45,7 +45,9 @@ def _source_check(image: str) -> None:
         raise ValidationFailed.field("image", f"at most {IMAGE_MAX} characters.")
     sources = settings.CONTAINER_IMAGE_SOURCES
     if not sources:
-        raise ValidationFailed.field("image", "this site runs no container images.")
+        raise ValidationFailed.field(
+            "image", "this site runs no container images (CONTAINER_IMAGE_SOURCES is empty)."
+        )
     try:
         parsed = image_parse(image)
     except ImageError as exc:
