@@ -33,6 +33,21 @@ def test_it_refuses_a_duration_it_cannot_read():
         output.parse_duration("soon")
 
 
+@pytest.mark.parametrize("text", ["١٢", "١h", "٠١:٣٠:٠٠", "2h٣٠m"])
+def test_it_reads_durations_of_ascii_digits_only(text):
+    with pytest.raises(ValueError, match="is not a duration"):
+        output.parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("9" * 40, "at most 32 characters"), ("99999999999d", "longer than any booking")],
+)
+def test_it_refuses_a_duration_past_its_bounds(text, said):
+    with pytest.raises(ValueError, match=said):
+        output.parse_duration(text)
+
+
 def test_it_aligns_tables_and_shows_missing_values_as_dashes():
     text = output.table(["ID", "STATE", "REASON"], [[1, "active", None], [12, "pending", "quota"]])
     assert text.splitlines() == [
