@@ -75,6 +75,45 @@ NUMA_NODE_MAX = 1023
 WORKDIR_MAX = 1024
 ENV_NAME_MAX = 128
 ENV_VALUE_MAX = 4096
+# Variables a booking's `env` may not set (the portal refuses them, the agent never exports
+# them): the agent sets them for every job, or a container runtime or the NVIDIA container
+# toolkit reads them to choose the job's devices, mounts and environment, so a job that set
+# them could widen its own devices (docs/distributed.md, "Working directory, variables").
+JOB_ENV_RESERVED = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "NVIDIA_IMEX_CHANNELS",
+        "NVIDIA_DISABLE_REQUIRE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "LOCAL_WORLD_SIZE",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+    }
+)
+JOB_ENV_RESERVED_PREFIXES = (
+    "GPU_PORTAL_",
+    "NVIDIA_REQUIRE_",
+    "APPTAINER_",
+    "APPTAINERENV_",
+    "SINGULARITY_",
+    "SINGULARITYENV_",
+)
+
+
+def job_env_reserved(name: str) -> bool:
+    """Whether a booking's own variable `name` is one only the agent sets (JOB_ENV_RESERVED)."""
+    return name in JOB_ENV_RESERVED or name.startswith(JOB_ENV_RESERVED_PREFIXES)
+
+
 # The signals a booking may ask for before its end or preemption (Slurm's --signal), by name
 # without the SIG prefix; KILL and STOP cannot be caught, so they warn nobody.
 WarnSignal = Literal["HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "ALRM", "URG", "CONT", "WINCH"]
