@@ -1,5 +1,6 @@
 """`manage.py agent_token HOSTNAME`: its token authenticates the node; --revoke stops it."""
 
+import importlib
 from io import StringIO
 
 import pytest
@@ -49,3 +50,18 @@ def test_it_refuses_a_node_name_that_is_no_host_name(name):
 def test_it_issues_a_token_for_a_fully_qualified_host_name():
     assert _issue("gpu-01.cluster.example").startswith("gpa")
     assert Node.objects.get().hostname == "gpu-01.cluster.example"
+
+
+def test_it_blanks_a_stored_address_that_is_no_address_when_migrating():
+    from django.apps import apps
+
+    migration = importlib.import_module("portal.migrations.0025_node_name_and_address_forms")
+    _issue("gpu-a")
+    _issue("gpu-b")
+    Node.objects.filter(hostname="gpu-a").update(address="10.9.9.9 --nproc-per-node=999")
+    Node.objects.filter(hostname="gpu-b").update(address="10.0.0.2")
+    migration.blank_bad_addresses(apps, None)
+    assert dict(Node.objects.values_list("hostname", "address")) == {
+        "gpu-a": "",
+        "gpu-b": "10.0.0.2",
+    }
