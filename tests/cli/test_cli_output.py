@@ -128,3 +128,11 @@ def test_it_reports_a_broken_config_file_as_a_usage_error(monkeypatch, tmp_path,
     (tmp_path / "gpu-portal" / "config.json").write_text("{not json")
     assert main(["list"]) == 2
     assert "config.json is not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["submit", "-g", "١"], ["submit", "-N", "٢"], ["show", "٤٢"]])
+def test_it_reads_counts_and_ids_of_ascii_digits_only(args, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(args)
+    assert stopped.value.code == 2
+    assert "is not a whole number (digits 0-9)" in capsys.readouterr().err
