@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 
+from agents import protocol
 from agents.agent import Agent
 from agents.dispatch import DEFAULT_MIN_UID
 from agents.portal import AuthError
@@ -19,13 +20,26 @@ EXIT_BAD_TOKEN = 3
 EXIT_BAD_USAGE = 2
 
 
+def _host_name(text: str) -> str:
+    # The portal refuses any other name at register: say so at start, in one line.
+    if not protocol.is_hostname(text):
+        raise argparse.ArgumentTypeError(f"{text!r} {protocol.HOSTNAME_RULE}")
+    return text
+
+
+def _node_address(text: str) -> str:
+    if not protocol.is_node_address(text):
+        raise argparse.ArgumentTypeError(f"{text!r} {protocol.ADDRESS_RULE}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line, as docs/agent.md documents it."""
     p = argparse.ArgumentParser(prog="python -m agents", description=__doc__)
     p.add_argument("--portal", required=True, help="portal base URL, e.g. https://gpus.example.org")
     p.add_argument("--token", help="node token (or GPU_PORTAL_TOKEN, or --token-file)")
     p.add_argument("--token-file", help="file holding the node token (keeps it out of ps)")
-    p.add_argument("--hostname", default=socket.gethostname())
+    p.add_argument("--hostname", type=_host_name, default=socket.gethostname())
     p.add_argument("--interval", type=float, help="seconds between readings (portal decides)")
     p.add_argument("--sync-interval", type=float, help="seconds between desired-state pulls")
     p.add_argument("--simulate", metavar="SPEC", help="simulated GPUs, e.g. 8xH100-80GB")
@@ -70,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--address",
+        type=_node_address,
         help="this node's address on the site network, where the other nodes of a multi-node "
         "job reach rank 0 (MASTER_ADDR; default: the hostname, docs/distributed.md)",
     )

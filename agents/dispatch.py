@@ -28,7 +28,13 @@ from pathlib import Path
 from agents import confine, jobenv
 from agents.containers import ContainerLaunch, container_launch, container_remove
 from agents.procfs import is_alive, read_stat
-from agents.protocol import LOG_TAIL_BYTES, DesiredBooking, Event, Interruption
+from agents.protocol import (
+    LOG_TAIL_BYTES,
+    DesiredBooking,
+    Event,
+    Interruption,
+    job_env_reserved,
+)
 from agents.session import DEFAULT_HOST, free_port, session_launch, session_listening
 
 log = logging.getLogger(__name__)
@@ -383,8 +389,14 @@ class Dispatcher:
                 launched = self._container(booking, account, files.workdir, extra_env)
                 run, container = launched.argv, launched.handle
                 extra_env = extra_env | launched.env
+            agent_env = _job_environment(booking, account) | extra_env
             argv = jobenv.write_job_files(
-                booking, files, nodes, run=run, owner=(account.pw_uid, account.pw_gid)
+                booking,
+                files,
+                nodes,
+                run=run,
+                owner=(account.pw_uid, account.pw_gid),
+                agent_env=agent_env,
             )
         else:
             session = session_launch(
@@ -467,7 +479,7 @@ class Dispatcher:
             gid=account.pw_gid,
             env=_job_environment(booking, account)
             | launch_env
-            | {var.name: var.value for var in booking.env},
+            | {v.name: v.value for v in booking.env if not job_env_reserved(v.name)},
             workdir=workdir,
             extra_args=self._container_args,
             inject_devices=self._container_devices,

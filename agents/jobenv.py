@@ -26,10 +26,11 @@ import pwd
 import shlex
 import signal
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.protocol import DesiredBooking, NodePlace, output_file_name
+from agents.protocol import DesiredBooking, NodePlace, job_env_reserved, output_file_name
 
 LAUNCH_SCRIPT = "launch.sh"
 HOSTFILE = "hostfile"
@@ -117,11 +118,14 @@ def write_job_files(
     *,
     run: list[str] | None = None,
     owner: tuple[int, int] | None = None,
+    agent_env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Write the job's directory (launch script, hostfile, end file, an empty exit file that
     `owner` (uid, gid) may write); the argv that runs the script, which goes on the shell's
     standard input (`files.script`). `run` is what the script runs in the end (a container
-    runtime's launch line); None: the booking's command."""
+    runtime's launch line); None: the booking's command. `agent_env` is the environment the
+    agent starts the script with: its reserved variables (the devices, the launch) are set
+    again after the booking's own."""
     files.directory.mkdir(parents=True, exist_ok=True)
     os.chmod(files.directory.parent, 0o711)  # the job opens its files by name, lists nothing
     os.chmod(files.directory, 0o711)
@@ -134,7 +138,7 @@ def write_job_files(
         os.chown(files.exit_file, *owner)
     fd = os.open(files.script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as script:
-        script.write(_script(booking, files, run))
+        script.write(_script(booking, files, run, agent_env or {}))
     return [SHELL, "-s"]
 
 
@@ -153,7 +157,9 @@ _DEFERRED = "HUP INT QUIT USR1 USR2 TERM ALRM URG WINCH"
 _SIGNALLED = (128, 160)
 
 
-def _script(booking: DesiredBooking, files: JobFiles, run: list[str] | None) -> str:
+def _script(
+    booking: DesiredBooking, files: JobFiles, run: list[str] | None, agent_env: Mapping[str, str]
+) -> str:
     q = shlex.quote
     out = output_file_name(booking.booking_id, booking.node_rank)
     status = q(str(files.exit_file))
@@ -168,7 +174,16 @@ def _script(booking: DesiredBooking, files: JobFiles, run: list[str] | None) -> 
         f"command exec >>{q(out)} 2>&1 || echo {q(f'gpu-portal: cannot write {out}; output is in the node log')} >&2",
         # The booking's variables are set here, as its user, never in the environment of a
         # wrapper that still runs as root (systemd-run, the cgroup jail).
-        *(f"export {var.name}={q(var.value)}" for var in booking.env),
+        # A name only the agent sets (the portal refuses it at submit) is never exported.
+        *(f"export {v.name}={q(v.value)}" for v in booking.env if not job_env_reserved(v.name)),
+        # Then the agent's own device and launch variables again, whatever came before: a
+        # booking's variables never choose its devices (CUDA_ and NVIDIA_VISIBLE_DEVICES, the
+        # runtime's APPTAINERENV_*).
+        *(
+            f"export {name}={q(agent_env[name])}"
+            for name in sorted(agent_env)
+            if job_env_reserved(name)
+        ),
         "exec 3>&2 2>/dev/null",
         f"{SHELL} -c {q('exec 2>&3 3>&-; ' + inner)} </dev/null",
         "gpu_portal_status=$?",

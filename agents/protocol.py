@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -80,6 +82,69 @@ NUMA_NODE_MAX = 1023
 WORKDIR_MAX = 1024
 ENV_NAME_MAX = 128
 ENV_VALUE_MAX = 4096
+# Variables a booking's `env` may not set (the portal refuses them, the agent never exports
+# them): the agent sets them for every job, or a container runtime or the NVIDIA container
+# toolkit reads them to choose the job's devices, mounts and environment, so a job that set
+# them could widen its own devices (docs/distributed.md, "Working directory, variables").
+JOB_ENV_RESERVED = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "NVIDIA_IMEX_CHANNELS",
+        "NVIDIA_DISABLE_REQUIRE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "LOCAL_WORLD_SIZE",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+    }
+)
+JOB_ENV_RESERVED_PREFIXES = (
+    "GPU_PORTAL_",
+    "NVIDIA_REQUIRE_",
+    "APPTAINER_",
+    "APPTAINERENV_",
+    "SINGULARITY_",
+    "SINGULARITYENV_",
+)
+
+
+def job_env_reserved(name: str) -> bool:
+    """Whether a booking's own variable `name` is one only the agent sets (JOB_ENV_RESERVED)."""
+    return name in JOB_ENV_RESERVED or name.startswith(JOB_ENV_RESERVED_PREFIXES)
+
+
+# RFC 1123: a label is 1-63 letters, digits and hyphens, not starting or ending with a hyphen;
+# a host name is labels joined by dots, at most 253 characters. A node's name and address reach
+# other nodes' launch lines (MASTER_ADDR, hostfiles), so nothing else may.
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
+
+
+def is_hostname(text: str) -> bool:
+    """Whether `text` is an RFC 1123 host name (``gpu-a01``, ``gpu-a01.cluster.example``)."""
+    return 0 < len(text) <= HOSTNAME_MAX and all(_LABEL.match(p) for p in text.split("."))
+
+
+def is_node_address(text: str) -> bool:
+    """Whether `text` is an IP address or an RFC 1123 host name: what MASTER_ADDR may be."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return is_hostname(text)
+    return True
+
+
+HOSTNAME_RULE = "must be a host name: labels of letters, digits and - joined by dots (RFC 1123)"
+ADDRESS_RULE = "must be an IP address or a host name (RFC 1123)"
+_FORMS = {"hostname": (is_hostname, HOSTNAME_RULE), "address": (is_node_address, ADDRESS_RULE)}
+
 # The signals a booking may ask for before its end or preemption (Slurm's --signal), by name
 # without the SIG prefix; KILL and STOP cannot be caught, so they warn nobody.
 WarnSignal = Literal["HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "ALRM", "URG", "CONT", "WINCH"]
@@ -93,14 +158,17 @@ def bounded(
     ints: tuple[int, int] = INT32,
     max_items: int | None = None,
     text: bool | None = None,
+    form: str | None = None,
     default: Any = dataclasses.MISSING,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A message field with bounds: strings up to `max_length`, numbers in [low, high], lists
     of at most `max_items`. A `text` string (free text: the long ones by default, such as a
     detail or a log tail) may hold tabs and line breaks; any other string (a name, a UUID, a
-    model) refuses every control character, so a CR/LF cannot reach a mail header or a page."""
+    model) refuses every control character, so a CR/LF cannot reach a mail header or a page.
+    A `form` string must also be of that form (`_FORMS`: "hostname", "address")."""
     limits = {
+        "form": form,
         "max_length": max_length,
         "low": low,
         "high": high,
@@ -183,12 +251,12 @@ class GpuInventory:
 class RegisterRequest:
     """POST REGISTER_PATH: the node's inventory, sent at start and after any reconnect."""
 
-    hostname: str = bounded(max_length=HOSTNAME_MAX)
+    hostname: str = bounded(max_length=HOSTNAME_MAX, form="hostname")
     agent_version: str = bounded(max_length=VERSION_MAX)
     gpus: list[GpuInventory] = bounded(max_items=MAX_GPUS)
     protocol: int = PROTOCOL_VERSION
     # The node's address on the site network (--address): multi-node jobs reach rank 0 there.
-    address: str | None = bounded(max_length=HOSTNAME_MAX, default=None)
+    address: str | None = bounded(max_length=HOSTNAME_MAX, form="address", default=None)
     # The container runtimes installed on the node (CONTAINER_RUNTIMES names).
     container_runtimes: list[str] = field(
         default_factory=list, metadata={"limits": {**_NO_LIMITS, "max_length": 32}}
@@ -235,7 +303,7 @@ class DeviceReading:
 class ReadingsRequest:
     """POST READINGS_PATH: one sample of every device on the node."""
 
-    hostname: str = bounded(max_length=HOSTNAME_MAX)
+    hostname: str = bounded(max_length=HOSTNAME_MAX, form="hostname")
     time: datetime = bounded()
     readings: list[DeviceReading] = bounded(max_items=MAX_READINGS)
 
@@ -252,8 +320,8 @@ class EnvVar:
 class NodePlace:
     """One node of a booking, in rank order: its name, the address rank 0 is reached at, GPUs."""
 
-    hostname: str = bounded(max_length=HOSTNAME_MAX)
-    address: str = bounded(max_length=HOSTNAME_MAX)
+    hostname: str = bounded(max_length=HOSTNAME_MAX, form="hostname")
+    address: str = bounded(max_length=HOSTNAME_MAX, form="address")
     slots: int = bounded(low=1, ints=SMALL_UINT)
 
 
@@ -463,6 +531,9 @@ def _check_bounds(value: Any, where: str, limits: dict) -> Any:
             not limits.get("text", True) or not _TEXT_CONTROL.isdisjoint(value)
         ):
             raise ProtocolError(where, "must not contain control characters")
+        form = limits.get("form")
+        if form is not None and not _FORMS[form][0](value):
+            raise ProtocolError(where, _FORMS[form][1])
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         return value

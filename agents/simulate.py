@@ -28,11 +28,12 @@ import time
 from dataclasses import dataclass
 
 from agents.procfs import ProcInfo, ProcTable
-from agents.protocol import DeviceReading, GpuInventory, MigInventory, ProcessReading
+from agents.protocol import MAX_GPUS, DeviceReading, GpuInventory, MigInventory, ProcessReading
 
 MIG_SLICES = 7
-_GROUP_RE = re.compile(r"^(\d+)x([A-Za-z][A-Za-z0-9]*)-(\d+)GB(?::mig=(.*))?$", re.IGNORECASE)
-_MIG_ITEM_RE = re.compile(r"^(?:(\d+)x)?(\d)g\.(\d+)gb$", re.IGNORECASE)
+# Digits are ASCII ([0-9]: \d takes other scripts' too); counts are measured before repeating.
+_GROUP_RE = re.compile(r"([0-9]+)x([A-Za-z][A-Za-z0-9]*)-([0-9]+)GB(?::mig=(.*))?\Z", re.IGNORECASE)
+_MIG_ITEM_RE = re.compile(r"(?:([0-9]+)x)?([0-9])g\.([0-9]+)gb\Z", re.IGNORECASE)
 _MAX_POWER_W = {"H100": 700.0, "H200": 700.0, "A100": 400.0, "L40S": 350.0}
 _IDLE_POWER_W = 60.0
 
@@ -78,7 +79,7 @@ def parse_spec(spec: str) -> list[GpuSpec]:
         raise SpecError("empty SPEC; expected e.g. 8xH100-80GB")
     gpus: list[GpuSpec] = []
     for group in groups.split(","):
-        gpus.extend(_parse_group(group.strip()))
+        gpus.extend(_parse_group(group.strip(), room=MAX_GPUS - len(gpus)))
     return gpus
 
 
@@ -109,13 +110,15 @@ def _peers(name: str, index: int, count: int) -> tuple[int, ...]:
     return ()
 
 
-def _parse_group(group: str) -> list[GpuSpec]:
+def _parse_group(group: str, *, room: int) -> list[GpuSpec]:
     match = _GROUP_RE.match(group)
     if match is None:
         raise SpecError(f"bad group {group!r}: expected COUNTxMODEL-MEMGB, e.g. 8xH100-80GB")
     count, model, gb, mig = int(match[1]), match[2].upper(), int(match[3]), match[4]
     if count < 1 or gb < 1:
         raise SpecError(f"bad group {group!r}: count and memory must be at least 1")
+    if count > room:
+        raise SpecError(f"bad group {group!r}: a node has at most {MAX_GPUS} GPUs")
     gpu = GpuSpec(f"{model}-{gb}GB", gb * 1024, _parse_mig(group, mig, gb) if mig else ())
     return [gpu] * count
 
@@ -127,6 +130,8 @@ def _parse_mig(group: str, mig: str, gpu_gb: int) -> tuple[MigProfile, ...]:
         if match is None:
             raise SpecError(f"bad MIG profile {item!r} in {group!r}: expected e.g. 3g.40gb")
         repeat, slices, gb = int(match[1] or 1), int(match[2]), int(match[3])
+        if repeat > MIG_SLICES:
+            raise SpecError(f"MIG layout in {group!r} uses more than {MIG_SLICES} slices")
         profiles.extend([MigProfile(f"{slices}g.{gb}gb", slices, gb * 1024)] * repeat)
     if sum(p.slices for p in profiles) > MIG_SLICES:
         raise SpecError(f"MIG layout in {group!r} uses more than {MIG_SLICES} slices")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import typing
 
 from agents.protocol import WarnSignal
+from scheduler.dependencies import whole_number
 
 SIGNALS = typing.get_args(WarnSignal)
 SIGNAL_DEFAULT_BEFORE_S = 60
@@ -24,20 +25,21 @@ def signal_parse(text: str) -> tuple[str, int]:
         raise ValueError(f"{name or text!r} is not a signal a job can catch ({', '.join(SIGNALS)})")
     if not at:
         return name, SIGNAL_DEFAULT_BEFORE_S
-    if not seconds.strip().isdigit() or not 0 < int(seconds) <= SIGNAL_BEFORE_MAX_S:
+    before = whole_number(seconds.strip())
+    if before is None or not 0 < before <= SIGNAL_BEFORE_MAX_S:
         raise ValueError(
-            f"the time after @ must be a whole number of seconds, 1 to {SIGNAL_BEFORE_MAX_S}"
+            f"the time after @ must be a whole number of seconds (digits 0-9), 1 to "
+            f"{SIGNAL_BEFORE_MAX_S}"
         )
-    return name, int(seconds)
+    return name, before
 
 
 def port_range_parse(text: str) -> tuple[int, int]:
     """`LOW-HIGH` as two ports, LOW <= HIGH, both between 1024 and 65535."""
     low, dash, high = text.partition("-")
-    try:
-        first, last = int(low), int(high if dash else low)
-    except ValueError:
-        raise ValueError("expected LOW-HIGH, e.g. 29500-29999") from None
+    first, last = whole_number(low.strip()), whole_number((high if dash else low).strip())
+    if first is None or last is None:
+        raise ValueError("expected LOW-HIGH, e.g. 29500-29999")
     if not 1024 <= first <= last <= 65535:
         raise ValueError("expected LOW-HIGH with 1024 <= LOW <= HIGH <= 65535")
     return first, last

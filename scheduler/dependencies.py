@@ -26,7 +26,10 @@ from scheduler.types import (
 )
 
 MAX_ARRAY_TASKS = 1000  # tasks of one array (Slurm's MaxArraySize is 1001 by default)
+MAX_ARRAY_SPEC = 200  # characters of a spec (Booking.array_spec)
+MAX_ARRAY_TASK_ID = 2**31 - 1  # a task id's column (PositiveIntegerField)
 MAX_DEPENDENCIES = 32
+MAX_DEPENDENCY_TEXT = 2000  # characters of a booking's ``after`` (the API's and the form's bound)
 
 
 @dataclass(frozen=True)
@@ -109,22 +112,38 @@ class ArraySpecError(ValueError):
     """An array spec that cannot be parsed or is out of bounds; the message says why."""
 
 
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number if it is ASCII digits only, else None (``int()`` and
+    ``str.isdigit`` also take other scripts' digits, such as ``"١٢"``)."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def _range(part: str) -> range:
     body, _, step_text = part.partition(":")
     first, dash, last = body.partition("-")
-    try:
-        lo = int(first)
-        hi = int(last) if dash else lo
-        step = int(step_text) if step_text else 1
-    except ValueError:
-        raise ArraySpecError(f"{part!r} is not N, N-M or N-M:S") from None
-    if lo < 0 or hi < lo or step < 1:
+    lo, hi, step = whole_number(first), whole_number(last) if dash else None, 1
+    if step_text:
+        step = whole_number(step_text)
+    if lo is None or (dash and hi is None) or step is None:
+        raise ArraySpecError(f"{part!r} is not N, N-M or N-M:S (digits 0-9)")
+    hi = lo if hi is None else hi
+    if hi < lo or step < 1:
         raise ArraySpecError(f"{part!r} must count up from 0 or more, with a step of 1 or more")
+    # Counted before any id is made (len(range) itself overflows past sys.maxsize).
+    if (hi - lo) // step + 1 > MAX_ARRAY_TASKS:
+        raise ArraySpecError(f"an array has at most {MAX_ARRAY_TASKS} tasks")
+    if hi > MAX_ARRAY_TASK_ID:
+        raise ArraySpecError(f"a task id is at most {MAX_ARRAY_TASK_ID}")
     return range(lo, hi + 1, step)
 
 
 def parse_array(spec: str) -> ArraySpec:
-    """Parse ``0-99%10``-style specs (Slurm's ``--array``); raise ArraySpecError saying why."""
+    """Parse ``0-99%10``-style specs (Slurm's ``--array``); raise ArraySpecError saying why.
+
+    Each range is counted before its ids are made, so a spec of a huge range costs no memory.
+    """
+    if len(spec) > MAX_ARRAY_SPEC:
+        raise ArraySpecError(f"an array spec is at most {MAX_ARRAY_SPEC} characters")
     body, percent, limit_text = spec.strip().partition("%")
     if not body:
         raise ArraySpecError("an array spec names task ids, e.g. 0-99%10")
@@ -135,9 +154,9 @@ def parse_array(spec: str) -> ArraySpec:
             raise ArraySpecError(f"an array has at most {MAX_ARRAY_TASKS} tasks")
     limit = None
     if percent:
-        if not limit_text.isdigit() or int(limit_text) < 1:
+        limit = whole_number(limit_text)
+        if limit is None or limit < 1:
             raise ArraySpecError("the running limit after % must be a whole number of 1 or more")
-        limit = int(limit_text)
     return ArraySpec(tuple(sorted(ids)), limit)
 
 
@@ -147,6 +166,8 @@ def parse_dependency(text: str, *, numeric: bool = True) -> tuple[Dependency, ..
     Raises ValueError saying which part is wrong. With ``numeric`` (the portal's booking ids)
     ids must be whole numbers; a trace's job ids are any word.
     """
+    if numeric and len(text) > MAX_DEPENDENCY_TEXT:
+        raise ValueError(f"at most {MAX_DEPENDENCY_TEXT} characters")
     deps: list[Dependency] = []
     for part in text.split(","):
         part = part.strip()
@@ -156,9 +177,10 @@ def parse_dependency(text: str, *, numeric: bool = True) -> tuple[Dependency, ..
         if kind not in AFTER_KINDS:
             raise ValueError(f"{kind!r} is not one of {', '.join(AFTER_KINDS)}")
         for booking_id in ids.split(":"):
-            if not booking_id or (numeric and not booking_id.isdigit()):
+            number = whole_number(booking_id)
+            if not booking_id or (numeric and number is None):
                 raise ValueError(f"{booking_id!r} in {part!r} is not a booking id")
-            deps.append(Dependency(kind, str(int(booking_id)) if numeric else booking_id))
-    if len(deps) > MAX_DEPENDENCIES:
-        raise ValueError(f"at most {MAX_DEPENDENCIES} dependencies")
+            deps.append(Dependency(kind, str(number) if numeric else booking_id))
+            if len(deps) > MAX_DEPENDENCIES:  # counted as they come: a long text stops here
+                raise ValueError(f"at most {MAX_DEPENDENCIES} dependencies")
     return tuple(dict.fromkeys(deps))

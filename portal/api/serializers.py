@@ -165,8 +165,10 @@ class BookingCreateInput(StrictSerializer):
     signal = serializers.CharField(
         required=False,
         allow_blank=True,
+        max_length=32,
         help_text="A signal before the end or an early stop, Slurm's --signal: NAME[@SECONDS], "
-        "e.g. USR1@120 (default: the site's JOB_SIGNAL_DEFAULT).",
+        "e.g. USR1@120 (default: the site's JOB_SIGNAL_DEFAULT); the seconds are fewer than the "
+        "booking's.",
     )
     image = serializers.CharField(
         required=False,

@@ -18,6 +18,13 @@ The portal and token come from --url, GPU_PORTAL_URL, GPU_PORTAL_TOKEN, or the f
 `gpu-portal login` writes ($XDG_CONFIG_HOME/gpu-portal/config.json)."""
 
 
+def _whole(text: str) -> int:
+    """A whole number of digits 0-9 (argparse's int also takes other scripts' digits, '١٢')."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (digits 0-9)")
+    return int(text)
+
+
 def _globals(defaults: bool) -> argparse.ArgumentParser:
     """--json, --utc and --url, accepted before or after the command."""
     value = None if defaults else argparse.SUPPRESS
@@ -31,7 +38,7 @@ def _globals(defaults: bool) -> argparse.ArgumentParser:
 
 def _booking_options(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group()
-    what.add_argument("-g", "--gpus", type=int, help="whole GPUs (default 1)")
+    what.add_argument("-g", "--gpus", type=_whole, help="whole GPUs (default 1)")
     what.add_argument(
         "--mig", metavar="PROFILE", help="one MIG slice of this profile, e.g. 3g.40gb"
     )
@@ -49,7 +56,7 @@ def _booking_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--qos", help="quality of service, e.g. normal, high, low")
     parser.add_argument("--preemptible", action="store_true", help="may be preempted")
     parser.add_argument(
-        "-N", "--nodes", type=int, metavar="N", help="on N whole nodes, one process each"
+        "-N", "--nodes", type=_whole, metavar="N", help="on N whole nodes, one process each"
     )
     parser.add_argument("--workdir", metavar="DIR", help="the job's working directory (absolute)")
     parser.add_argument(
@@ -149,13 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-s", "--state", action="append", help="only this state (repeatable)")
     p.add_argument("-p", "--project")
     p.add_argument("-o", "--owner")
-    p.add_argument("-n", "--limit", type=int, default=20, help="at most N (default 20)")
+    p.add_argument("-n", "--limit", type=_whole, default=20, help="at most N (default 20)")
 
     for name, help, run in (
         ("show", "one booking in full", commands.show),
         ("release", "end an active booking now and free its devices", commands.release),
     ):
-        add(name, help, run).add_argument("id", type=int)
+        add(name, help, run).add_argument("id", type=_whole)
 
     p = add("cancel", "cancel a queued, planned or active booking", commands.cancel)
     p.add_argument("id", type=int)
@@ -166,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = add("extend", "extend a booking", commands.extend)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_whole)
     p.add_argument("by", metavar="DURATION", help="by how long: 30m, 2h, HH:MM:SS")
 
     add("quota", "your limits and usage per project", account.quota)
@@ -179,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "open", "wait for an interactive booking's session, then open it", sessions.open_session
     )
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_whole)
     p.add_argument(
         "--print", dest="print_only", action="store_true", help="print the URL, open no browser"
     )
@@ -187,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=3.0, help="poll every S s (default 3)")
 
     p = add("logs", "a batch booking's output", commands.logs)
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_whole)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
     p.add_argument("--interval", type=float, default=5.0, help="poll every S s (default 5)")
     return parser

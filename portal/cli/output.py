@@ -61,15 +61,30 @@ def duration(seconds: int | float | None) -> str | None:
     return "".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
 
 
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_CLOCK = re.compile(r"^(?:(\d+)-)?(\d+):(\d+)(?::(\d+))?$")
+# ASCII digits only ([0-9], not \d: that takes other scripts' digits too, as int() does).
+_DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?\Z")
+_CLOCK = re.compile(r"(?:([0-9]+)-)?([0-9]+):([0-9]+)(?::([0-9]+))?\Z")
+_MINUTES = re.compile(r"[0-9]+\Z")
+DURATION_TEXT_MAX = 32  # characters of a duration: '1d2h3m4s' and '10-12:00:00' fit many times
+DURATION_MAX_S = 100 * 365 * 86400  # far past any site's longest booking; datetimes overflow later
 
 
 def parse_duration(text: str) -> int:
     """Seconds from '90m', '2h', '1h30m', '1d', '45s', Slurm's 'HH:MM:SS', 'D-HH:MM:SS' or
     'MM:SS', or a bare number of minutes (as Slurm's --time reads one)."""
     text = text.strip().lower()
-    if text.isdigit():
+    if len(text) > DURATION_TEXT_MAX:
+        raise ValueError(f"a duration is at most {DURATION_TEXT_MAX} characters")
+    seconds = _seconds(text)
+    if seconds is None:
+        raise ValueError(f"'{text}' is not a duration (try 90m, 2h, 1h30m, 1d or HH:MM:SS)")
+    if seconds > DURATION_MAX_S:
+        raise ValueError(f"'{text}' is longer than any booking can be")
+    return seconds
+
+
+def _seconds(text: str) -> int | None:
+    if _MINUTES.match(text):
         return int(text) * 60
     match = _DURATION.match(text)
     if match and any(match.groups()):
@@ -80,7 +95,7 @@ def parse_duration(text: str) -> int:
         d, a, b, c = match.groups()
         h, m, s = (int(a), int(b), int(c)) if c is not None else (0, int(a), int(b))
         return ((int(d or 0) * 24 + h) * 60 + m) * 60 + s
-    raise ValueError(f"'{text}' is not a duration (try 90m, 2h, 1h30m, 1d or HH:MM:SS)")
+    return None
 
 
 def parse_moment(text: str) -> str:

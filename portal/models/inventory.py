@@ -1,6 +1,21 @@
+from django.core.exceptions import ValidationError
 from django.db import models
 
+from agents.protocol import ADDRESS_RULE, HOSTNAME_RULE, is_hostname, is_node_address
+
 MIG_SLICES_PER_GPU = 7
+
+
+def validate_node_name(value: str) -> None:
+    """A node's name reaches other nodes' hostfiles: an RFC 1123 host name (agents.protocol)."""
+    if not is_hostname(value):
+        raise ValidationError(f"{value!r} {HOSTNAME_RULE}.")
+
+
+def validate_node_address(value: str) -> None:
+    """A node's address becomes every rank's MASTER_ADDR: an IP address or a host name."""
+    if value and not is_node_address(value):
+        raise ValidationError(f"{value!r} {ADDRESS_RULE}.")
 
 
 def mig_fraction(slices: int) -> float:
@@ -21,13 +36,13 @@ class Node(models.Model):
         DOWN = "down", "Down"
         DRAIN = "drain", "Drain"
 
-    hostname = models.CharField(max_length=253, unique=True)
+    hostname = models.CharField(max_length=253, unique=True, validators=[validate_node_name])
     state = models.CharField(max_length=8, choices=State.choices, default=State.DOWN)
     state_reason = models.CharField(max_length=300, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
     # The node's address on the site network, as its agent reports it (--address); blank: the
     # hostname. The other nodes of a multi-node job reach rank 0 there (MASTER_ADDR).
-    address = models.CharField(max_length=253, blank=True)
+    address = models.CharField(max_length=253, blank=True, validators=[validate_node_address])
     # The container runtimes its agent reported, comma-separated (agents.protocol's
     # CONTAINER_RUNTIMES names): text, so the allocation pass reads it without decoding JSON.
     container_runtimes = models.CharField(max_length=100, blank=True)

@@ -159,6 +159,8 @@ class BookForm(AccessibleForm):
     )
     env = forms.CharField(
         required=False,
+        # The service's bounds, plus "=" and a line break a variable: read before it is split.
+        max_length=booking_bounds.ENV_TOTAL_MAX + 3 * booking_bounds.ENV_VARS_MAX,
         widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
         label="Environment variables",
         help_text="NAME=value, one per line, for the command.",

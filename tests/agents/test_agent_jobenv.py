@@ -3,6 +3,7 @@ variables of its own, the end file, and the warning signal before its end or an 
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import typing
@@ -101,6 +102,66 @@ def test_it_runs_in_the_working_directory_with_the_bookings_variables(
     assert exited.log_tail == output
     # The variables never reach the agent's own launch (a wrapper that may still be root).
     assert "LR" not in open(f"/proc/{os.getpid()}/environ").read()
+
+
+def test_it_keeps_its_own_device_variables_whatever_the_booking_asks(
+    portal, make_agent, cycle_until, me
+):
+    # A portal that let them through (an older one) must still not widen the job's devices.
+    agent = make_agent()
+    gpus = _gpu_uuids(agent)
+    env = [
+        {"name": "CUDA_VISIBLE_DEVICES", "value": ",".join(gpus)},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "APPTAINERENV_CUDA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "LR", "value": "3e-4"},
+    ]
+    portal.book(5, me, gpus[:1], command="env", env=env)
+    cycle_until(agent, lambda: _event(portal, "exited", 5))
+    seen = _env_of(_event(portal, "exited", 5).log_tail)
+    assert seen["CUDA_VISIBLE_DEVICES"] == gpus[0]
+    assert "NVIDIA_VISIBLE_DEVICES" not in seen and "APPTAINERENV_CUDA_VISIBLE_DEVICES" not in seen
+    assert seen["LR"] == "3e-4"
+
+
+def test_it_sets_the_runtimes_device_variables_after_the_bookings_own(tmp_path, me):
+    # What a container runtime is started with: the launch script execs `run` (here env, in
+    # place of apptainer) with the agent's NVIDIA_VISIBLE_DEVICES and APPTAINERENV_*.
+    booking = protocol.from_json(
+        protocol.DesiredBooking,
+        {
+            "booking_id": 6,
+            "owner": me,
+            "device_uuids": ["GPU-b"],
+            "start": "2030-01-01T00:00:00Z",
+            "end": "2030-01-01T01:00:00Z",
+            "command": "true",
+            "env": [
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"},
+                {"name": "SINGULARITYENV_CUDA_VISIBLE_DEVICES", "value": "all"},
+                {"name": "APPTAINERENV_CUDA_VISIBLE_DEVICES", "value": "all"},
+            ],
+        },
+    )
+    files = jobenv.JobFiles(tmp_path / "job", str(tmp_path), str(tmp_path / "out"))
+    agent_env = {
+        "PATH": os.environ["PATH"],
+        "CUDA_VISIBLE_DEVICES": "GPU-b",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-b",
+        "APPTAINERENV_CUDA_VISIBLE_DEVICES": "GPU-b",
+    }
+    nodes = jobenv.placement(booking, "gpu-a01", "10.0.0.1")
+    argv = jobenv.write_job_files(booking, files, nodes, run=["env"], agent_env=agent_env)
+    with open(files.script, "rb") as script:
+        subprocess.run(argv, stdin=script, env=agent_env, cwd=tmp_path, check=True)
+    seen = _env_of((tmp_path / "gpu-portal-6.out").read_text())
+    devices = {k: v for k, v in seen.items() if k.startswith(("CUDA_", "NVIDIA_", "APPT", "SING"))}
+    assert devices == {
+        "CUDA_VISIBLE_DEVICES": "GPU-b",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-b",
+        "APPTAINERENV_CUDA_VISIBLE_DEVICES": "GPU-b",
+    }
 
 
 def test_it_fails_a_job_whose_working_directory_cannot_be_entered(

@@ -159,6 +159,26 @@ def test_it_refuses_to_start_on_a_bad_spec_or_user_map(tmp_path, caplog):
     assert "expected a JSON object of portal user -> Unix user" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--address", "10.9.9.9 --nproc-per-node=999", "must be an IP address or a host name"),
+        ("--hostname", "evil slots=99", "must be a host name"),
+    ],
+)
+def test_it_refuses_to_start_with_a_name_or_address_that_is_no_host(
+    tmp_path, capsys, option, value, said
+):
+    from agents.__main__ import main
+
+    base = ["--portal", "http://127.0.0.1:9", "--token", "t", "--state-dir", str(tmp_path)]
+    with pytest.raises(SystemExit) as stopped:
+        main([*base, "--simulate", "1xH100-80GB", option, value])
+    assert stopped.value.code == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
+    assert f"argument {option}: {value!r} {said}" in line
+
+
 def test_it_reconnects_the_push_websocket_and_asks_for_a_resync():
     from agents.push import PushListener
 

@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 import pytest
 
 from agents.protocol import (
+    ADDRESS_RULE,
+    HOSTNAME_RULE,
     AcceptedResponse,
     DesiredBooking,
     DesiredState,
@@ -261,3 +263,30 @@ def test_a_register_without_topology_still_parses():
             gpu.pop(name)
     message = from_json(RegisterRequest, body, strict=True)
     assert (message.gpus[0].nvlink_peers, message.gpus[0].numa_node) == ([], None)
+
+
+@pytest.mark.parametrize(
+    ("place", "field", "reason"),
+    [
+        ({"address": "10.9.9.9 --nproc-per-node=999"}, "nodes[0].address", ADDRESS_RULE),
+        ({"address": "$(reboot)"}, "nodes[0].address", ADDRESS_RULE),
+        ({"hostname": "evil slots=99"}, "nodes[0].hostname", HOSTNAME_RULE),
+        ({"hostname": "gpu-.example"}, "nodes[0].hostname", HOSTNAME_RULE),
+    ],
+)
+def test_it_takes_no_node_place_whose_name_or_address_is_no_host(place, field, reason):
+    # An agent reads the portal leniently, but never a launch line's MASTER_ADDR or hostfile.
+    node = {"hostname": "gpu-a01", "address": "10.0.0.1", "slots": 8, **place}
+    booking = {
+        "booking_id": 1,
+        "owner": "alice",
+        "device_uuids": [],
+        "start": "2030-01-01T00:00:00Z",
+        "end": "2030-01-01T01:00:00Z",
+        "nodes": [node],
+    }
+    with pytest.raises(ProtocolError) as caught:
+        from_json(DesiredBooking, booking)
+    assert (caught.value.field, caught.value.reason) == (field, reason)
+    fine = {**booking, "nodes": [{**node, "hostname": "gpu-a01.cluster", "address": "fd00::1"}]}
+    assert from_json(DesiredBooking, fine).nodes[0].address == "fd00::1"

@@ -5,6 +5,7 @@ import time
 import pytest
 
 from agents.simulate import SimulatedBackend, SpecError, parse_spec
+from tests.bounded import measured
 
 
 def test_it_parses_whole_gpus():
@@ -44,6 +45,22 @@ def test_it_expands_repeated_mig_profiles():
 def test_it_rejects_bad_specs_with_a_clear_error(spec, message):
     with pytest.raises(SpecError, match=message):
         parse_spec(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("99999999999999999999xH100-80GB", "at most 64 GPUs"),
+        ("60xH100-80GB,8xH100-80GB", "at most 64 GPUs"),
+        ("1xA100-80GB:mig=99999999999999999999x1g.10gb", "more than 7 slices"),
+        ("٨xH100-80GB", "bad group"),
+        ("1xA100-80GB:mig=٣g.40gb", "bad MIG profile"),
+    ],
+)
+def test_it_refuses_a_count_past_its_bound_before_repeating_it(spec, message):
+    with measured() as cost, pytest.raises(SpecError, match=message):
+        parse_spec(spec)
+    assert cost.cheap(), cost
 
 
 def test_it_discovers_stable_uuids_per_hostname():

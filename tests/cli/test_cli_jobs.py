@@ -6,6 +6,7 @@ import json
 import pytest
 
 from portal.models import Booking, NodeRun
+from tests.bounded import PEAK_MAX, measured
 from tests.cli.conftest import token_for
 from tests.factories import make_active_booking, make_node
 
@@ -45,6 +46,23 @@ def test_it_refuses_a_bad_job_environment_naming_the_option(site, cli, args, sai
     result = cli("submit", "-t", "1h", *args, "--", "true", token=token)
     assert result.returncode != 0
     assert said in result.stderr, result.stderr
+    assert not Booking.objects.exists()
+
+
+def test_it_sends_an_array_spec_unexpanded_and_the_portal_refuses_a_huge_one_at_once(site, cli):
+    # The client passes --array through as written (it expands nothing); the portal measures
+    # each range before making ids. The live server runs in this process, so its memory is
+    # traced and capped here.
+    token = token_for(site["alice"])
+    cli("submit", "-t", "10m", "--array", "0-5000", "--", "true", token=token)  # a warm server
+    with measured() as cost:
+        result = cli(
+            "submit", "-t", "10m", "--array", "0-99999999999999999999", "--", "true", token=token
+        )  # fmt: skip
+    assert result.returncode != 0
+    assert "array: an array has at most 1000 tasks" in result.stderr, result.stderr
+    assert cost.peak < PEAK_MAX, cost
+    assert cost.seconds < 20, cost  # a Python start and one request, on a loaded machine
     assert not Booking.objects.exists()
 
 

@@ -33,6 +33,21 @@ def test_it_refuses_a_duration_it_cannot_read():
         output.parse_duration("soon")
 
 
+@pytest.mark.parametrize("text", ["١٢", "١h", "٠١:٣٠:٠٠", "2h٣٠m"])
+def test_it_reads_durations_of_ascii_digits_only(text):
+    with pytest.raises(ValueError, match="is not a duration"):
+        output.parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("9" * 40, "at most 32 characters"), ("99999999999d", "longer than any booking")],
+)
+def test_it_refuses_a_duration_past_its_bounds(text, said):
+    with pytest.raises(ValueError, match=said):
+        output.parse_duration(text)
+
+
 def test_it_aligns_tables_and_shows_missing_values_as_dashes():
     text = output.table(["ID", "STATE", "REASON"], [[1, "active", None], [12, "pending", "quota"]])
     assert text.splitlines() == [
@@ -116,3 +131,11 @@ def test_it_reports_a_broken_config_file_as_a_usage_error(monkeypatch, tmp_path,
     (tmp_path / "gpu-portal" / "config.json").write_text("{not json")
     assert main(["list"]) == 2
     assert "config.json is not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["submit", "-g", "١"], ["submit", "-N", "٢"], ["show", "٤٢"]])
+def test_it_reads_counts_and_ids_of_ascii_digits_only(args, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(args)
+    assert stopped.value.code == 2
+    assert "is not a whole number (digits 0-9)" in capsys.readouterr().err

@@ -105,6 +105,31 @@ def test_it_refuses_a_model_the_site_does_not_have_in_the_admin(admin_client, us
     assert not project.quotas.filter(user=user).exists()
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("address", "10.9.9.9 --nproc-per-node=999"), ("hostname", "evil slots=99")],
+)
+def test_it_refuses_a_node_name_or_address_that_is_no_host_in_the_admin(
+    admin_client, cluster, field, value
+):
+    node = cluster[0]
+    data = {
+        "hostname": node.hostname,
+        "state": node.state,
+        "address": "10.0.0.1",
+        "gpus-TOTAL_FORMS": "0",
+        "gpus-INITIAL_FORMS": "0",
+        "gpus-MIN_NUM_FORMS": "0",
+        "gpus-MAX_NUM_FORMS": "1000",
+    }
+    response = admin_client.post(f"/admin/portal/node/{node.pk}/change/", {**data, field: value})
+    assert response.status_code == 200
+    assert "must be" in response.content.decode()
+    node.refresh_from_db()
+    assert getattr(node, field) != value
+    assert admin_client.post(f"/admin/portal/node/{node.pk}/change/", data).status_code == 302
+
+
 def test_it_refuses_a_second_project_row(admin_client, project):
     response = admin_client.post(
         "/admin/portal/quota/add/", {"project": project.pk, "allowed_models": "", "allowed_qos": ""}

@@ -11,6 +11,7 @@ from portal.services.allocation.allocation import allocation_pass
 from portal.services.booking.bookings import booking_transition
 from portal.services.fleet.agents import agent_events_record
 from portal.services.fleet.selectors import agent_desired
+from tests.bounded import measured
 from tests.conftest import error_of
 from tests.factories import UserFactory, member
 
@@ -223,6 +224,38 @@ def test_it_refuses_a_bad_array_or_dependency_naming_the_field(
     error = error_of(response)
     assert set(error["fields"]) == {field} and says in error["fields"][field], error
     assert Booking.objects.count() == before  # nothing half-written
+
+
+@pytest.mark.parametrize("path", ["/api/v1/bookings/", "/api/v1/bookings/estimate/"])
+@pytest.mark.parametrize("spec", ["0-99999999999999999999", "0-9,10-99999999999999999999%4"])
+def test_it_refuses_a_huge_array_range_at_once_without_building_it(
+    api, project, cluster, path, spec
+):
+    body = {"gpus": 1, "duration_s": 600, "command": "run", "array": spec}
+    api.post(path, {**body, "array": "0-5000"}, format="json")  # imports and caches warm
+    with measured() as cost:
+        response = api.post(path, body, format="json")
+    assert response.status_code == 400, response.json()
+    assert error_of(response)["fields"] == {
+        "array": "an array has at most 1000 tasks (e.g. 0-99%10)."
+    }
+    assert cost.cheap(), cost  # well under a second, and no list of ids was made
+    assert not Booking.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"array": "٠-٩"}, "array"), ({"array": "0-3%٢"}, "array"), ({"after": "afterok:١"}, "after")],
+)
+def test_it_refuses_array_and_dependency_digits_other_than_ascii(
+    api, project, cluster, body, field
+):
+    body = {"gpus": 1, "duration_s": 600, "command": "run", **body}
+    for path in ("/api/v1/bookings/", "/api/v1/bookings/estimate/"):
+        response = api.post(path, body, format="json")
+        assert response.status_code == 400, response.json()
+        assert set(error_of(response)["fields"]) == {field}
+    assert not Booking.objects.exists()
 
 
 def test_it_refuses_an_array_after_an_array_that_would_write_too_many_dependencies(

@@ -237,7 +237,7 @@ def test_it_keeps_the_reason_within_state_detail_for_a_long_hostname():
     from portal.services.fleet.nodes import node_token_issue
     from tests.factories import NodeFactory
 
-    hostname = "n" * 250
+    hostname = ".".join(["n" * 62] * 4)  # 251 characters, a host name of four labels
     NodeFactory(hostname=hostname)
     agent = AgentClient(node_token_issue(hostname=hostname))
     _register(agent, _gpu(0, "GPU-m", [("MIG-1", "3g.40gb")]), hostname=hostname)

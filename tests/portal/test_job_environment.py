@@ -1,8 +1,11 @@
 """A batch job's environment through the API: working directory, variables, signal; validated at
 submit with field-named 400s; a wide booking's desired state on each of its nodes."""
 
+from datetime import timedelta
+
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from portal.models import Booking
 from portal.services.fleet.runs import agent_desired_dispatch
@@ -57,6 +60,61 @@ def test_it_refuses_a_bad_job_environment_naming_the_field(
         assert field in error["fields"], error
         assert reason in error["fields"][field], error
     assert not Booking.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "APPTAINERENV_CUDA_VISIBLE_DEVICES",
+        "APPTAINER_BIND",
+        "SINGULARITYENV_NVIDIA_VISIBLE_DEVICES",
+        "CUDA_VISIBLE_DEVICES",
+    ],
+)
+def test_it_refuses_variables_that_would_choose_the_jobs_devices(api, project, cluster, name):
+    for path in ("/api/v1/bookings/", "/api/v1/bookings/estimate/"):
+        response = api.post(path, {**JOB, "env": {name: "all"}}, format="json")
+        assert response.status_code == 400, (path, response.json())
+        assert error_of(response)["fields"] == {
+            f"env.{name}": "is set by the portal for every job."
+        }
+    assert not Booking.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("job", "signal", "reason"),
+    [
+        ({"duration_s": 600}, "USR1@700", "700 s before the end is not within the booking's 600 s"),
+        ({"duration_s": 600}, "USR1@600", "600 s before the end is not within the booking's 600 s"),
+        ({"duration_s": 60}, "USR1", "60 s before the end is not within the booking's 60 s"),
+        ({"duration_s": 600}, "USR1@١٢", "digits 0-9"),
+        ({"duration_s": 600}, "USR1@+12", "digits 0-9"),
+    ],
+)
+def test_it_refuses_a_signal_time_the_booking_does_not_last_or_of_other_digits(
+    api, project, cluster, job, signal, reason
+):
+    body = {"gpus": 1, "command": "python train.py", **job, "signal": signal}
+    for path in ("/api/v1/bookings/", "/api/v1/bookings/estimate/"):
+        response = api.post(path, body, format="json")
+        assert response.status_code == 400, (path, response.json())
+        error = error_of(response)
+        assert set(error["fields"]) == {"signal"} and reason in error["fields"]["signal"], error
+    assert not Booking.objects.exists()
+
+
+def test_it_measures_a_reservations_signal_time_against_its_window(api, project, cluster, submit):
+    start = timezone.now() + timedelta(hours=1)
+    window = {"start": start.isoformat(), "end": (start + timedelta(minutes=10)).isoformat()}
+    body = {"gpus": 1, "command": "train", **window}
+    response = api.post("/api/v1/bookings/", {**body, "signal": "USR1@600"}, format="json")
+    assert response.status_code == 400, response.json()
+    assert "within the booking's 600 s" in error_of(response)["fields"]["signal"]
+    booking_id = submit(**body, signal="USR1@599")
+    assert Booking.objects.get(pk=booking_id).signal_before_s == 599
 
 
 def test_it_refuses_variables_that_are_not_strings(api, project, cluster):

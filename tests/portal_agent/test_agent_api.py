@@ -200,6 +200,33 @@ def test_it_refuses_a_bad_inventory_naming_the_field_and_stores_nothing(
     assert Node.objects.get(pk=node_a[0].pk).agent_version != value
 
 
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (["address"], "10.9.9.9 --nproc-per-node=999", "address"),
+        (["address"], "10.9.9.9;reboot", "address"),
+        (["address"], "-master", "address"),
+        (["hostname"], "node-a slots=99", "hostname"),
+        (["hostname"], "node_a", "hostname"),
+    ],
+)
+def test_it_refuses_an_address_or_name_that_is_no_host_naming_the_field(
+    node_a, agent_a, path, value, field
+):
+    response = agent_a.post(protocol.REGISTER_PATH, _register_with(path, value))
+    assert response.status_code == 400, response.content
+    assert set(error_of(response)["fields"]) == {field}, error_of(response)
+    node = Node.objects.get(pk=node_a[0].pk)
+    assert node.address != value and not node.agent_version
+
+
+@pytest.mark.parametrize("address", ["10.0.0.7", "fd00::7", "gpu-a01.cluster.example"])
+def test_it_keeps_an_ip_address_or_a_host_name_as_the_nodes_address(node_a, agent_a, address):
+    response = agent_a.post(protocol.REGISTER_PATH, {**REGISTER, "address": address})
+    assert response.status_code == 200, response.content
+    assert Node.objects.get(pk=node_a[0].pk).address == address
+
+
 # -- readings ------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from scheduler import plan
 from scheduler.dependencies import ArraySpecError, parse_array, parse_dependency
 from scheduler.replay import replay_trace
 from scheduler.types import OUTCOME_NOT_OK, OUTCOME_OK, Dependency, Policy
+from tests.bounded import measured
 from tests.scheduler.sched_factories import MULTIFACTOR, alloc, gpus, req, state
 
 POLICY = Policy(**MULTIFACTOR)  # every booking planned and reserved
@@ -207,3 +208,40 @@ def test_it_keeps_a_multi_node_container_on_nodes_with_the_runtime():
     devices += list(gpus("b"))
     result = plan(state(devices, [req("42", gpus=16, runtimes=("podman",))]), POLICY)
     assert {d.split("-")[0] for d in result.starts[0].device_ids} == {"a", "c"}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["0-99999999999999999999", "0-99999999999999999999:1%5", "0-999,5-99999999999999999999"],
+)
+def test_it_refuses_a_huge_array_range_without_making_its_ids(spec):
+    with measured() as cost, pytest.raises(ArraySpecError, match="at most 1000 tasks"):
+        parse_array(spec)
+    assert cost.cheap(), cost
+
+
+@pytest.mark.parametrize("spec", ["٠-٩", "0-٩", "١٢", "0-9:٢", "0-9%٣", "+5", "0x10"])
+def test_it_refuses_array_specs_of_other_than_ascii_digits(spec):
+    with pytest.raises(ArraySpecError):
+        parse_array(spec)
+
+
+def test_it_refuses_task_ids_past_their_column():
+    assert parse_array(f"{2**31 - 1}").task_ids == (2**31 - 1,)
+    with pytest.raises(ArraySpecError, match="a task id is at most 2147483647"):
+        parse_array(f"{2**31}")
+
+
+@pytest.mark.parametrize("text", ["afterok:١", "٤٢"])
+def test_it_refuses_dependencies_on_ids_of_other_than_ascii_digits(text):
+    with pytest.raises(ValueError, match="not a booking id"):
+        parse_dependency(text)
+
+
+def test_it_refuses_a_long_dependency_list_as_it_reads_it():
+    text = ":".join(["afterok"] + ["1"] * 1_000_000)
+    with measured() as cost, pytest.raises(ValueError, match="at most 2000 characters"):
+        parse_dependency(text)
+    assert cost.cheap(), cost
+    with pytest.raises(ValueError, match="at most 32 dependencies"):
+        parse_dependency(":".join(["afterok"] + [str(i) for i in range(1, 40)]))

@@ -47,6 +47,8 @@ def test_it_books_a_job_with_its_environment_from_the_form(client_in, project, c
         ({"env": "WORLD_SIZE=3"}, "env", "WORLD_SIZE: Is set by the portal for every job."),
         ({"workdir": "relative/dir"}, "workdir", "Must be an absolute path"),
         ({"signal": "STOP@5"}, "signal", "not a signal a job can catch"),
+        ({"signal": "USR1@3700"}, "signal", "not within the booking's 3600 s"),
+        ({"env": "A=1\n" * 20_000}, "env", "at most 65728 characters"),
     ],
 )
 def test_it_shows_a_bad_job_environment_at_its_field(

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from portal.models import Booking
 from portal.services.inventory.telemetry_cache import latest_store
+from tests.bounded import measured
 from tests.factories import (
     AllocationFactory,
     BookingFactory,
@@ -232,6 +233,21 @@ def test_it_books_an_array_after_another_booking_from_the_form(client_in, user, 
     assert refused.status_code == 400
     field = refused.content.decode().split('data-field="array"', 1)[1].split('data-field="', 1)[0]
     assert "command per task" in field
+
+
+def test_it_refuses_a_huge_array_range_from_the_form_without_building_it(
+    client_in, project, cluster
+):
+    form = {"project": "vision", "kind": "gpus", "gpus": "1", "when": "asap", "qos": "normal"}
+    form |= {"duration_hours": "1", "command": "python sweep.py"}
+    client_in.post("/book/", {**form, "array": "0-5000"})  # imports and caches warm
+    with measured() as cost:
+        refused = client_in.post("/book/", {**form, "array": "0-99999999999999999999"})
+    assert refused.status_code == 400
+    field = refused.content.decode().split('data-field="array"', 1)[1].split('data-field="', 1)[0]
+    assert "An array has at most 1000 tasks" in field
+    assert cost.cheap(), cost
+    assert not Booking.objects.exists()
 
 
 def test_it_shows_form_errors_at_the_field(client_in, project, cluster):

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from portal.errors import ValidationFailed
 from portal.services.fleet.nodes import node_token_issue, node_token_revoke
 
 
@@ -18,4 +19,7 @@ class Command(BaseCommand):
                 raise CommandError(f"No node named {hostname}.")
             self.stdout.write(f"Token of {hostname} revoked.")
             return
-        self.stdout.write(node_token_issue(hostname=hostname))
+        try:
+            self.stdout.write(node_token_issue(hostname=hostname))
+        except ValidationFailed as exc:
+            raise CommandError(exc.message) from None

@@ -81,7 +81,7 @@ def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     image = fields.pop("image", None)
     request = check_request(user=user, now=now, **_request_fields(fields))
     kind = session_request_check(interactive=interactive, command=request.command)
-    job_env_check(command=request.command, **job)
+    job_env_check(command=request.command, duration_s=request.duration_s, **job)
     image = image_check(
         image=image,
         command=request.command,

@@ -93,7 +93,6 @@ def booking_submit(
         node_count=node_count, gpus=gpus, gpu_model=gpu_model, mig_profile=mig_profile
     )
     interactive = session_request_check(interactive=interactive, command=command)
-    job = job_env_check(command=command, workdir=workdir, env=env, signal=signal)
     spec, deps = array_check(array), after_check(user=user, after=after)
     request = check_request(
         user=user,
@@ -109,6 +108,9 @@ def booking_submit(
         qos=qos,
         preemptible=preemptible,
         command=command,
+    )
+    job = job_env_check(
+        command=command, workdir=workdir, env=env, signal=signal, duration_s=request.duration_s
     )
     queued_only_check(request, command=command, interactive=interactive, array=spec, after=deps)
     image = image_check(

@@ -19,6 +19,7 @@ from scheduler.dependencies import (
     dependency_verdict,
     parse_array,
     parse_dependency,
+    whole_number,
 )
 from scheduler.types import OUTCOME_NOT_OK, OUTCOME_OK, Dependency
 
@@ -51,7 +52,7 @@ def array_limit(spec: str) -> int | None:
     """The running limit of a stored array spec (``%N``), read by each pass without parsing
     the task list; None: no limit."""
     _, _, limit = spec.partition("%")
-    return int(limit) if limit.isdigit() else None
+    return whole_number(limit)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 nodes (docs/distributed.md).
 
 Checked before anything is written, each refusal a 400 naming the field; the bounds are
-booking_bounds' (the agent protocol mirrors them). The launch variables the agent sets itself
-(MASTER_ADDR, WORLD_SIZE, CUDA_VISIBLE_DEVICES, GPU_PORTAL_*, ...) cannot be overridden.
+booking_bounds' (the agent protocol mirrors them). The variables only the agent sets
+(agents.protocol.JOB_ENV_RESERVED: the launch variables, CUDA_VISIBLE_DEVICES, GPU_PORTAL_*,
+and what container runtimes read to choose the devices, NVIDIA_VISIBLE_DEVICES, APPTAINERENV_*,
+...) cannot be set.
 """
 
 import re
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 
 from django.db.models import Count, Q
 
+from agents.protocol import job_env_reserved
 from portal.errors import ValidationFailed
 from portal.job_env import signal_parse
 from portal.models import Booking, Node
@@ -18,22 +21,6 @@ from portal.services.booking import booking_bounds as bounds
 from portal.services.inventory import selectors as inventory
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# Set by the agent for every job (agents/jobenv.py): a booking's own value would break its launch.
-RESERVED_NAMES = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "WORLD_SIZE",
-        "NODE_RANK",
-        "LOCAL_WORLD_SIZE",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "SHELL",
-    }
-)
-RESERVED_PREFIX = "GPU_PORTAL_"
 
 
 @dataclass(frozen=True)
@@ -47,16 +34,17 @@ class JobEnv:
 
 
 def job_env_check(
-    *, command: str, workdir: str | None, env: dict | None, signal: str | None
+    *, command: str, workdir: str | None, env: dict | None, signal: str | None, duration_s: int
 ) -> JobEnv:
-    """The job environment of a submission, or a 400 naming the field and the reason."""
+    """The job environment of a submission of `duration_s` seconds, or a 400 naming the field
+    and the reason."""
     asked = {"workdir": workdir, "env": env, "signal": signal}
     if not command:
         for name, value in asked.items():
             if value:
                 raise ValidationFailed.field(name, "applies to a batch job: give a command too.")
         return JobEnv()
-    name, before = _signal(signal)
+    name, before = _signal(signal, duration_s)
     return JobEnv(
         workdir=_workdir(workdir), env=_env(env), signal_name=name, signal_before_s=before
     )
@@ -96,7 +84,7 @@ def _env(env: dict | None) -> dict[str, str]:
             )
         if len(name) > bounds.ENV_NAME_MAX:
             raise ValidationFailed.field(where, f"a name is at most {bounds.ENV_NAME_MAX} long.")
-        if name in RESERVED_NAMES or name.startswith(RESERVED_PREFIX):
+        if job_env_reserved(name):
             raise ValidationFailed.field(where, "is set by the portal for every job.")
         if not isinstance(value, str):
             raise ValidationFailed.field(where, "must be a string.")
@@ -110,13 +98,20 @@ def _env(env: dict | None) -> dict[str, str]:
     return {name: env[name] for name in env}
 
 
-def _signal(signal: str | None) -> tuple[str, int | None]:
+def _signal(signal: str | None, duration_s: int) -> tuple[str, int | None]:
     if not signal:
         return "", None
     try:
-        return signal_parse(signal)
+        name, before = signal_parse(signal)
     except ValueError as exc:
         raise ValidationFailed.field("signal", f"{exc} (e.g. USR1@120).") from None
+    if before >= duration_s:
+        raise ValidationFailed.field(
+            "signal",
+            f"{before} s before the end is not within the booking's {duration_s} s: ask for "
+            f"fewer seconds after @ (e.g. {signal.partition('@')[0].strip()}@{duration_s // 2}).",
+        )
+    return name, before
 
 
 def node_count_gpus(

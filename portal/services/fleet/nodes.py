@@ -7,6 +7,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from agents.protocol import HOSTNAME_RULE, is_hostname
 from portal.errors import NotAllowed, ValidationFailed
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node, NodeHeartbeat
 from portal.models.inventory import MIG_SLICES_PER_GPU
@@ -21,7 +22,12 @@ from portal.services.core.outbox import fact_record
 
 
 def node_token_issue(*, hostname: str) -> str:
-    """Create the node if needed and give it a new agent token (the old one stops working)."""
+    """Create the node if needed and give it a new agent token (the old one stops working).
+
+    The name reaches other nodes' hostfiles and launch variables: an RFC 1123 host name only.
+    """
+    if not is_hostname(hostname):
+        raise ValidationFailed.field("hostname", f"{hostname!r} {HOSTNAME_RULE}.")
     raw = new_token("gpa")
     node, _ = Node.objects.get_or_create(hostname=hostname)
     Node.objects.filter(pk=node.pk).update(agent_token_hash=hash_token(raw))
