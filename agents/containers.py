@@ -133,8 +133,13 @@ def _oci_argv(runtime, booking_id, image: Image, device_uuids, uid, gid, env, wo
         argv.append("--userns=keep-id")  # rootless: the job's uid inside is the user's own
     argv += ["--workdir", workdir, "--volume", f"{workdir}:{workdir}"]
     for name in sorted(env):
-        if name != "PATH":  # the image's own PATH finds its programs
+        if name not in (
+            "PATH",
+            "NVIDIA_VISIBLE_DEVICES",
+        ):  # the image's own PATH finds its programs
             argv += ["--env", name]
+    # Named outright, over the image's own (CUDA images say "all"), for an NVIDIA hook that reads it.
+    argv += ["--env", f"NVIDIA_VISIBLE_DEVICES={','.join(device_uuids) or 'void'}"]
     for uuid in device_uuids:
         argv += ["--device", f"nvidia.com/gpu={uuid}"]
     # The full name: a short one would be looked up in the node's search registries.

@@ -57,6 +57,7 @@ def test_it_pins_the_podman_launch_line(monkeypatch):
         "--user", "1001:1002", "--userns=keep-id",
         "--workdir", "/home/ann", "--volume", "/home/ann:/home/ann",
         "--env", "CUDA_VISIBLE_DEVICES", "--env", "GPU_PORTAL_BOOKING_ID",
+        "--env", "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b",
         "--device", "nvidia.com/gpu=GPU-a", "--device", "nvidia.com/gpu=GPU-b",
         "--network", "none",
         "nvcr.io/nvidia/pytorch:24.05-py3", "/bin/sh", "-c", "python train.py",
@@ -72,6 +73,7 @@ def test_it_pins_the_docker_launch_line():
         "--user", "1001:1002",
         "--workdir", "/home/ann", "--volume", "/home/ann:/home/ann",
         "--env", "CUDA_VISIBLE_DEVICES", "--env", "GPU_PORTAL_BOOKING_ID",
+        "--env", "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b",
         "--device", "nvidia.com/gpu=GPU-a", "--device", "nvidia.com/gpu=GPU-b",
         "nvcr.io/nvidia/pytorch:24.05-py3", "/bin/sh", "-c", "python train.py",
     ]  # fmt: skip
@@ -88,6 +90,23 @@ def test_it_gives_a_container_no_devices_when_told_they_are_simulated(runtime, i
     assert (
         "CUDA_VISIBLE_DEVICES" in launch.argv or "APPTAINERENV_CUDA_VISIBLE_DEVICES" in launch.env
     )
+
+
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
+@pytest.mark.parametrize(
+    ("inject", "devices"), [(True, "GPU-a,GPU-b"), (False, "void")], ids=["booked", "simulated"]
+)
+def test_it_names_the_containers_devices_over_the_images_and_the_bookings(runtime, inject, devices):
+    """A CUDA image says NVIDIA_VISIBLE_DEVICES=all and an NVIDIA hook reads it: the launch line
+    names the booked devices (or none) itself, and passes no such variable from the job's env."""
+    common = {**COMMON, "env": {**COMMON["env"], "NVIDIA_VISIBLE_DEVICES": "all"}}
+    launch = container_launch(
+        runtimes=[runtime], image="localhost/tiny:1", inject_devices=inject, **common
+    )
+    named = [launch.argv[i + 1] for i, arg in enumerate(launch.argv) if arg == "--env"]
+    assert [n for n in named if n.startswith("NVIDIA_VISIBLE_DEVICES")] == [
+        f"NVIDIA_VISIBLE_DEVICES={devices}"
+    ]
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "singularity"])
