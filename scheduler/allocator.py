@@ -351,8 +351,10 @@ class _Walk:
                 and later.at < (INF if start is None else start)
             ):
                 # It will start by preempting once its grace is over, before the devices free
-                # up (the walk still holds them for it then, in case the victims end first).
-                start, reason, detail = later.at, REASON_PREEMPTING, later.detail
+                # up. The line keeps the walk's own start and devices, which it holds for it (a
+                # bound, in case the victims end first): the grace's end on the victims'
+                # devices would overlap what they hold until then.
+                reason, detail = REASON_PREEMPTING, later.detail
             return Planned(request.booking_id, start, ids, position, reason, detail, prio)
 
         waiting = run.waiting.get(request.booking_id)

@@ -235,7 +235,8 @@ def test_it_says_whom_and_when_a_booking_in_its_grace_period_will_preempt():
     ]
     # Submitted at 900: its 300 s of grace end at 1200 (00:20 UTC on the epoch's first day).
     one = by_id(_preempt_case(victims, [req("vip", 1, qos="high", submit=900)]))["vip"]
-    assert (one.reason, one.start) == ("preempting", 1200.0)
+    # Its line keeps the start it holds devices for (when the victims end: a bound), not 1200.
+    assert (one.reason, one.start) == ("preempting", 9000.0)
     assert one.detail == "will preempt booking 12 at 1970-01-01 00:20 UTC"
     both = by_id(_preempt_case(victims, [req("vip", 3, qos="high", submit=900)]))["vip"]
     assert both.detail == "will preempt bookings 12, 13 at 1970-01-01 00:20 UTC"
