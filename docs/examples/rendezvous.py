@@ -4,7 +4,7 @@ Rank 0 (NODE_RANK=0) listens on MASTER_ADDR:MASTER_PORT; every other rank connec
 rank; once all GPU_PORTAL_NNODES ranks are in, rank 0 answers each with the world it saw and all
 ranks print it and exit 0. Run it as a multi-node booking's command:
 
-    gpu-portal submit --nodes 2 -t 10m -- python3 /path/to/rendezvous.py
+    gpu-portal submit --nodes 2 --any-model -t 10m -- python3 /path/to/rendezvous.py
 """
 
 import os
