@@ -2,6 +2,7 @@
 
 from scheduler.admission import Refusal, admission_refusal, never_fits
 from scheduler.allocator import plan
+from scheduler.borrowing import borrow_backoff
 from scheduler.kept_walk import KeptWalk, keep_walk
 from scheduler.priority import carry_usage, charged_fraction, decay_usage, predict_run
 from scheduler.quota import (
@@ -11,10 +12,12 @@ from scheduler.quota import (
     position_refusal,
     quota_refusal,
 )
+from scheduler.resources import billing_equivalents, node_demand
 from scheduler.types import (
     REASONS,
     Allocation,
     Device,
+    NodeResources,
     Plan,
     Planned,
     Policy,
@@ -31,6 +34,7 @@ __all__ = [
     "Allocation",
     "Device",
     "KeptWalk",
+    "NodeResources",
     "Plan",
     "Planned",
     "Policy",
@@ -44,12 +48,15 @@ __all__ = [
     "Start",
     "State",
     "admission_refusal",
+    "borrow_backoff",
     "budget_nearly_used",
     "carry_usage",
     "charged_fraction",
     "decay_usage",
     "keep_walk",
     "never_fits",
+    "node_demand",
+    "billing_equivalents",
     "plan",
     "position_refusal",
     "predict_run",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.placement import (
@@ -15,10 +15,11 @@ from scheduler.placement import (
     site_of,
 )
 from scheduler.priority import profile_fractions, request_size
-from scheduler.quota import QuotaSide, position_refusal
+from scheduler.quota import HOST_LIMITS, QuotaSide, over, position_refusal
 from scheduler.reserve import Slot, Wanted, reserve
+from scheduler.shortfall import never_held
 from scheduler.timeline import NodeTimeline
-from scheduler.types import Device, Quota, Request
+from scheduler.types import Device, NodeResources, Policy, Quota, Request
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,9 @@ class Refusal:
     """Why a request could never run, for the caller to word.
 
     ``limit`` is "request" (no GPU or no duration), "inventory" (``limit_value``: the most
-    matching devices one booking could ever get), "max_gpus" or "gpu_hours_budget" (the quota's
-    value); ``asks`` is what the request asks in the same unit; ``text`` a plain wording.
+    matching devices one booking could ever get), "max_gpus", "gpu_hours_budget", "max_cpus" or
+    "max_memory_mib" (the quota's value), "cpus" or "memory_mib" (more than any node has);
+    ``asks`` is what the request asks in the same unit; ``text`` a plain wording.
     """
 
     limit: str
@@ -43,6 +45,8 @@ def admission_refusal(
     quota: Quota | Sequence[QuotaSide] | None = None,
     *,
     fixed_window: bool = False,
+    node_resources: Mapping[str, NodeResources] | None = None,
+    policy: Policy | None = None,
 ) -> Refusal | None:
     """Why ``request`` could never run on ``devices`` under ``quota`` (None: it could).
 
@@ -54,11 +58,18 @@ def admission_refusal(
     advance reservation (``reserve()`` with nothing held). Node state is ignored (a down node may
     come back); only the inventory and the limits count, not what is used so far (a budget
     period rolls).
+
+    With ``node_resources`` (``State.node_resources``; ``policy`` for the defaults per GPU), a
+    request whose devices fit but that asks more cores or memory per node than any node that
+    could hold its GPUs has is refused with ``limit`` "cpus" or "memory_mib" (the request's
+    field; ``limit_value`` the most such a node has).
     """
     if request.gpus <= 0 or request.duration_s <= 0:
         text = "a booking needs at least one GPU and a positive duration"
         return Refusal("request", 0.0, float(request.gpus), text)
-    if _fits_one_node(request, devices):
+    if request.fractional:
+        most = None if _fraction_fits(request, devices) else 0
+    elif _fits_one_node(request, devices):
         most = None
     elif fixed_window:
         most = _most_reserved(request, devices)
@@ -66,6 +77,17 @@ def admission_refusal(
         most = _most_queued(request, devices)
     if most is not None:
         return Refusal("inventory", float(most), float(request.gpus), _inventory_text(request))
+    if node_resources:
+        nodes = build_nodes(devices, 0.0, node_resources, policy)
+        multi = is_multi_node(request, nodes)
+        short = never_held(request, nodes, multi)
+        if short is not None:
+            return Refusal(
+                short.field, float(short.capacity), float(short.asks), short.never_text()
+            )
+        host = _host_refusal(request, nodes, multi, _limits(quota))
+        if host is not None:
+            return host
     size = request_size(request, profile_fractions(devices))
     hours = size * request.duration_s / 3600.0
     refusal = position_refusal(_limits(quota), gpus=size, gpu_hours=hours)
@@ -79,6 +101,27 @@ def admission_refusal(
     return Refusal("gpu_hours_budget", refusal.limit_value, hours, text, refusal.scope)
 
 
+def _host_refusal(request: Request, nodes: list[Node], multi: bool, sides) -> Refusal | None:
+    """A limit of cores or memory (``Quota.max_cpus``, ``max_memory_mib``) below the least the
+    request would hold on any nodes that could take it (its GPUs' fewest nodes, each at its
+    least demand), or None."""
+    able = [node for node in nodes if node.capacity is not None]
+    if not able or not sides or request.fractional:
+        return None
+    demands = [node.demand_of(request) for node in able]
+    count = 1
+    if multi:
+        count = -(-request.gpus // max(node.full.bit_count() for node in able))
+    least = (count * min(d[0] for d in demands), count * min(d[1] for d in demands))
+    for side in sorted(sides, key=lambda side: side.scope != "project"):
+        for index, (limit, unit) in enumerate(HOST_LIMITS):
+            value = getattr(side.quota, limit)
+            if over(value, least[index]):
+                text = f"asks {least[index]:g} {unit} at once, the limit is {value:g}"
+                return Refusal(limit, float(value), float(least[index]), text, side.scope)
+    return None
+
+
 def _limits(quota: Quota | Sequence[QuotaSide] | None) -> tuple[QuotaSide, ...]:
     if quota is None:
         return ()
@@ -88,10 +131,16 @@ def _limits(quota: Quota | Sequence[QuotaSide] | None) -> tuple[QuotaSide, ...]:
 
 
 def never_fits(
-    request: Request, devices: tuple[Device, ...], quota: Quota | None = None
+    request: Request,
+    devices: tuple[Device, ...],
+    quota: Quota | None = None,
+    node_resources: Mapping[str, NodeResources] | None = None,
+    policy: Policy | None = None,
 ) -> str | None:
     """Why ``request`` could never run on ``devices`` under ``quota``, in words (None: it could)."""
-    refusal = admission_refusal(request, devices, quota)
+    refusal = admission_refusal(
+        request, devices, quota, node_resources=node_resources, policy=policy
+    )
     return refusal.text if refusal is not None else None
 
 
@@ -106,12 +155,21 @@ def _fits_one_node(request: Request, devices: tuple[Device, ...]) -> bool:
     )
     counts: dict[tuple[str, str], int] = {}
     for device in devices:
+        if device.shared:
+            continue  # fractions only
         if device.profile == request.mig_profile and (
             request.gpu_model is None or device.model == request.gpu_model
         ):
             key = (device.node, device.model if one else "")
             counts[key] = counts.get(key, 0) + 1
     return max(counts.values(), default=0) >= request.gpus
+
+
+def _fraction_fits(request: Request, devices: tuple[Device, ...]) -> bool:
+    """Some shared GPU (of the model asked) could hold the fraction, with nothing else on it."""
+    nodes = build_nodes(devices, 0.0)
+    empty = [NodeTimeline(0.0, node.full) for node in nodes]
+    return fits_window(nodes, empty, request, False, 0.0, 0.0)
 
 
 def _most_queued(request: Request, devices: tuple[Device, ...]) -> int | None:
@@ -132,6 +190,7 @@ def _most_reserved(request: Request, devices: tuple[Device, ...]) -> int | None:
     slots = tuple(
         Slot(nodes[d.node], i, i if d.profile else None, d.model, d.profile, d.fraction)
         for i, d in enumerate(sorted(devices, key=lambda d: d.id))
+        if not d.shared  # fractions only
     )
     wanted = Wanted(
         request.gpus, 0.0, 1.0, request.mig_profile, request.gpu_model, request.mixed_models
@@ -158,6 +217,9 @@ def _most_of(request: Request, nodes: list[Node]) -> int:
 
 
 def _inventory_text(request: Request) -> str:
+    if request.fractional:
+        model = f" {request.gpu_model}" if request.gpu_model else ""
+        return f"no shared{model} GPU of the cluster can ever hold this fraction"
     kind = f"MIG {request.mig_profile} instances" if request.mig_profile else "whole GPUs"
     model = f" of model {request.gpu_model}" if request.gpu_model else ""
     if keeps_one_model(request.gpus, request.mig_profile, request.gpu_model, request.mixed_models):

@@ -26,10 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from scheduler.allocator import _copy, _Pass, _Walk
+from scheduler.borrowing import borrowing_on, reclaim_phase
 from scheduler.placement import Finder, Node
 from scheduler.preemption import preempt_phase
 from scheduler.priority import fairshare_factors, priority_of
-from scheduler.quota import Ledger, Quotas
+from scheduler.quota import Ledger, Quotas, host_ledgers
 from scheduler.timeline import NodeTimeline
 from scheduler.types import Planned, Policy, Quota, Request, State
 
@@ -71,6 +72,7 @@ class KeptWalk:
         self.ranked = run.ordered()
         eligible = [pair for pair in self.ranked if pair[0].booking_id not in run.waiting]
         preemptions, preempting = preempt_phase(run, eligible)
+        preemptions += reclaim_phase(run, eligible, preempting, preemptions)
         self.preempted = [p.booking_id for p in preemptions]
         walk = self.walk = _Walk(run, preempting)
         self.saved: list[_Saved] = []
@@ -114,6 +116,14 @@ class KeptWalk:
         shares = {**state.project_shares, **(project_shares or {})}
         if not self._unchanged_before(request, users, projects, shares):
             return None
+        for kind, table, name in (
+            ("user", users, request.user),
+            ("project", projects, request.project),
+        ):
+            quota = table.get(name)
+            for key, _ in host_ledgers(kind, name, quota) if quota is not None else ():
+                if key not in run.quotas.ledgers:
+                    return None  # limits of cores or memory the queue has not: plan it whole
         twin = self._resume_pass(request)
         fair = fairshare_factors(self.projects | {request.project}, shares, state.project_usage)
         prio = priority_of(
@@ -139,6 +149,10 @@ class KeptWalk:
         state, run, policy = self.state, self.run, self.policy
         if not state.pending or request.after or request.array:
             return False
+        if run.project_holds:
+            return False  # the holds' views are not kept: plan it with the whole walk
+        if borrowing_on(state) or any(a.borrowed for a in state.allocations):
+            return False  # it could borrow after the walk, or reclaim before it
         if run.now - request.submit_time >= policy.preempt_grace_s:
             return False  # it could preempt, before the walk
         if policy.qos_level(request.qos) > self.lowest_preemptible:
@@ -167,6 +181,7 @@ class KeptWalk:
     def _resume_pass(self, request: Request) -> _Pass:
         """A shallow twin of the kept pass that may hold ``request`` among its oldest."""
         twin = copy.copy(self.run)
+        twin._free_now = {}  # pruned by the kept walk's own, later, timelines
         top = self.policy.qos_level(request.qos) == twin.top_qos
         if top and len(self.oldest) < self.policy.protect_oldest:
             twin.oldest = twin.oldest | {request.booking_id}
@@ -178,7 +193,8 @@ class KeptWalk:
         run = self.run
         ledger = Ledger(f"{kind} {name}", quota)
         for alloc in run.state.allocations:
-            if alloc.end > run.now and (alloc.user if kind == "user" else alloc.project) == name:
+            mine = (alloc.user if kind == "user" else alloc.project) == name
+            if alloc.end > run.now and mine and not alloc.borrowed:
                 held = (max(alloc.start, run.now), alloc.end)
                 ledger.add(*held, run.held(alloc), alloc.booking_id)
         for booking_id in self.preempted:
@@ -229,6 +245,7 @@ class _Borrowed(NodeTimeline):
 
     def __init__(self, saved: NodeTimeline) -> None:
         self.times, self.masks, self.owned = saved.times, saved.masks, False
+        self.shares, self.res = saved.shares, saved.res
         self.version = saved.version  # the saved bounds name these versions
 
     def occupy(self, bits: int, start: float, end: float) -> None:
@@ -241,9 +258,25 @@ class _Borrowed(NodeTimeline):
         self._own()
         super().release(bits, start, end)
 
+    def hold(self, cpus: int, memory: int, start: float, end: float) -> None:
+        """Hold cores and memory over [start, end), on a copy of its own."""
+        if self.res is not None and (cpus or memory):
+            self._own()
+            super().hold(cpus, memory, start, end)
+
+    def hold_share(self, bit: int, shares, compute: float, memory: int, start: float, end: float):
+        """Hold part of a shared device, on a copy of its own (``shares`` is read, not kept)."""
+        self._own()  # after it every share timeline in self.shares is this one's own
+        twin = self.shares.get(bit)
+        super().hold_share(
+            bit, shares.copy() if twin is None else twin, compute, memory, start, end
+        )
+
     def _own(self) -> None:
         if not self.owned:
             self.times, self.masks, self.owned = list(self.times), list(self.masks), True
+            self.shares = {bit: shares.copy() for bit, shares in self.shares.items()}
+            self.res = None if self.res is None else self.res.copy()
 
 
 class _CopiedOnRead(dict):
@@ -273,7 +306,7 @@ def _resume(saved: _Saved, twin: _Pass, kept: _Walk) -> _Walk:
     twin.quotas = Quotas({}, {})
     twin.quotas.ledgers = _CopiedOnRead(saved.ledgers)
     walk = copy.copy(kept)
-    walk.run, walk.starts = twin, []
+    walk.run, walk.starts, walk.host_blocked = twin, [], {}
     walk.reserved, walk.last_start = saved.reserved, saved.last_start
     walk.failed = {key: dict(value) for key, value in saved.failed.items()}
     return walk

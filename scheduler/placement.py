@@ -11,13 +11,19 @@ recomputed when it reaches the top, and most requests touch one or two nodes ins
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import combinations
 
+from scheduler import sharing
+from scheduler.resources import node_demand
 from scheduler.timeline import NodeTimeline
 from scheduler.topology import best_set, set_quality
-from scheduler.types import NODE_UP, Device, Request
+from scheduler.types import NODE_UP, Device, NodeResources, Policy, Request
+
+NO_DEMAND = (0, 0)  # what a booking holds of a node whose cores and memory are unknown
+_DEFAULTS = Policy()
 
 
 @dataclass(frozen=True)
@@ -29,15 +35,31 @@ class Fit:
 
 
 class Node:
-    """Working record of one node: its devices in bit order and its timeline."""
+    """Working record of one node: its devices in bit order, its timeline and (where known)
+    its cores and memory (``capacity``)."""
 
-    def __init__(self, index: int, name: str, devices: list[Device], now: float) -> None:
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        devices: list[Device],
+        now: float,
+        capacity: NodeResources | None = None,
+        policy: Policy | None = None,
+    ) -> None:
         self.index = index
         self.name = name
         self.devices = devices
         self.up = all(device.node_state == NODE_UP for device in devices)
         self.full = (1 << len(devices)) - 1
-        self.timeline = NodeTimeline(now, self.full)
+        # A shared GPU's bit is never free: fractions hold it in the timeline's ``shares``.
+        self.shared_bits = [bit for bit, device in enumerate(devices) if device.shared]
+        self.capacity = capacity
+        self.policy = policy if policy is not None else _DEFAULTS
+        free = self.full & ~sum(1 << bit for bit in self.shared_bits)
+        self.timeline = NodeTimeline(now, free, capacity)
+        self._demands: dict[tuple, tuple[int, int]] = {}
+        self._whole_demands: dict[tuple, tuple[int, int]] = {}
         self.whole = all(device.profile is None for device in devices)
         self.models = frozenset(device.model for device in devices if device.profile is None)
         self._need: dict[tuple, int] = {}
@@ -53,17 +75,62 @@ class Node:
     def need(self, profile: str | None, match: str | None | tuple) -> int:
         """Bitmask of this node's devices that match a MIG profile (None: whole GPU) and a
         request's ``device_match``: a model (None: any), or (model, container runtimes, any
-        models will do)."""
+        models will do[, the fraction asked]). A shared GPU matches a fractional request only,
+        and a fractional request only a shared GPU (``sharing``)."""
         mask = self._need.get((profile, match))
         if mask is None:
             model, runtimes = match[:2] if isinstance(match, tuple) else (match, ())
+            shared = isinstance(match, tuple) and len(match) > 3
             mask = 0
             if not runtimes or self.runtimes.intersection(runtimes):
                 for bit, device in enumerate(self.devices):
-                    if device.profile == profile and (model is None or device.model == model):
+                    if (
+                        device.profile == profile
+                        and device.shared == shared
+                        and (model is None or device.model == model)
+                    ):
                         mask |= 1 << bit
             self._need[(profile, match)] = mask
         return mask
+
+    def demand(self, cpus: int | None, memory_mib: int | None, equivalents: float):
+        """(cores, memory MiB) a booking asking ``cpus``/``memory_mib`` holds here with
+        ``equivalents`` GPU-equivalents (``resources.node_demand``); (0, 0) where this node's
+        capacity is unknown."""
+        if self.capacity is None:
+            return NO_DEMAND
+        key = (cpus, memory_mib, equivalents)
+        found = self._demands.get(key)
+        if found is None:
+            found = node_demand(cpus, memory_mib, equivalents, self.capacity, self.policy)
+            self._demands[key] = found
+        return found
+
+    def demand_of(self, request: Request) -> tuple[int, int]:
+        """What ``request`` (not a fraction) holds here: its GPUs' equivalents on this node
+        (all of them on one node, the node's own on whole nodes)."""
+        if self.capacity is None:
+            return NO_DEMAND
+        if request.mig_profile is None:  # whole GPUs: the count alone says (the hot path)
+            key = (request.cpus, request.memory_mib, request.gpus)
+            found = self._whole_demands.get(key)
+            if found is None:
+                equivalents = float(min(request.gpus, self.full.bit_count()))
+                found = self.demand(request.cpus, request.memory_mib, equivalents)
+                self._whole_demands[key] = found
+            return found
+        return self.demand(request.cpus, request.memory_mib, self.equivalents(request))
+
+    def equivalents(self, request: Request) -> float:
+        """GPU-equivalents ``request`` (not a fraction) holds on this node: its count of
+        whole GPUs (a whole node's own count when it takes whole nodes), or of MIG slices
+        times a slice's fraction."""
+        if request.mig_profile is None:
+            return float(min(request.gpus, self.full.bit_count()))
+        need = self.need(request.mig_profile, request.device_match)
+        if not need:
+            return float(request.gpus)
+        return round(request.gpus * self.devices[(need & -need).bit_length() - 1].fraction, 9)
 
     def heat(self, mask: int) -> tuple[float, float]:
         """Summed temperature and utilization of the devices in ``mask`` (unknown counts 0)."""
@@ -138,8 +205,14 @@ def _bits(mask: int):
         mask ^= low
 
 
-def build_nodes(devices: tuple[Device, ...], now: float) -> list[Node]:
-    """Group the inventory into nodes, sorted by name, devices sorted by id (determinism)."""
+def build_nodes(
+    devices: tuple[Device, ...],
+    now: float,
+    resources: Mapping[str, NodeResources] | None = None,
+    policy: Policy | None = None,
+) -> list[Node]:
+    """Group the inventory into nodes, sorted by name, devices sorted by id (determinism);
+    each with its cores and memory where ``resources`` names it (``State.node_resources``)."""
     # A new pass's nodes: forget the last one's (the memo must not keep old passes alive).
     _largest.cache_clear()
     _site.cache_clear()
@@ -147,7 +220,30 @@ def build_nodes(devices: tuple[Device, ...], now: float) -> list[Node]:
     by_node: dict[str, list[Device]] = {}
     for device in sorted(devices, key=lambda d: d.id):
         by_node.setdefault(device.node, []).append(device)
-    return [Node(i, name, by_node[name], now) for i, name in enumerate(sorted(by_node))]
+    resources = resources or {}
+    return [
+        Node(i, name, by_node[name], now, resources.get(name), policy)
+        for i, name in enumerate(sorted(by_node))
+    ]
+
+
+def held_demands(alloc, where: Mapping) -> list[tuple[Node, tuple[int, int]]]:
+    """(node, (cores, memory)) a live allocation or advance reservation holds on each known
+    node it holds devices of (``where``: device id -> (node, bit)), by ``resources.node_demand``
+    on the GPU-equivalents it holds there (a fraction: its share)."""
+    equivalents: dict[int, list] = {}
+    for device_id in alloc.device_ids:
+        if device_id in where:
+            node, bit = where[device_id]
+            device = node.devices[bit]
+            held = alloc.share if alloc.share < 1.0 else device.fraction
+            entry = equivalents.setdefault(id(node), [node, 0.0])
+            entry[1] += held
+    return [
+        (node, node.demand(alloc.cpus, alloc.memory_mib, round(eq, 9)))
+        for node, eq in equivalents.values()
+        if node.capacity is not None
+    ]
 
 
 def keeps_one_model(
@@ -202,7 +298,7 @@ def _pinned(request: Request, models: tuple[str, ...]) -> tuple[Request, ...]:
 def is_multi_node(request: Request, nodes: list[Node]) -> bool:
     """True when no single node has enough matching devices (of one model, where the request
     keeps one): the request takes whole nodes."""
-    if request.mig_profile is not None:
+    if request.mig_profile is not None or request.fractional:
         return False
     key = tuple(nodes)
     if not keeps_one_model(request.gpus, None, request.gpu_model, request.mixed_models):
@@ -228,6 +324,8 @@ class Finder:
         self._whole_nodes: dict[str | None, list[Node]] = {}
         self.grouped = any(node.group for node in nodes)  # some node has a network group
         self.site = site_of(nodes)
+        self.shared = sharing.SharedNodes(nodes)  # fractions search these nodes only
+        self.resourced = any(node.capacity is not None for node in nodes)
 
     def bounds(self) -> tuple[dict, dict]:
         """A copy of the lazy lower bounds (the shape heaps and the whole-node bounds).
@@ -253,10 +351,15 @@ class Finder:
         so far get an exact search, so a pass costs about one heap per shape and duration
         octave, not one full scan per distinct duration.
         """
+        if request.fractional:
+            found = sharing.find(self.shared.of(request), request, not_before)
+            return None if found is None else Fit(found[0], ((found[1], 1 << found[2]),))
         choices = searches(request, self.site, multi)
         if multi:
             return self._find_whole_nodes(request, not_before, choices)
         floor = _octave(request.duration_s)
+        # The heap's bounds are starts of the devices alone, shared by every demand of cores
+        # and memory (they only make a start later); exact searches take the request's own.
         exact: list = []
         for choice in choices:
             shape = (choice.gpus, choice.mig_profile, choice.device_match, floor)
@@ -294,16 +397,19 @@ class Finder:
 
     def _find_single(self, heap: list, request: Request, floor: float, not_before: float) -> list:
         """Pop nodes in order of their lower bound until none can beat the best exact start;
-        the exact entries found (for ``_choose_single``)."""
+        the exact entries found (for ``_choose_single``). The bounds are the devices' alone;
+        exact starts take the request's cores and memory too."""
         exact, kept, best = [], [], None
         nodes, count, duration = self.nodes, request.gpus, request.duration_s
         needs = self._needs(request.mig_profile, request.device_match)
+        resourced = self.resourced
         while heap:
             bound = heap[0][0]  # max(bound, not_before) <= best, without the call (hot loop)
             if best is not None and (bound if bound > not_before else not_before) > best:
                 break
             entry = heapq.heappop(heap)
-            timeline = nodes[entry[2]].timeline
+            node = nodes[entry[2]]
+            timeline = node.timeline
             need = needs[entry[2]]
             if entry[3] != timeline.version:
                 # Occupying only makes starts later: resume the bound from the stale one.
@@ -314,7 +420,8 @@ class Finder:
                 continue
             kept.append(entry)
             begin = entry[0] if entry[0] > not_before else not_before
-            found = timeline.earliest(need, count, duration, begin)
+            demand = node.demand_of(request) if resourced else NO_DEMAND
+            found = timeline.earliest(need, count, duration, begin, demand)
             if found is not None:
                 start, mask = found
                 exact.append((start, mask.bit_count() - count, entry[2], timeline.version, mask))
@@ -358,11 +465,13 @@ class Finder:
                 continue
             if node.quality(node.choose(need, count)) >= worst:
                 continue  # even all free, this node has no better set
-            times = node.timeline.times
+            timeline, demand = node.timeline, node.demand_of(request)
+            times = sorted(set(timeline.times) | set(timeline.res.times if timeline.res else ()))
             starts = [fit.start] + [t for t in times if fit.start < t <= deadline]
             for start in starts:
-                free = node.timeline.free_mask(start, start + request.duration_s) & need
-                if free.bit_count() < count:
+                end = start + request.duration_s
+                free = timeline.free_mask(start, end) & need
+                if free.bit_count() < count or not timeline.room(*demand, start, end):
                     continue
                 chosen = node.choose(free, count)
                 quality = node.quality(chosen)
@@ -395,6 +504,8 @@ class Finder:
         (their nodes are apart: one model each): the first choice to make up the count wins.
         """
         groups = [self.whole_nodes(choice.device_match) for choice in choices]
+        if self.resourced:  # only nodes that can ever hold the cores and memory asked
+            groups = [[n for n in g if _can_hold(n, n.demand_of(request))] for g in groups]
         groups = [g for g in groups if sum(n.full.bit_count() for n in g) >= request.gpus]
         if not groups:
             return None
@@ -418,7 +529,12 @@ class Finder:
                         break
                     continue
                 node = self.nodes[index]
-                found = node.timeline.earliest(node.full, node.full.bit_count(), duration, start)
+                count, demand = node.full.bit_count(), node.demand_of(request)
+                found = node.timeline.earliest(node.full, count, duration, start, demand)
+                if found is None:  # its cores or memory are never free that long
+                    if not heap:
+                        return None
+                    continue
                 bounds[index] = found[0]
                 heapq.heappush(heap, (found[0], cool, index, True))
             if start == t:
@@ -444,6 +560,7 @@ class Finder:
                 node.group
                 and bounds[node.index] <= t
                 and node.timeline.free_mask(t, end) == node.full
+                and node.timeline.room(*node.demand_of(request), t, end)
             ):
                 by_group.setdefault(node.group, []).append(node)
         best = None
@@ -476,6 +593,12 @@ class Finder:
         return found[0]
 
 
+def _can_hold(node: Node, demand: tuple[int, int]) -> bool:
+    """Whether ``node``'s capacity could ever hold ``demand`` (cores, memory)."""
+    capacity = node.capacity
+    return capacity is None or (demand[0] <= capacity.cpus and demand[1] <= capacity.memory_mib)
+
+
 def _octave(duration: float) -> float:
     """``duration`` rounded down to a power of two seconds (at least 1)."""
     if duration < 2:
@@ -484,41 +607,61 @@ def _octave(duration: float) -> float:
 
 
 def fits_window(
-    nodes: list[Node], timelines, request: Request, multi: bool, start: float, end: float
+    nodes: list[Node],
+    timelines,
+    request: Request,
+    multi: bool,
+    start: float,
+    end: float,
+    resources: bool = True,
 ):
-    """Whether ``request`` fits on ``nodes`` over [start, end] with these timelines."""
+    """Whether ``request`` fits on ``nodes`` over [start, end] with these timelines: its
+    devices and (``resources``) its cores and memory on each node."""
+    if request.fractional:
+        return sharing.fits_window(nodes, timelines, request, start, end, resources)
     end = max(end, start + 1e-9)
     choices = searches(request, site_of(nodes), multi)
     if len(choices) > 1:
-        return any(fits_window(nodes, timelines, c, multi, start, end) for c in choices)
+        return any(fits_window(nodes, timelines, c, multi, start, end, resources) for c in choices)
     if multi:
         total = 0
         for node, timeline in zip(nodes, timelines, strict=True):
             if node.whole and node.need(None, request.device_match) == node.full:
-                if timeline.free_mask(start, end) == node.full:
+                if timeline.free_mask(start, end) == node.full and (
+                    not resources or timeline.room(*node.demand_of(request), start, end)
+                ):
                     total += node.full.bit_count()
         return total >= request.gpus
     for node, timeline in zip(nodes, timelines, strict=True):
         need = node.need(request.mig_profile, request.device_match)
-        if (timeline.free_mask(start, end) & need).bit_count() >= request.gpus:
+        if (timeline.free_mask(start, end) & need).bit_count() >= request.gpus and (
+            not resources or timeline.room(*node.demand_of(request), start, end)
+        ):
             return True
     return False
 
 
-def fit_horizon(nodes: list[Node], timelines, request: Request, multi: bool, start: float):
+def fit_horizon(
+    nodes: list[Node], timelines, request: Request, multi: bool, start: float, resources=True
+):
     """The latest end such that ``request`` fits on ``nodes`` over [start, end), or None when
-    it does not fit even at that instant.
+    it does not fit even at that instant (``resources`` False: its devices alone, a bound of
+    the horizon with its cores and memory).
 
     ``fits_window(..., start, end)`` holds exactly when this is not None and ``end`` is at most
     it, so one walk answers every duration of a request shape.
     """
+    if request.fractional:
+        return sharing.fit_horizon(nodes, timelines, request, start, resources)
     choices = searches(request, site_of(nodes), multi)
     matches = [choice.device_match for choice in choices]
     if multi:
         ends = []
         for node, timeline in zip(nodes, timelines, strict=True):
             if node.whole and any(node.need(None, match) == node.full for match in matches):
-                end = timeline.free_until(node.full, node.full.bit_count(), start)
+                count = node.full.bit_count()
+                demand = node.demand_of(request) if resources else NO_DEMAND
+                end = timeline.free_until(node.full, count, start, demand)
                 if end is not None:
                     ends.append((end, node))
         ends.sort(key=lambda pair: -pair[0])
@@ -533,13 +676,19 @@ def fit_horizon(nodes: list[Node], timelines, request: Request, multi: bool, sta
                         break
         return best
     if len(choices) > 1:
-        ends = [fit_horizon(nodes, timelines, choice, multi, start) for choice in choices]
+        ends = [fit_horizon(nodes, timelines, c, multi, start, resources) for c in choices]
         return max((end for end in ends if end is not None), default=None)
     best = None
+    profile, match, count = request.mig_profile, request.device_match, request.gpus
     for node, timeline in zip(nodes, timelines, strict=True):
-        need = node.need(request.mig_profile, request.device_match)
-        if need.bit_count() >= request.gpus:
-            end = timeline.free_until(need, request.gpus, start)
+        need = node.need(profile, match)
+        if need.bit_count() >= count:
+            end = timeline.free_until(need, count, start)  # the devices alone first
+            if end is None or (best is not None and end <= best):
+                continue
+            if resources and timeline.res is not None:
+                room = timeline.res.free_until(*node.demand_of(request), start)
+                end = None if room is None else min(end, room)
             if end is not None and (best is None or end > best):
                 best = end
     return best

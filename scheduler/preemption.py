@@ -7,8 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from scheduler.placement import Fit, fewest_victims, fit_horizon, is_multi_node, searches
-from scheduler.timeline import INF
+from scheduler import sharing
+from scheduler.placement import (
+    Fit,
+    fewest_victims,
+    fit_horizon,
+    held_demands,
+    is_multi_node,
+    searches,
+)
 from scheduler.types import Allocation, Preemption, Request
 
 
@@ -48,26 +55,31 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
     preemptions: list[Preemption] = []
     preempting: dict[str, Fit] = {}
     fits_now: dict[tuple, float | None] = {}
-    hopeless: dict[tuple, float] = {}
+    # Per shape of devices, the (cores, memory, duration) asked that found no victims: one
+    # asking as much or more of each (the default compares only with the default) finds none.
+    hopeless: dict[tuple, list[tuple]] = {}
     for request, _ in ranked:
         level = policy.qos_level(request.qos)
         shape = (request.gpus, request.mig_profile, request.device_match, level)
-        if level <= lowest or request.duration_s >= hopeless.get(shape, INF):
+        asked = (request.cpus, request.memory_mib, request.duration_s)
+        if level <= lowest or any(_covers(seen, asked) for seen in hopeless.get(shape, ())):
             continue
-        if not _eligible(run, request, shape, fits_now):
+        if not _eligible(run, request, shape + asked[:2], fits_now):
             continue
         choice = _cheapest(run, request, level, by_node)
         if choice is None:
-            hopeless[shape] = min(request.duration_s, hopeless.get(shape, INF))
+            hopeless.setdefault(shape, []).append(asked)
             continue
         parts, victims = choice
+        if run.host_start(request, Fit(run.now, parts)) != run.now:
+            continue  # its limits of cores or memory would not let it start on them
         graced = request.submit_time + policy.preempt_grace_s
         if graced > run.now:  # not yet: nothing is stopped in this pass
             ids = tuple(v.booking_id for v in victims)
             run.preempt_later[request.booking_id] = PreemptLater(ids, graced)
             continue
         for victim in victims:
-            _release(run, victim, by_node)
+            release_victim(run, victim, by_node)
             preemptions.append(Preemption(victim.booking_id, request.booking_id))
         preempting[request.booking_id] = Fit(run.now, parts)
         run.reserve(request, preempting[request.booking_id])
@@ -75,11 +87,22 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
     return preemptions, preempting
 
 
+def _covers(seen: tuple, asked: tuple) -> bool:
+    """Whether ``asked`` (cores, memory, duration) asks at least ``seen`` of each: the same
+    default (None) or no fewer explicit cores (memory), and no shorter a duration."""
+    for had, has in zip(seen, asked, strict=True):
+        if (had is None) != (has is None) or (had is not None and has < had):
+            return False
+    return True
+
+
 def _preemptible_by_node(run) -> dict[int, list[Allocation]]:
     """Running preemptible allocations on up nodes, listed under every node they touch."""
     by_node: dict[int, list[Allocation]] = {}
     for alloc in run.state.allocations:
-        if alloc.running and alloc.preemptible and alloc.start <= run.now < alloc.end:
+        # A borrowed booking is always preemptible (scheduler/borrowing.py).
+        preemptible = alloc.preemptible or alloc.borrowed
+        if alloc.running and preemptible and alloc.start <= run.now < alloc.end:
             nodes = {run.where[d][0] for d in alloc.device_ids if d in run.where}
             for node in nodes:
                 if node.up:
@@ -93,12 +116,19 @@ def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
     ledgers = run.quotas.of(request.user, request.project, request.array)
     if ledgers and run.quotas.earliest(ledgers, run.size(request), duration, now) != now:
         return False
-    if shape not in fits_now:
-        timelines = [node.timeline for node in run.nodes]
-        multi = is_multi_node(request, run.nodes)
-        fits_now[shape] = fit_horizon(run.nodes, timelines, request, multi, now)
-    horizon = fits_now[shape]
-    return horizon is None or now + duration > horizon
+    # Its devices alone first (one horizon per device shape): where they do not fit now, its
+    # cores and memory cannot make it fit; only where they do is its own demand asked.
+    for key, resources in ((shape[:4], False), (shape, True)):
+        if key not in fits_now:
+            timelines = [node.timeline for node in run.nodes]
+            multi = is_multi_node(request, run.nodes)
+            fits_now[key] = fit_horizon(run.nodes, timelines, request, multi, now, resources)
+        horizon = fits_now[key]
+        if horizon is None or now + duration > horizon:
+            return True
+        if not run.finder.resourced:
+            break
+    return False
 
 
 def _cheapest(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):
@@ -106,6 +136,8 @@ def _cheapest(run, request: Request, level: int, by_node: dict[int, list[Allocat
     keeps one (``placement.searches``): the lowest-QOS, then fewest, victims; or None."""
     multi = is_multi_node(request, run.nodes)
     best_of = _best_whole_nodes if multi else _best_victims
+    if request.fractional:
+        best_of = sharing.best_victims
     best = None
     for choice in searches(request, run.finder.site, multi):
         found = best_of(run, choice, level, by_node)
@@ -128,12 +160,16 @@ def _best_whole_nodes(run, request: Request, level: int, by_node: dict[int, list
     for node in run.nodes:
         if not (node.up and node.whole and node.need(None, request.device_match) == node.full):
             continue
+        if held_for_others(run, node.index, request, end):
+            continue
         free = node.timeline.free_mask(now, end)
         lower = [a for a in by_node.get(node.index, ()) if run.policy.qos_level(a.qos) < level]
         for alloc in lower:
-            free |= _freed_bits(run, node, alloc, node.full, end)
+            free |= freed_bits(run, node, alloc, node.full, end)
         if free != node.full:
             continue
+        if node.capacity is not None and not _fits_freed(run, node, request, lower, end):
+            continue  # even with all of them stopped its cores or memory are not free
         levels = [run.policy.qos_level(a.qos) for a in lower]
         candidates.append(((max(levels, default=-1), len(lower)), node.cool, node.index, lower))
     chosen, total = [], 0
@@ -149,31 +185,29 @@ def _best_whole_nodes(run, request: Request, level: int, by_node: dict[int, list
 
 def _best_victims(run, request: Request, level: int, by_node: dict[int, list[Allocation]]):
     """(parts, victims) with the lowest-QOS, then fewest, victims on one node, or None."""
-    now, end = run.now, run.now + request.duration_s
+    end = run.now + request.duration_s
     best = None
     for index in sorted(by_node):
         node = run.nodes[index]
-        need = node.need(request.mig_profile, request.device_match)
-        if need.bit_count() < request.gpus:
+        room = room_on(run, index, request, request.mig_profile, request.device_match, end)
+        if room is None:
             continue
-        free = node.timeline.free_mask(now, end) & need
+        need, free = room
         options = []
         for alloc in by_node[index]:
             alloc_level = run.policy.qos_level(alloc.qos)
-            bits = _freed_bits(run, node, alloc, need, end) if alloc_level < level else 0
+            bits = freed_bits(run, node, alloc, need, end) if alloc_level < level else 0
             if bits:
                 options.append((alloc_level, bits, alloc.booking_id))
         combo = fewest_victims(options, request.gpus - free.bit_count()) if options else None
+        if node.capacity is not None:
+            combo = room_after(run, node, request, combo, options, by_node[index], end)
         if combo is None:
             continue
         levels = [victim[0] for victim in combo]
         key = (max(levels), len(combo), sum(levels), node.index)
         if best is None or key < best[0]:
-            freed = free
-            for victim in combo:
-                freed |= victim[1]
-            ids = {victim[2] for victim in combo}
-            chosen = [a for a in by_node[index] if a.booking_id in ids]
+            freed, chosen = freed_by(free, combo, by_node[index])
             best = (key, node.index, node.choose(freed, request.gpus), chosen)
     if best is None:
         return None
@@ -181,9 +215,68 @@ def _best_victims(run, request: Request, level: int, by_node: dict[int, list[All
     return ((index, mask),), chosen
 
 
-def _freed_bits(run, node, alloc: Allocation, need: int, end: float) -> int:
+def room_after(run, node, request: Request, combo, options, allocs, end: float):
+    """``combo`` (victims that free the devices), with more of ``options`` added, lowest QOS
+    first, until their freed cores and memory leave room for ``request`` on ``node`` over
+    [now, end) too; None when even all of them do not (or no devices were freed)."""
+    if combo is None and options:
+        return None
+    picked = list(combo or ())
+    rest = sorted((o for o in options if o not in picked), key=lambda o: (o[0], o[2]))
+    while True:
+        ids = {victim[2] for victim in picked}
+        if _fits_freed(run, node, request, [a for a in allocs if a.booking_id in ids], end):
+            return tuple(picked) if picked else None
+        if not rest:
+            return None
+        picked.append(rest.pop(0))
+
+
+def _fits_freed(run, node, request: Request, victims, end: float) -> bool:
+    """Whether ``request``'s cores and memory fit on ``node`` over [now, end) once ``victims``
+    stop (what they hold there given back, ``placement.held_demands``)."""
+    trial = node.timeline.res.copy()
+    for alloc in victims:
+        for where, demand in held_demands(alloc, run.where):
+            if where is node:
+                trial.add(-demand[0], -demand[1], run.now, alloc.end)
+    cpus, memory = node.demand_of(request)
+    return trial.fits(cpus, memory, run.now, max(end, run.now + 1e-9))
+
+
+def room_on(run, index: int, request: Request, profile, match, end: float, gpus=None):
+    """(need, free) on node ``index`` for a booking that would stop others to start now: the
+    devices of this shape it may use (never other projects' holds) and those of them free over
+    [now, end); None when fewer than ``gpus`` (default: the request's) match."""
+    node = run.nodes[index]
+    need = node.need(profile, match) & ~held_for_others(run, index, request, end)
+    if need.bit_count() < (request.gpus if gpus is None else gpus):
+        return None
+    return need, node.timeline.free_mask(run.now, end) & need
+
+
+def freed_by(free: int, combo, allocs: list[Allocation]) -> tuple[int, list[Allocation]]:
+    """The mask free once the victims ``combo`` (cost, bits, booking id) stop, and their
+    allocations among ``allocs``."""
+    for victim in combo:
+        free |= victim[1]
+    ids = {victim[2] for victim in combo}
+    return free, [a for a in allocs if a.booking_id in ids]
+
+
+def held_for_others(run, index: int, request: Request, end: float) -> int:
+    """Devices of node ``index`` other projects' holds set aside before ``end`` (a preemptor
+    never takes them)."""
+    if not run.project_holds:
+        return 0
+    return run.project_holds.reserved_bits(index, request.project, run.now, end)
+
+
+def freed_bits(run, node, alloc: Allocation, need: int, end: float) -> int:
     """Devices of ``alloc`` on ``node`` that would be free until ``end`` once it stops."""
     bits = 0
+    if not run.calendar.clear(node, run.now, end):
+        return bits  # a maintenance window there: stopping it frees nothing in time
     for device_id in alloc.device_ids:
         where = run.where.get(device_id)
         if where is None or where[0] is not node or not (need >> where[1] & 1):
@@ -193,7 +286,7 @@ def _freed_bits(run, node, alloc: Allocation, need: int, end: float) -> int:
     return bits
 
 
-def _release(run, alloc: Allocation, by_node: dict[int, list[Allocation]]) -> None:
+def release_victim(run, alloc: Allocation, by_node: dict[int, list[Allocation]]) -> None:
     """Free a victim's devices and quota use, and drop it from the candidates."""
     for allocs in by_node.values():
         if alloc in allocs:
@@ -201,6 +294,15 @@ def _release(run, alloc: Allocation, by_node: dict[int, list[Allocation]]) -> No
     for device_id in alloc.device_ids:
         where = run.where.get(device_id)
         if where is not None and where[0].up:
-            where[0].timeline.release(1 << where[1], run.now, alloc.end)
+            if where[0].devices[where[1]].shared:
+                sharing.release(where[0], where[1], alloc, run.now)
+            else:
+                where[0].timeline.release(1 << where[1], run.now, alloc.end)
+                run.calendar.reblock(where[0], run.now, alloc.end)
+            if run.project_holds:
+                run.project_holds.reblock(where[0])  # a hold's devices stay held
+    for node, demand in held_demands(alloc, run.where):
+        if node.up:
+            node.timeline.hold(-demand[0], -demand[1], run.now, alloc.end)
     for ledger in run.quotas.of(alloc.user, alloc.project, alloc.array):
         ledger.remove(alloc.booking_id)

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler import sharing
 from scheduler.types import Device, Policy, Priority, Request
 
 _LN2 = math.log(2.0)
@@ -53,16 +54,23 @@ def carry_usage(
     return {project: value * factor for project, value in usage.items()}
 
 
-def request_size(request: Request, devices_by_profile: Mapping[str | None, float]) -> float:
-    """GPU-equivalents a request asks for (a MIG instance counts its fraction of a GPU)."""
+def request_size(request: Request, devices_by_profile: Mapping) -> float:
+    """GPU-equivalents a request asks for (a MIG instance counts its fraction of a GPU, a
+    fraction of a shared GPU its share: ``sharing.request_share``)."""
+    if request.fractional:
+        return sharing.request_share(request, devices_by_profile)
     if request.mig_profile is None:
         return float(request.gpus)
     return request.gpus * devices_by_profile.get(request.mig_profile, 1.0)
 
 
-def profile_fractions(devices: Iterable[Device]) -> dict[str | None, float]:
-    """The GPU fraction of each MIG profile seen in the inventory."""
-    return {device.profile: device.fraction for device in devices}
+def profile_fractions(devices: Iterable[Device]) -> dict:
+    """The GPU fraction of each MIG profile seen in the inventory, and the largest memory of
+    its shared GPUs (``sharing.shared_memories``)."""
+    devices = tuple(devices)
+    fractions: dict = {device.profile: device.fraction for device in devices}
+    fractions.update(sharing.shared_memories(devices))
+    return fractions
 
 
 def fairshare_factors(

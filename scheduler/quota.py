@@ -204,8 +204,34 @@ class ArrayLedger(Ledger):
         return f"{self.label}: {tasks} of at most {self.limit} tasks running"
 
 
+# The limits of cores and host memory a quota may set, as (field of Quota, unit in sentences).
+HOST_LIMITS = (("max_cpus", "cores"), ("max_memory_mib", "MiB of memory"))
+
+
+class HostLedger(Ledger):
+    """Concurrent use of cores (``limit`` "max_cpus") or host memory ("max_memory_mib") by one
+    user or project: what its bookings hold on their nodes (``resources.node_demand``), borrowed
+    ones too (these limits are never borrowed past). ``index``: the demand's (cores, memory)
+    element it counts."""
+
+    def __init__(self, label: str, limit: str, value: float) -> None:
+        super().__init__(label, Quota(max_gpus=value))
+        self.limit = limit
+        self.index = 0 if limit == "max_cpus" else 1
+        self.unit = dict(HOST_LIMITS)[limit]
+
+    def describe_now(self, now: float, amount: float) -> str:
+        """A sentence saying how much of the limit is in use now."""
+        used = self.peak(now, now + _EPS)
+        return (
+            f"{self.label} quota: {used:g} of {self.quota.max_gpus:g} {self.unit} in use, "
+            f"needs {amount:g}"
+        )
+
+
 class Quotas:
-    """All ledgers of one pass, keyed ("user", name), ("project", name) and ("array", name)."""
+    """All ledgers of one pass, keyed ("user", name), ("project", name) and ("array", name);
+    the limits of cores and memory ("user max_cpus", name), ("project max_memory_mib", name)..."""
 
     def __init__(
         self,
@@ -217,8 +243,58 @@ class Quotas:
         for kind, table in (("user", users), ("project", projects)):
             for name, quota in table.items():
                 self.ledgers[(kind, name)] = Ledger(f"{kind} {name}", quota)
+                for key, value in host_ledgers(kind, name, quota):
+                    self.ledgers[key] = value
         for name, ledger in (arrays or {}).items():
             self.ledgers[("array", name)] = ledger
+        self.hosted = any(isinstance(ledger, HostLedger) for ledger in self.ledgers.values())
+
+    def host_of(self, user: str, project: str) -> list[HostLedger]:
+        """The ledgers of cores and memory limits that apply to a booking (the project's
+        first, as ``of``)."""
+        if not self.hosted:
+            return []
+        keys = [
+            (f"{kind} {limit}", name)
+            for kind, name in (("project", project), ("user", user))
+            for limit, _ in HOST_LIMITS
+        ]
+        return [self.ledgers[key] for key in keys if key in self.ledgers]
+
+    def add_host(self, ledgers, span: tuple[float, float], demand, bid: str) -> None:
+        """Count ``demand`` (cores, memory: all a booking holds, summed over its nodes) over
+        ``span`` against ``ledgers`` (``host_of``)."""
+        for ledger in ledgers:
+            if demand[ledger.index]:
+                ledger.add(span[0], span[1], demand[ledger.index], bid)
+
+    def host_earliest(self, ledgers, demand, duration: float, t: float) -> float | None:
+        """Earliest t' >= t at which every cores and memory limit has room for ``demand`` over
+        [t', t' + duration) (None: a limit is below the demand itself)."""
+        while True:
+            latest = t
+            for ledger in ledgers:
+                found = ledger.earliest(demand[ledger.index], duration, t)
+                if found is None:
+                    return None
+                latest = max(latest, found)
+            if latest == t:
+                return t
+            t = latest
+
+    def host_blocking(self, ledgers, demand, now: float, duration: float) -> str | None:
+        """A sentence naming the cores or memory limit that stops a start at ``now`` (or that
+        is below the demand itself), else None."""
+        for ledger in ledgers:
+            amount = demand[ledger.index]
+            if over(ledger.quota.max_gpus, amount):
+                return (
+                    f"{ledger.label} quota: limit {ledger.quota.max_gpus:g} {ledger.unit}, "
+                    f"asks {amount:g}"
+                )
+            if ledger.earliest(amount, duration, now) != now:
+                return ledger.describe_now(now, amount)
+        return None
 
     def of(self, user: str, project: str, array: str = "") -> list[Ledger]:
         """The ledgers that apply to a booking of ``user`` in ``project`` (and ``array``).
@@ -238,10 +314,14 @@ class Quotas:
         amount: float,
         bid: str,
         array: str = "",
+        borrowed: bool = False,
     ):
-        """Count a booking's use over ``span`` against its user, project and array."""
+        """Count a booking's use over ``span`` against its user, project and array. A borrowed
+        booking counts against its array only: it is past its concurrency limits already
+        (scheduler/borrowing.py keeps its own count)."""
         for ledger in self.of(user, project, array):
-            ledger.add(span[0], span[1], amount, bid)
+            if not borrowed or isinstance(ledger, ArrayLedger):
+                ledger.add(span[0], span[1], amount, bid)
 
     def earliest(self, ledgers: list[Ledger], amount: float, duration: float, t: float):
         """Earliest t' >= t allowed by every ledger (None: a limit is below ``amount``)."""
@@ -283,6 +363,16 @@ class Quotas:
             if ledger.earliest(amount, duration, now) != now:
                 return ledger.describe_now(now, amount)
         return None
+
+
+def host_ledgers(kind: str, name: str, quota: Quota) -> list[tuple[tuple[str, str], HostLedger]]:
+    """The cores and memory ledgers ``quota`` sets for a user or project, with their keys."""
+    found = []
+    for limit, _ in HOST_LIMITS:
+        value = getattr(quota, limit)
+        if value is not None:
+            found.append(((f"{kind} {limit}", name), HostLedger(f"{kind} {name}", limit, value)))
+    return found
 
 
 def _breakpoint(times: list[float], levels: list[float], t: float) -> int:

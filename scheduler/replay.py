@@ -1,7 +1,9 @@
 """Trace replay: drive ``plan()`` through a discrete-event loop and print one JSON line of metrics.
 
     python -m scheduler.replay TRACE.csv --gpus N [--gpus-per-node 8] [--estimate-factor F]
-        --policy fifo|easy|portal|<reference> [--project-column vc]
+        --policy fifo|easy|portal|<reference> [--project-column vc] [--quotas 4x0.25 [--borrowing]]
+    python -m scheduler.replay TRACE.csv --gpus N --notebook-share 0.4 [--shared-nodes 1]
+        [--seed 0] [--fractions-from openb_gpushare.csv]  (scheduler/notebooks.py)
 
 Optional trace columns: ``dependency`` (``afterok:JOB[:JOB],afterany:JOB``, as the portal's
 ``--after``) and ``exit_code`` (non-zero: the job fails, for ``afterok``/``afternotok``). A job
@@ -15,6 +17,13 @@ queue is in arrival order. The reference policies (``easy-sjbf``, ``hrrn-easy``,
 ``sjf-protect-12h|1d|2d``, ``conservative``) are the presets of scheduler/presets.py. Traces carry
 no users: each job gets the synthetic user
 ``synthetic-<crc32(job_id) % 32>``; they are only labels (no user quotas in a replay).
+
+``--quotas NxS`` (scheduler/replay_quotas.py) hashes the users into N projects, each limited to
+S x the GPUs at once; ``--borrowing`` lets the limits lend (scheduler/borrowing.py). A reclaimed
+job goes back to the queue with its submit time, as the portal requeues a batch job; the work it
+lost is counted in ``reclaimed_gpu_hours``. The metrics then add the within-quota jobs' waits
+apart (``within_*``: jobs whose last run started within their limits) and the borrowed
+GPU-hours.
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from scheduler.allocator import plan
+from scheduler.borrowing import borrow_backoff
 from scheduler.dependencies import parse_dependency
 from scheduler.presets import REFERENCE_NAMES, preset_policy
 from scheduler.priority import carry_usage, decay_usage, predict_run
+from scheduler.replay_quotas import QuotaModel, parse_quota_model
 from scheduler.types import (
     OUTCOME_NOT_OK,
     OUTCOME_OK,
@@ -82,6 +93,9 @@ class Job:
     gpus: int
     after: tuple[Dependency, ...] = ()
     failed: bool = False
+    fraction: float = (
+        1.0  # below 1: a notebook asking that share of one GPU (scheduler/notebooks.py)
+    )
 
 
 def synthetic_user(job_id: str) -> str:
@@ -136,13 +150,17 @@ def load_jobs(
     return jobs
 
 
-def cluster(gpus: int, gpus_per_node: int = 8) -> tuple[Device, ...]:
-    """Whole GPUs on nodes of ``gpus_per_node`` (the last node may be smaller)."""
+def cluster(gpus: int, gpus_per_node: int = 8, shared_nodes: int = 0) -> tuple[Device, ...]:
+    """Whole GPUs on nodes of ``gpus_per_node`` (the last node may be smaller); the GPUs of the
+    first ``shared_nodes`` nodes are shared (``Device.shared``: they take fractions only)."""
     return tuple(
         Device(
             id=f"n{i // gpus_per_node:03d}-g{i % gpus_per_node}",
             node=f"n{i // gpus_per_node:03d}",
             model="gpu",
+            shared=i // gpus_per_node < shared_nodes,
+            # Traces carry no memory figure: a fraction f holds f of it, compute binds.
+            memory_mib=81920 if i // gpus_per_node < shared_nodes else 0,
         )
         for i in range(gpus)
     )
@@ -163,21 +181,43 @@ class Replay:
         devices: tuple[Device, ...],
         policy: Policy,
         track_planned: bool = False,
+        quotas: QuotaModel | None = None,
     ) -> None:
         # The reasons of waiting bookings are for people: the decisions are the same without them.
         self.devices, self.policy = devices, replace(policy, explain=False)
         self.capacity = capacity = len(devices)
-        self.jobs = [job for job in jobs if job.gpus <= capacity and job.gpus > 0]
+        # Free capacity of each pool: shared GPUs (True) take fractions only, the others whole
+        # GPUs; without shared GPUs a fraction holds a whole GPU (``share``).
+        self.shared = any(device.shared for device in devices)
+        self.free = {
+            pool: float(sum(1 for device in devices if device.shared is pool))
+            for pool in (False, True)
+        }
+        self.jobs = [job for job in jobs if self._fits_cluster(job)]
+        self.demands = {job.job_id: self._demand(job) for job in self.jobs}
         self.skipped = len(jobs) - len(self.jobs)
+        self.quota_model, self.project_quotas = quotas, {}
+        self.quota_refused = 0
+        if quotas is not None:
+            self.project_quotas = quotas.quotas(capacity)
+            fits = [job for job in self.jobs if job.gpus <= quotas.limit(capacity) + 1e-9]
+            self.quota_refused = len(self.jobs) - len(fits)
+            self.jobs = [replace(job, project=quotas.project_of(job.user)) for job in fits]
+        self.borrowed: set[str] = set()  # running borrowed jobs
+        self.last_borrowed: dict[str, bool] = {}  # whether each job's last start borrowed
+        self.runs: dict[str, int] = {}  # starts of each job (a reclaimed one starts again)
+        self.reclaimed_gpu_s = 0.0
+        # With borrowing, a pass when each job has waited its reclaim grace (less the warning):
+        # a reclaim is due then, and nothing else may happen at that instant.
+        self.wakeups: list[float] = []
         self.by_id = {job.job_id: job for job in self.jobs}
         self.pending: dict[str, Request] = {}
         self.running: dict[str, Allocation] = {}
-        self.ends: list[tuple[float, str]] = []
+        self.ends: list[tuple[float, str, int]] = []
         self.started: dict[str, float] = {}
         self.usage: dict[str, float] = {}
         self.usage_time = 0.0
         self.projects = sorted({job.project for job in self.jobs})
-        self.free = capacity
         self.history: dict[str, deque] = {}
         self.track_planned = track_planned
         weights = (
@@ -198,7 +238,10 @@ class Replay:
             now = min(
                 arrivals[i].submit if i < len(arrivals) else math.inf,
                 self.ends[0][0] if self.ends else math.inf,
+                self.wakeups[0] if self.wakeups else math.inf,
             )
+            while self.wakeups and self.wakeups[0] <= now:
+                heapq.heappop(self.wakeups)
             finished = self._finish_until(now)
             submitted = []
             while i < len(arrivals) and arrivals[i].submit == now:
@@ -215,16 +258,38 @@ class Replay:
             if self._may_start():
                 self._schedule(state)
 
+    def share(self, job: Job) -> float:
+        """What a job holds of each of its GPUs: its fraction of a shared GPU, or the whole."""
+        return job.fraction if self.shared and job.fraction < 1 else 1.0
+
+    def _demand(self, job: Job) -> tuple[bool, float]:
+        """(its pool, the capacity it holds there): shared GPUs for a fraction."""
+        share = self.share(job)
+        return share < 1, job.gpus * share
+
+    def _fits_cluster(self, job: Job) -> bool:
+        """The job fits in its pool when the cluster is idle (else it is skipped)."""
+        pool, demand = self._demand(job)
+        return 0 < demand <= self.free[pool]
+
     def _may_start(self) -> bool:
-        """False when no pending job fits in the free GPUs: the pass would start nothing.
+        """False when no pending job fits in its pool's free capacity: the pass would start
+        nothing (free capacity is necessary, not enough, for a fraction to fit on one GPU).
 
         In strict arrival order (fifo) only the oldest pending job may start first.
         """
+        if self.borrowed:
+            return True  # a job within its quota may reclaim borrowed GPUs
         if self.strict_fifo:
-            return self.free >= next(iter(self.pending.values())).gpus
-        return self.free >= min(request.gpus for request in self.pending.values())
+            pool, demand = self.demands[next(iter(self.pending))]
+            return self.free[pool] >= demand - 1e-9
+        demands, free = self.demands, self.free
+        return any(free[demands[b][0]] >= demands[b][1] - 1e-9 for b in self.pending)
 
-    def _submit(self, job: Job) -> None:
+    def _submit(self, job: Job, wake: bool = True, borrow_after: float = 0.0) -> None:
+        if wake and self.quota_model is not None and self.quota_model.borrowing:
+            slack = self.policy.reclaim_grace_s - self.policy.reclaim_warning_s
+            heapq.heappush(self.wakeups, job.submit + slack)
         self.pending[job.job_id] = Request(
             booking_id=job.job_id,
             user=job.user,
@@ -233,17 +298,23 @@ class Replay:
             duration_s=predict_run(self.history.get(job.user, ()), job.walltime),
             gpus=job.gpus,
             after=job.after,
+            gpu_fraction=job.fraction if self.share(job) < 1 else None,
+            borrow_after=borrow_after,
         )
 
     def _finish_until(self, now: float) -> list[Allocation]:
         finished = []
         last = self.policy.predict_last
         while self.ends and self.ends[0][0] <= now:
-            _, job_id = heapq.heappop(self.ends)
+            _, job_id, run = heapq.heappop(self.ends)
+            if run != self.runs.get(job_id) or job_id not in self.running:
+                continue  # the end of a run that was reclaimed
             finished.append(self.running.pop(job_id))
+            self.borrowed.discard(job_id)
             job = self.by_id[job_id]
             self.outcomes[job_id] = OUTCOME_NOT_OK if job.failed else OUTCOME_OK
-            self.free += job.gpus
+            pool, demand = self._demand(job)
+            self.free[pool] += demand
             if last:
                 runs = self.history.setdefault(job.user, deque(maxlen=last))
                 runs.append(min(job.duration, job.walltime))
@@ -253,13 +324,15 @@ class Replay:
         """Fair-share usage at ``now``, kept incrementally with the allocator's own decay rule."""
         half_life = self.policy.fairshare_half_life_s
         self.usage = carry_usage(self.usage, now - self.usage_time, half_life)
-        records = [(a.project, a.start, now, len(a.device_ids)) for a in finished]
+        records = [(a.project, a.start, now, len(a.device_ids) * a.share) for a in finished]
         for project, value in decay_usage(records, now, half_life).items():
             self.usage[project] = self.usage.get(project, 0.0) + value
         self.usage_time = now
 
     def _running_usage(self, now: float) -> dict[str, float]:
-        records = [(a.project, a.start, now, len(a.device_ids)) for a in self.running.values()]
+        records = [
+            (a.project, a.start, now, len(a.device_ids) * a.share) for a in self.running.values()
+        ]
         live = decay_usage(records, now, self.policy.fairshare_half_life_s)
         return {p: self.usage.get(p, 0.0) + live.get(p, 0.0) for p in self.projects}
 
@@ -290,13 +363,34 @@ class Replay:
             pending=tuple(self.pending.values()),
             project_shares={project: 1.0 for project in self.projects},
             project_usage=self._running_usage(now) if self.policy.weight_fairshare else {},
+            project_quotas=self.project_quotas,
             outcomes=self.outcomes,
         )
 
     def _schedule(self, state: State) -> None:
-        # Only the starts matter here (the planned starts shown come from _show).
+        # Only the starts matter here (the planned starts shown come from _show). A pass that
+        # reclaims is followed by one at the same instant, which starts the reclaiming jobs.
+        while self._pass(state):
+            state = self._state(state.now)
+
+    def _reclaim(self, now: float, preemptions) -> None:
+        """Stop the reclaimed jobs and queue them again with their submit time."""
+        for preemption in preemptions:
+            job = self.by_id[preemption.booking_id]
+            alloc = self.running.pop(job.job_id)
+            self.borrowed.discard(job.job_id)
+            self.reclaimed_gpu_s += job.gpus * (now - alloc.start)
+            pool, demand = self._demand(job)
+            self.free[pool] += demand
+            restarts = self.runs[job.job_id]
+            later = borrow_backoff(self.policy, now, restarts)
+            self._submit(job, wake=False, borrow_after=later)  # over its quota: never reclaims
+
+    def _pass(self, state: State) -> bool:
+        """One pass at ``state.now``; whether it reclaimed (another pass is due now)."""
         now = state.now
         result = plan(state, self.policy, starts_only=True)
+        self._reclaim(now, result.preemptions)
         for booking_id in result.never_met:
             # Ended by the portal; a job after it sees it as not ended successfully.
             del self.pending[booking_id]
@@ -314,10 +408,20 @@ class Replay:
                 now + request.duration_s,
                 job.user,
                 job.project,
+                share=start.share,
+                gpu_memory_mib=start.gpu_memory_mib,
+                preemptible=start.borrowed,
+                borrowed=start.borrowed,
             )
+            if start.borrowed:
+                self.borrowed.add(job.job_id)
+            self.last_borrowed[job.job_id] = start.borrowed
             self.started[job.job_id] = now
-            self.free -= job.gpus
-            heapq.heappush(self.ends, (end, job.job_id))
+            pool, demand = self._demand(job)
+            self.free[pool] -= demand
+            self.runs[job.job_id] = run = self.runs.get(job.job_id, 0) + 1
+            heapq.heappush(self.ends, (end, job.job_id, run))
+        return bool(result.preemptions)
 
 
 def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | None) -> dict:
@@ -327,7 +431,8 @@ def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | N
     waits = [replay.started[job.job_id] - job.submit for job in jobs]
     jcts = [wait + run for wait, run in zip(waits, runs, strict=True)]
     bslds = [max(1.0, jct / max(run, BSLD_BOUND_S)) for jct, run in zip(jcts, runs, strict=True)]
-    busy = sum(job.gpus * run for job, run in zip(jobs, runs, strict=True))
+    # GPU-equivalents asked: a notebook's fraction, even where it holds a whole GPU.
+    busy = sum(job.gpus * job.fraction * run for job, run in zip(jobs, runs, strict=True))
     first = min((job.submit for job in jobs), default=0.0)
     makespan = max((job.submit + jct for job, jct in zip(jobs, jcts, strict=True)), default=0.0)
     makespan -= first
@@ -361,7 +466,30 @@ def metrics(replay: Replay, policy_name: str, gpus: int, project_column: str | N
         out["projects"] = _projects(jobs, runs, waits)
     if any(job.after for job in replay.jobs):
         out["dependency_never"] = len(replay.never_met)
+    if replay.quota_model is not None:
+        out.update(_quota_metrics(replay, jobs, runs, waits))
     return out
+
+
+def _quota_metrics(replay: Replay, jobs: list[Job], runs: list[float], waits: list[float]):
+    """The quota model's figures: within-quota waits apart, borrowed and reclaimed GPU-hours."""
+    lent = [replay.last_borrowed.get(job.job_id, False) for job in jobs]
+    within = [wait for wait, borrowed in zip(waits, lent, strict=True) if not borrowed]
+    borrowed_s = sum(job.gpus * run for job, run, b in zip(jobs, runs, lent, strict=True) if b)
+    return {
+        "quotas": replay.quota_model.label,
+        "quota_limit_gpus": replay.quota_model.limit(replay.capacity),
+        "quota_refused": replay.quota_refused,
+        "never_started": len(replay.jobs) - len(jobs),
+        "within_jobs": len(within),
+        "within_mean_wait_s": _mean(within),
+        "within_p95_wait_s": _percentile(within, 95),
+        "within_p99_wait_s": _percentile(within, 99),
+        "borrowed_jobs": len(jobs) - len(within),
+        "borrowed_gpu_hours": borrowed_s / 3600.0,
+        "reclaims": sum(replay.runs.values()) - len(jobs),
+        "reclaimed_gpu_hours": replay.reclaimed_gpu_s / 3600.0,
+    }
 
 
 def _projects(jobs: list[Job], runs: list[float], waits: list[float]) -> dict:
@@ -409,13 +537,14 @@ def replay_trace(
     seed: int = 0,
     half: str | None = None,
     track_planned: bool = False,
+    quotas: QuotaModel | None = None,
 ) -> dict:
     """Run one replay and return its metrics (what the command line prints)."""
     jobs = load_jobs(
         path, estimate_factor, project_column, factor_range=factor_range, seed=seed, half=half
     )
     chosen = policy_override or POLICIES[policy]
-    replay = Replay(jobs, cluster(gpus, gpus_per_node), chosen, track_planned)
+    replay = Replay(jobs, cluster(gpus, gpus_per_node), chosen, track_planned, quotas)
     replay.run()
     return metrics(replay, policy, gpus, project_column)
 
@@ -431,6 +560,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--estimate-factor", type=float, default=1.0)
     parser.add_argument("--policy", choices=sorted(POLICIES), default="portal")
     parser.add_argument("--project-column", default=None)
+    parser.add_argument("--quotas", default=None, help="NxS: N projects, each S x the GPUs")
+    parser.add_argument("--borrowing", action="store_true", help="the --quotas limits lend")
+    parser.add_argument(
+        "--half", choices=("first", "second"), help="the jobs of that half of the submit span"
+    )
+    parser.add_argument(
+        "--notebook-share",
+        type=float,
+        help="this share of the 1-GPU jobs ask a GPU fraction; replayed shared and exclusive",
+    )
+    parser.add_argument(
+        "--shared-nodes", type=int, default=1, help="nodes in sharing mode (--notebook-share)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the notebook generator's seed")
+    parser.add_argument(
+        "--fractions-from",
+        help="pod trace whose fractions notebooks draw from (openb_gpushare.csv beside TRACE)",
+    )
     parser.add_argument(
         "--sweep",
         action="store_true",
@@ -444,6 +591,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.trace is None or args.gpus is None:
         parser.error("a trace and --gpus are required (or --sweep)")
+    if args.notebook_share is not None:
+        from scheduler.notebooks import command
+
+        return command(parser, args)
+    quotas = None
+    if args.quotas:
+        try:
+            quotas = parse_quota_model(args.quotas, borrowing=args.borrowing)
+        except ValueError as error:
+            parser.error(f"--quotas: {error}")
     result = replay_trace(
         args.trace,
         args.gpus,
@@ -451,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         args.gpus_per_node,
         args.estimate_factor,
         args.project_column,
+        half=args.half,
+        quotas=quotas,
     )
     sys.stdout.write(json.dumps(result) + "\n")
     return 0

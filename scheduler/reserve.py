@@ -12,6 +12,9 @@ inventory's own integers and every remaining tie goes to the lowest. Like the al
 2 or more GPUs with no model asked are of one model unless any will do
 (``placement.keeps_one_model``): each model is placed by these rules and the placement on the
 fewest nodes, then with the fewest spare GPUs there, then of the first model, is taken.
+A fraction of a shared GPU (``Wanted.gpu_fraction`` / ``gpu_memory_mib``) goes on the shared GPU
+with room for it over the whole window (its compute and memory by ``sharing.share_on``) that is
+fullest in the window (best fit, as the allocation pass packs them); shared GPUs take nothing else.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from scheduler import sharing
 from scheduler.placement import keeps_one_model
 from scheduler.topology import best_set
 
@@ -38,6 +42,9 @@ class Slot:
     links: tuple[int, ...] = ()  # the GPUs (``gpu`` ids) of its node it has an NVLink to
     numa: int | None = None  # its NUMA node (None: unknown)
     group: str = ""  # its node's network group (rack or switch; "": none)
+    shared: bool = False  # a shared GPU: fractions only
+    memory_mib: int = 0  # its memory (a shared GPU's, which fractions share)
+    held_mib: int | None = None  # placed for a fraction: the memory it holds (its share: fraction)
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,8 @@ class Hold:
     fraction: float = 1.0
     id: int = 0
     compute: tuple[int, int] | None = None  # the compute slices it holds [first, end), if known
+    share: float = 1.0  # a fraction of a shared GPU: its compute share (1: all of the GPU)
+    memory_mib: int | None = None  # and the memory it holds (None: a whole device)
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,13 @@ class Wanted:
     mig_profile: str | None = None
     gpu_model: str | None = None
     mixed_models: bool = False  # any models will do (else GPUs of one model: see above)
+    gpu_fraction: float | None = None  # a fraction of one shared GPU (see above)
+    gpu_memory_mib: int | None = None
+
+    @property
+    def fractional(self) -> bool:
+        """It asks for a fraction of one shared GPU."""
+        return self.gpu_fraction is not None or self.gpu_memory_mib is not None
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,8 @@ def holds_by_gpu(holds: tuple[Hold, ...], start: float, end: float) -> dict[int,
 
 def reserve(wanted: Wanted, slots: tuple[Slot, ...], holds: tuple[Hold, ...]) -> Placement:
     """The slots ``wanted`` gets among ``slots`` given ``holds``, by the rules above."""
+    if wanted.fractional:
+        return _one_share(wanted, slots, holds)
     if keeps_one_model(wanted.gpus, wanted.mig_profile, wanted.gpu_model, wanted.mixed_models):
         models = sorted({slot.model for slot in slots if slot.profile is None})
         if len(models) > 1:
@@ -162,7 +180,34 @@ def _one_model(
     return best[1] if best else Placement((), most)
 
 
+def _one_share(wanted: Wanted, slots: tuple[Slot, ...], holds: tuple[Hold, ...]) -> Placement:
+    """The fullest shared GPU with room for the fraction over the whole window (then the lowest
+    id), as a slot that says what it holds; and how many shared GPUs had room."""
+    by_gpu = holds_by_gpu(holds, wanted.start, wanted.end)
+    best, free = None, 0
+    for slot in slots:
+        if not slot.shared or (wanted.gpu_model and slot.model != wanted.gpu_model):
+            continue
+        held = sharing.share_of(wanted.gpu_fraction, wanted.gpu_memory_mib, slot.memory_mib)
+        if held is None:
+            continue
+        used = sharing.ShareTimeline(wanted.start, slot.memory_mib)
+        for hold in by_gpu.get(slot.gpu, ()):
+            taken = sharing.held_of(hold.share, hold.memory_mib, slot.memory_mib)
+            used.add(*taken, hold.start, hold.end)
+        if not used.fits(*held, wanted.start, wanted.end):
+            continue
+        free += 1
+        peak = used.peak(wanted.start, wanted.end)
+        key = (-peak[0], -peak[1], slot.node, slot.gpu)
+        if best is None or key < best[0]:
+            best = (key, replace(slot, fraction=held[0], held_mib=held[1]))
+    return Placement((best[1],) if best else (), free)
+
+
 def _matches(slot: Slot, wanted: Wanted) -> bool:
+    if slot.shared:
+        return False  # fractions only
     if slot.profile != wanted.mig_profile:
         return False
     return not wanted.gpu_model or slot.model == wanted.gpu_model

@@ -5,6 +5,10 @@ ratios to EASY and of the frontier.
     python -m scheduler.replay --sweep [--traces DIR] [--only public_a,philly_vc_a] [--half first]
         [--workers 2] [--predict] [--set field=value ...] [--policies fifo,sjf-easy,...]
         [--loads 1,0.85,0.7] [--no-shown] [--json FILE]
+    python -m scheduler.replay --sweep --quotas 4x0.25 [--only ...] [--loads ...]
+
+``--quotas NxS`` replays the public traces under that quota model without and with borrowing
+instead (scheduler/quota_sweep.py).
 
 Sizes: the trace's mean demand (offered GPU-seconds / submit span) divided by an offered load of
 100, 92.5, 85, 77.5 and 70 %, rounded to a whole GPU (never narrower than the widest job); nodes
@@ -149,23 +153,30 @@ def sweep(
                     )
     # Biggest first, so the pool does not end on one long replay.
     tasks.sort(key=lambda t: -_cost(t))
-    results = {}
-    with Pool(workers) as pool:
-        for key, result in pool.imap_unordered(_run, tasks):
-            results[key] = result
-            # Progress on stderr: a whole sweep replays hundreds of traces for many minutes.
-            print(
-                f"[{len(results)}/{len(tasks)}] {' '.join(map(str, key))}"
-                f" {result['seconds']:.0f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+    results = replays_pooled(_run, tasks, workers)
     for row in rows:
         for label in [*policies, "predict"]:
             key = (row["trace"], row["gpus"], row["model"], label)
             if key in results:
                 row[label] = results[key]
     return rows
+
+
+def replays_pooled(run, tasks: list[tuple], workers: int) -> dict:
+    """``run(task) -> (key, result)`` over ``tasks`` in a pool of ``workers``: the results by
+    key, with a progress line on stderr as each replay ends (a sweep replays many traces for
+    many minutes)."""
+    results = {}
+    with Pool(workers) as pool:
+        for key, result in pool.imap_unordered(run, tasks):
+            results[key] = result
+            print(
+                f"[{len(results)}/{len(tasks)}] {' '.join(map(str, key))}"
+                f" {result['seconds']:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+    return results
 
 
 def _cost(task: tuple) -> float:
@@ -304,7 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", default="")
     parser.add_argument("--no-shown", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    parser.add_argument("--quotas", default="", help="NxS: the quota model table instead")
     args = parser.parse_args(argv)
+    loads = tuple(float(x) for x in args.loads.split(",") if x) or None
+    if args.quotas:
+        from scheduler.quota_sweep import main as quota_main
+
+        return quota_main(
+            args, lambda path: sizes_for(*trace_shape(path, args.half), loads or LOADS)
+        )
     others = tuple(name for name in args.policies.split(",") if name)
     unknown = [name for name in others if name not in POLICIES or name in ("portal", "easy")]
     if unknown:

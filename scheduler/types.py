@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 # Why a pending booking is not starting now (``Planned.reason``).
@@ -23,6 +24,17 @@ REASON_DEPENDENCY = "dependency"  # a booking it depends on has not ended (or en
 REASON_ARRAY_LIMIT = "array_limit"  # its array already runs as many tasks as the array allows
 # It could start now, but waits (at most Policy.topology_wait_s) for a better-connected GPU set.
 REASON_TOPOLOGY = "topology"
+# A maintenance window on the nodes that could hold it lies in the way (``State.windows``).
+REASON_MAINTENANCE = "maintenance"
+# Its devices are free, but a planned MIG layout change of their GPU comes first (the detail
+# names the GPU and when).
+REASON_MIG_CHANGE = "mig_change"
+# Capacity is set aside for a project (a project reservation): outsiders wait until its window
+# ends, or a member's booking is planned on its project's reservation when the window opens.
+REASON_PROJECT_RESERVATION = "project_reservation"
+# The devices of a node fit, but its free CPU cores or host memory do not (scheduler/resources.py).
+REASON_CPUS = "cpus"
+REASON_MEMORY = "memory"
 REASONS = (
     REASON_STARTING,
     REASON_PRIORITY,
@@ -35,6 +47,11 @@ REASONS = (
     REASON_DEPENDENCY,
     REASON_ARRAY_LIMIT,
     REASON_TOPOLOGY,
+    REASON_MAINTENANCE,
+    REASON_MIG_CHANGE,
+    REASON_PROJECT_RESERVATION,
+    REASON_CPUS,
+    REASON_MEMORY,
 )
 
 # Dependency kinds (Slurm's): start after the target ended successfully, in any way, or not
@@ -49,6 +66,8 @@ OUTCOME_NOT_OK = "notok"
 NODE_UP = "up"
 NODE_DOWN = "down"
 NODE_DRAIN = "drain"
+# Drained for a maintenance window: planned on again from the window's end (scheduler/calendar.py).
+NODE_MAINTENANCE = "maintenance"
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,9 @@ class Device:
     Topology (docs/scheduling.md, Placement): ``links`` are the ids of the devices of its node it
     has an NVLink to, ``numa`` its NUMA node (None: unknown), ``group`` its node's network group
     (rack or switch; "": none).
+    ``shared``: a whole GPU in sharing mode, offered only to fractional requests (and those only
+    go to shared GPUs); ``memory_mib`` its memory, which the fractions on it share
+    (scheduler/sharing.py).
     """
 
     id: str
@@ -75,6 +97,31 @@ class Device:
     links: tuple[str, ...] = ()
     numa: int | None = None
     group: str = ""
+    shared: bool = False
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeResources:
+    """What one node offers jobs: ``cpus`` cores (the site-reserved ones taken off by its
+    agent) and ``memory_mib`` of host memory, and how many whole GPUs it has (``gpus``: the
+    proportional default's denominator, scheduler/resources.py)."""
+
+    cpus: int
+    memory_mib: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Window:
+    """A maintenance window: no booking holds a device of ``nodes`` (node names) over any of
+    [start, end). ``id`` and ``reason`` name it in the reason of a booking it moves."""
+
+    id: str
+    reason: str
+    start: float
+    end: float
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +129,8 @@ class Allocation:
     """Devices held by a booking over [start, end).
 
     Running, or (running=False) an advance reservation: a fixed future block.
+    ``share`` < 1: a fraction of one shared GPU, holding that much of its compute and
+    ``gpu_memory_mib`` of its memory.
     """
 
     booking_id: str
@@ -94,6 +143,15 @@ class Allocation:
     preemptible: bool = False
     running: bool = True
     array: str = ""
+    share: float = 1.0
+    gpu_memory_mib: int = 0
+    # Started past a concurrency limit on devices no booking within its limits could use
+    # (scheduler/borrowing.py): it counts against no concurrency limit, only against
+    # ``Quota.max_borrow_gpus``, and may be reclaimed.
+    borrowed: bool = False
+    # CPU cores and host memory per node it asked for (None: the default, resources.node_demand).
+    cpus: int | None = None
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +173,8 @@ class Request:
     container runtimes fit (empty: any node).
     ``mixed_models``: its GPUs may be of several models. Without it, a request of 2 or more
     whole GPUs that names no model gets GPUs of one model (``placement.keeps_one_model``).
+    ``gpu_fraction`` / ``gpu_memory_mib`` (either or both; ``gpus`` is 1): a fraction of one
+    shared GPU, a compute share 0 < f < 1 and the memory it needs (``sharing.share_on``).
     """
 
     booking_id: str
@@ -132,6 +192,18 @@ class Request:
     array_limit: int | None = None
     runtimes: tuple[str, ...] = ()  # it runs in a container: its node needs one of these
     mixed_models: bool = False  # any models will do: no one-model rule
+    # It may not start borrowed before then: the backoff after a reclaim (``borrow_backoff``).
+    borrow_after: float = 0.0
+    gpu_fraction: float | None = None
+    gpu_memory_mib: int | None = None
+    # CPU cores and host memory per node (None: the default, resources.node_demand).
+    cpus: int | None = None
+    memory_mib: int | None = None
+
+    @property
+    def fractional(self) -> bool:
+        """It asks for a fraction of one shared GPU."""
+        return self.gpu_fraction is not None or self.gpu_memory_mib is not None
 
     @property
     def device_match(self) -> str | None | tuple:
@@ -139,6 +211,9 @@ class Request:
         a node that has one of them; with ``mixed_models`` it says so too (a search for it
         differs from one for GPUs of one model). One value, so every cache keyed by it tells
         them apart."""
+        if self.fractional:
+            share = ("shared", self.gpu_fraction, self.gpu_memory_mib)
+            return (self.gpu_model, self.runtimes, self.mixed_models, share)
         if self.runtimes or self.mixed_models:
             return (self.gpu_model, self.runtimes, self.mixed_models)
         return self.gpu_model
@@ -146,11 +221,22 @@ class Request:
 
 @dataclass(frozen=True)
 class Quota:
-    """Limits of one user or project: concurrent GPU-equivalents and a GPU-hour budget."""
+    """Limits of one user or project: concurrent GPU-equivalents and a GPU-hour budget.
+
+    ``max_gpus`` is the guaranteed share. With ``borrowing``, a booking held back only by it
+    may start *borrowed* on devices no booking within its limits can use now, up to
+    ``max_borrow_gpus`` borrowed GPU-equivalents at once (None: any); the budget is never
+    borrowed past (scheduler/borrowing.py).
+    """
 
     max_gpus: float | None = None
     gpu_hours_budget: float | None = None
     gpu_hours_used: float = 0.0
+    borrowing: bool = False
+    max_borrow_gpus: float | None = None
+    # Concurrent CPU cores and host memory (None: no limit), as ``max_gpus`` limits GPUs.
+    max_cpus: int | None = None
+    max_memory_mib: int | None = None
 
 
 def _frozen(mapping: Mapping) -> Mapping:
@@ -218,6 +304,11 @@ class Policy:
     earliest start is not the best-connected its nodes offer may start up to that many seconds
     later on a better-connected set (reason "topology"); never a protected booking. 0 (the
     default): placement quality never delays a start.
+    ``reclaim_grace_s``: the longest a booking within its limits waits because borrowed
+    bookings hold the devices it needs; ``reclaim_warning_s`` of it is the warning a reclaimed
+    booking gets before it stops (the portal's JOB_KILL_WAIT_S). A booking pending
+    ``reclaim_grace_s - reclaim_warning_s`` that would not start within its grace reclaims
+    (scheduler/borrowing.py).
     ``explain=False`` leaves the reason of a waiting booking at "resources" with no detail
     instead of working it out: the same decisions, a cheaper pass (used by the replay).
     """
@@ -252,6 +343,13 @@ class Policy:
     explain: bool = True
     predict_last: int = 0
     topology_wait_s: float = 0.0
+    reclaim_grace_s: float = 300.0
+    reclaim_warning_s: float = 0.0
+    # Cores and host memory per GPU-equivalent of a booking that names none (the portal's
+    # SCHEDULER_DEFAULT_CPUS_PER_GPU, SCHEDULER_DEFAULT_MEMORY_MIB_PER_GPU); None: the node's
+    # share in proportion to the GPUs booked (scheduler/resources.py).
+    default_cpus_per_gpu: float | None = None
+    default_memory_mib_per_gpu: int | None = None
 
     def __post_init__(self) -> None:
         problems = policy_problems(self)
@@ -289,6 +387,8 @@ def policy_problems(policy: Policy) -> list[str]:
         "weight_qos",
         "preempt_grace_s",
         "topology_wait_s",
+        "reclaim_grace_s",
+        "reclaim_warning_s",
     ):
         if not getattr(policy, name) >= 0:
             problems.append(f"{name} must be >= 0")
@@ -300,6 +400,8 @@ def policy_problems(policy: Policy) -> list[str]:
         "protect_after_max_s",
     )
     optional = (
+        "default_cpus_per_gpu",
+        "default_memory_mib_per_gpu",
         "size_width_share",
         "age_max_s",
         "size_scale_gpu_s",
@@ -309,6 +411,8 @@ def policy_problems(policy: Policy) -> list[str]:
         value = getattr(policy, name)
         if not (value is None and name in optional) and not (value is not None and value > 0):
             problems.append(f"{name} must be > 0")
+    if not policy.reclaim_warning_s <= policy.reclaim_grace_s:
+        problems.append("reclaim_grace_s must be at least reclaim_warning_s (the warning)")
     if policy.protect_after_runs is not None and not policy.protect_after_runs >= 0:
         problems.append("protect_after_runs must be >= 0")
     if not 0 < policy.run_quantile <= 1:
@@ -326,6 +430,37 @@ def policy_problems(policy: Policy) -> list[str]:
 
 
 @dataclass(frozen=True)
+class MigChange:
+    """A new layout staff asked for on physical GPU ``gpu`` (the ``parent`` of its slices, a
+    device id); ``label`` names it for people ("gpu-a03/gpu4")."""
+
+    gpu: str
+    label: str = ""
+
+    def detail(self, at: float) -> str:
+        """ "gpu-a03/gpu4 changes its MIG layout at 2026-12-04 19:30 UTC" """
+        moment = datetime.fromtimestamp(at, UTC)
+        return f"{self.label or self.gpu} changes its MIG layout at {moment:%Y-%m-%d %H:%M} UTC"
+
+
+@dataclass(frozen=True)
+class ProjectHold:
+    """Devices set aside for project ``project`` over [start, end): one occurrence of a project
+    reservation (``scheduler.holds.expand`` makes them from the reservations' rules).
+
+    Only the project's bookings may use the devices during the window; an outsider's booking
+    on them must end by ``start``. A member's booking that lies on them, inside the window,
+    draws on the reservation and is not counted against concurrency limits.
+    """
+
+    hold_id: str
+    project: str
+    start: float
+    end: float
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class State:
     """Everything the allocator looks at in one pass."""
 
@@ -340,6 +475,16 @@ class State:
     # How the ended targets of pending bookings' dependencies ended: OUTCOME_OK or
     # OUTCOME_NOT_OK. A target not named here (and not pending) is taken as still running.
     outcomes: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
+    # Maintenance windows (scheduler/calendar.py): their nodes take no booking that would
+    # overlap them; a node drained for one (NODE_MAINTENANCE) is planned on from its end.
+    windows: tuple[Window, ...] = ()
+    # Pending MIG layout changes (scheduler.mig_layout.change_times says when each happens).
+    mig_changes: tuple[MigChange, ...] = ()
+    # Project reservations' concrete windows (empty: none, today's behaviour).
+    holds: tuple[ProjectHold, ...] = ()
+    # CPU cores and host memory of each node by name (scheduler/resources.py); a node not
+    # named counts neither (empty: GPUs alone, today's behaviour).
+    node_resources: Mapping[str, NodeResources] = field(default_factory=lambda: _frozen({}))
 
 
 @dataclass(frozen=True)
@@ -355,10 +500,24 @@ class Priority:
 
 @dataclass(frozen=True)
 class Start:
-    """Start this booking now on these devices."""
+    """Start this booking now on these devices (a fraction of a shared GPU: holding ``share``
+    of its compute and ``gpu_memory_mib`` of its memory, ``sharing.share_on``).
+
+    ``borrowed_past``: it starts borrowed, past these concurrency limits (ledger labels such as
+    "project vision"; empty: within its limits).
+    """
 
     booking_id: str
     device_ids: tuple[str, ...]
+    share: float = 1.0
+    gpu_memory_mib: int = 0
+    borrowed_past: tuple[str, ...] = ()
+
+    @property
+    def borrowed(self) -> bool:
+        """It starts borrowed: preemptible, and reclaimed when a booking within its limits
+        needs the devices."""
+        return bool(self.borrowed_past)
 
 
 @dataclass(frozen=True)
@@ -383,10 +542,14 @@ class Planned:
 
 @dataclass(frozen=True)
 class Preemption:
-    """Stop ``booking_id`` so that ``for_booking_id`` can start."""
+    """Stop ``booking_id`` so that ``for_booking_id`` can start.
+
+    ``reason``: why, when it is not a higher QOS ("reclaimed for project nlp's quota").
+    """
 
     booking_id: str
     for_booking_id: str
+    reason: str = ""
 
 
 @dataclass(frozen=True)
