@@ -113,6 +113,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="give containers no devices (no --device, no --nv): simulated GPUs, which no CDI "
         "spec names; CUDA_VISIBLE_DEVICES still lists the booked UUIDs",
     )
+    p.add_argument(
+        "--mps",
+        action="store_true",
+        help="run an MPS control daemon per shared GPU and hold each tenant to its share of "
+        "the SMs and memory through it (needs nvidia-cuda-mps-control; docs/agent.md)",
+    )
+    p.add_argument(
+        "--gpu-memory-grace",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="stop a job on a shared GPU that stays above its memory share this long "
+        "(default 30 s)",
+    )
+    p.add_argument(
+        "--reserved-cpus",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="cores kept for the system (the lowest-numbered); jobs get the others",
+    )
+    p.add_argument(
+        "--reserved-memory",
+        type=_size,
+        default=0,
+        metavar="SIZE",
+        help="host memory kept for the system, e.g. 4G; jobs get the rest",
+    )
     p.add_argument("--no-push", action="store_true", help="pull only; no websocket")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -126,6 +154,21 @@ def _container_args(pairs: list[str]) -> dict[str, list[str]]:
             raise argparse.ArgumentTypeError(f"--container-arg {pair!r}: write RUNTIME=ARG")
         out.setdefault(runtime, []).append(arg)
     return out
+
+
+def _count(text: str) -> int:
+    if not text.isascii() or not text.isdigit() or len(text) > 5:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of cores >= 0")
+    return int(text)
+
+
+def _size(text: str) -> int:
+    from agents.host import HostError, parse_size_mib
+
+    try:
+        return parse_size_mib(text, "--reserved-memory", low=0)
+    except HostError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:
@@ -204,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
             container_runtimes=[] if args.no_containers else args.container_runtime,
             container_args=_container_args(args.container_arg),
             container_devices=not args.no_container_devices,
+            mps=args.mps,
+            memory_grace_s=args.gpu_memory_grace,
+            reserved_cpus=args.reserved_cpus,
+            reserved_memory_mib=args.reserved_memory,
         )
     except Exception as exc:  # no driver, bad SPEC, bad user map: say so and stop
         logging.error("cannot start: %s", exc)

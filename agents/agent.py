@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from agents import __version__
+from agents import __version__, host
 from agents.backend import Backend
 from agents.backoff import Backoff
 from agents.confine import NoConfinement
@@ -23,6 +23,9 @@ from agents.confine import choose as choose_confinement
 from agents.containers import detect_runtimes
 from agents.dispatch import DEFAULT_MIN_UID, Dispatcher, active_bookings
 from agents.enforce import Enforcer, Holder
+from agents.memshare import DEFAULT_GRACE_S as DEFAULT_MEMORY_GRACE_S
+from agents.memshare import MemoryWatch, Tenant, attribute
+from agents.mig_layouts import MigLayouts
 from agents.portal import PortalClient, PortalError, PortalUnavailable, Rejected
 from agents.protocol import (
     DesiredBooking,
@@ -35,6 +38,7 @@ from agents.protocol import (
     utcnow,
 )
 from agents.session import DEFAULT_HOST as DEFAULT_SESSION_HOST
+from agents.sharing import MpsDaemons
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,10 @@ class Agent:
         container_runtimes: list[str] | None = None,
         container_args: dict[str, list[str]] | None = None,
         container_devices: bool = True,
+        mps: bool = False,
+        memory_grace_s: float = DEFAULT_MEMORY_GRACE_S,
+        reserved_cpus: int = 0,
+        reserved_memory_mib: int = 0,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -84,7 +92,20 @@ class Agent:
         # uses the hostname when none is given.
         self.address = address
         self.backend = backend
+        # --mps: one MPS control daemon per shared GPU with tenants (agents/sharing.py).
+        self.mps = MpsDaemons(state_dir) if mps else None
         self.portal = PortalClient(portal_url, token)
+        # What jobs may use, after what the site keeps for the system: this machine's cores
+        # (the ones cpusets are made of) and what the node reports (a simulated SPEC's own).
+        self._inventory = backend.discover()
+        machine = host.read_machine()
+        reported = getattr(backend, "host", lambda: None)() or machine
+        reserve = {"cpus": reserved_cpus, "memory_mib": reserved_memory_mib}
+        self.host = host.reserve(reported, **reserve)
+        if reported is not machine:  # simulated: cpusets still come from the real cores
+            reserve["cpus"] = min(reserved_cpus, len(machine.cpus) - 1)
+            reserve["memory_mib"] = min(reserved_memory_mib, machine.memory_mib - 1)
+        self.machine = host.reserve(machine, **reserve)
         self.confinement = choose_confinement(confine, agent=self.hostname)
         if isinstance(self.confinement, NoConfinement) and confine != "off":
             log.warning(
@@ -113,8 +134,12 @@ class Agent:
             else container_runtimes,
             container_args=container_args,
             container_devices=container_devices,
+            mps=self.mps,
+            machine=self.machine,
+            gpu_numa=_gpu_numa(self._inventory),
         )
         self.enforcer = Enforcer(grace_s, clock)
+        self.memory_watch = MemoryWatch(memory_grace_s, clock)
         self._stop_jobs_on_exit_s = stop_jobs_on_exit_s
         self.events: deque[Event] = deque(maxlen=max_queued_events)
         self.desired: DesiredState | None = None
@@ -134,8 +159,8 @@ class Agent:
         self._pull_requested = False
         self._dropped_events = 0
         self._events_seen = 0
-        self._inventory = backend.discover()
         self._mig_children = {g.uuid: [m.uuid for m in g.mig_instances] for g in self._inventory}
+        self.mig_layouts = MigLayouts(backend)
         self.stopping = threading.Event()
         self._wake = threading.Event()
 
@@ -178,7 +203,10 @@ class Agent:
         stopped = self._stop_jobs_on_exit_s is not None
         if stopped:
             self._queue(self.dispatcher.stop_all(self._stop_jobs_on_exit_s, self._now()))
+            if self.mps is not None:
+                self.mps.stop_all()  # their tenants are gone; a daemon a job outlived quits too
         else:
+            # Jobs left running keep their MPS daemons: the next agent re-adopts both.
             self.dispatcher.save()
         if self._push is not None:
             self._push.stop()
@@ -215,16 +243,19 @@ class Agent:
         events_before = self._events_seen
         self._talk(self._sync, registered=False)
         self._queue(self.dispatcher.reconcile(self._bookings(), now))
+        relayout = self._apply_mig_layouts(now)
         readings = self._sample_if_due()
         if readings is not None:
+            readings = self._attributed(readings, now)
             self._talk(lambda: self._send_readings(readings, now))
             self._queue(self._enforce(readings, now))
+            self._queue(self._hold_shares(readings, now))
             # A running job's output rides along at the readings' pace, not as new work.
             self._queue_output(self.dispatcher.output(now))
         escalated = self.enforcer.escalate()
         self._talk(self._flush_events)
         # Queued-but-unsent events are not new work: counting them would spin while offline.
-        return escalated or self._events_seen > events_before
+        return relayout or escalated or self._events_seen > events_before
 
     def _talk(self, call: Callable[[], object], *, registered: bool = True) -> None:
         # While the portal is down (in backoff) no request is tried; work goes on locally.
@@ -277,8 +308,13 @@ class Agent:
             self._inventory,
             address=self.address,
             container_runtimes=self.dispatcher.container_runtimes,
+            mig_changes=list(self.mig_layouts.results),
+            cpus=len(self.host.cpus),
+            memory_mib=self.host.memory_mib,
+            numa_cpus=self.host.numa_cpus(),
         )
         answer = self.portal.register(request)
+        self.mig_layouts.results.clear()
         log.info("registered as %s (enforcement %s)", answer.node, answer.enforcement)
         self.policy = self._cli["policy"] or answer.enforcement
         if self._cli["report"] is None:
@@ -288,6 +324,18 @@ class Agent:
         self._registered = True
         self._offline_until = None
         self._pull_requested = True  # whatever changed while away: pull it now
+
+    def _apply_mig_layouts(self, now: datetime) -> bool:
+        """Apply the MIG layout changes the portal asks for (agents.mig_layouts); after one,
+        read the inventory again and register, so the portal sees the new instances."""
+        if self.desired is None or not self.mig_layouts.apply(
+            self.desired, self._mig_children, now
+        ):
+            return False
+        self._inventory = self.backend.discover()
+        self._mig_children = {g.uuid: [m.uuid for m in g.mig_instances] for g in self._inventory}
+        self._registered = False
+        return True
 
     def _bookings(self) -> list[DesiredBooking] | None:
         return None if self.desired is None else self.desired.bookings
@@ -313,8 +361,9 @@ class Agent:
         protected = self.dispatcher.own_pgids()
         return self.enforcer.check(readings, self._holders(now), self.policy, protected, now)
 
-    def _holders(self, now: datetime) -> dict[str, Holder]:
-        holders = {}
+    def _holders(self, now: datetime) -> dict[str, list[Holder]]:
+        # A shared GPU has a holder per tenant.
+        holders: dict[str, list[Holder]] = {}
         for booking in active_bookings(self.desired.bookings, now):
             holder = Holder(
                 booking.booking_id, booking.owner, self.dispatcher.unix_user(booking.owner)
@@ -322,8 +371,49 @@ class Agent:
             for uuid in booking.device_uuids:
                 # A booking of a whole GPU covers its MIG instances too.
                 for covered in [uuid, *self._mig_children.get(uuid, [])]:
-                    holders[covered] = holder
+                    holders.setdefault(covered, []).append(holder)
         return holders
+
+    def _attributed(self, readings: list[DeviceReading], now: datetime) -> list[DeviceReading]:
+        """Each process with the booking whose job it is (agents.memshare.attribute)."""
+        if self.desired is None:
+            return readings
+        jobs = {job.pgid: job.booking_id for job in self.dispatcher.jobs.values()}
+        holding: dict[str, set[int]] = {}
+        for uuid, holders in self._holders(now).items():
+            holding[uuid] = {holder.booking_id for holder in holders}
+        return attribute(readings, jobs, holding)
+
+    def _hold_shares(self, readings: list[DeviceReading], now: datetime) -> list[Event]:
+        """Stop the jobs that stayed above their memory share of a shared GPU (agents.memshare);
+        their neighbours run on."""
+        if self.desired is None:
+            return []
+        events = []
+        for over in self.memory_watch.check(readings, self._tenants(now)):
+            reason = over.reason()
+            if self.dispatcher.stop_over_share(over.booking_id, reason):
+                events.append(
+                    Event(
+                        "memory_exceeded",
+                        now,
+                        reason,
+                        over.booking_id,
+                        device_uuid=over.device_uuid,
+                        action="kill",
+                    )
+                )
+        return events
+
+    def _tenants(self, now: datetime) -> list[Tenant]:
+        tenants = []
+        for booking in active_bookings(self.desired.bookings, now):
+            job = self.dispatcher.jobs.get(booking.booking_id)
+            if booking.gpu_memory_mib is None or job is None or job.stop_reason is not None:
+                continue
+            for uuid in booking.device_uuids[:1]:  # a share is of one GPU
+                tenants.append(Tenant(booking.booking_id, uuid, booking.gpu_memory_mib))
+        return tenants
 
     # -- events ------------------------------------------------------------------------
 
@@ -367,6 +457,15 @@ class Agent:
     def _idle_wait(self) -> float:
         until_report = self._next_report - self._clock()
         return max(0.0, min(_MAX_IDLE_WAIT_S, until_report))
+
+
+def _gpu_numa(inventory) -> dict[str, int]:
+    """Each GPU's and MIG instance's NUMA node, where the GPU reported one."""
+    numa = {}
+    for gpu in inventory:
+        if gpu.numa_node is not None:
+            numa |= {u: gpu.numa_node for u in [gpu.uuid, *(m.uuid for m in gpu.mig_instances)]}
+    return numa
 
 
 def _given(value: float | None, default: float) -> float:

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agents.protocol import DeviceReading, GpuInventory
+from agents.host import HostResources
+from agents.protocol import DeviceReading, GpuInventory, MigSlot
+
+
+class MigLayoutError(RuntimeError):
+    """A MIG layout change the GPU refused or that failed part-way; the message says why."""
 
 
 class Backend(Protocol):
@@ -22,9 +27,19 @@ class Backend(Protocol):
         """One reading per whole GPU and per MIG instance, with the processes on each."""
         ...
 
+    def host(self) -> HostResources | None:
+        """The node's CPU cores and memory as the backend knows them (a simulated SPEC's);
+        None: the machine's own (agents.host.read_machine)."""
+        ...
+
     def device_files(self, uuids: list[str]) -> list[str]:
         """The /dev nodes a job on these GPUs or MIG instances must open (besides nvidiactl and
         nvidia-uvm); agents.confine allows these and no other GPU's."""
+        ...
+
+    def apply_mig_layout(self, gpu_uuid: str, instances: list[MigSlot]) -> None:
+        """Destroy the MIG instances of GPU ``gpu_uuid`` and create ``instances`` (raise
+        MigLayoutError saying why not); ``discover`` reports the new ones from then on."""
         ...
 
     def close(self) -> None:

@@ -3,9 +3,11 @@
 It looks, changes nothing on the node that it does not take back (a trivial container per
 runtime, from an image it imports and removes), and prints one line per check ([ok], [warn],
 [fail] or [skip]) with details under it: the GPUs and MIG layout NVML reports, one reading,
-which job confinement works, which container runtimes exist and whether each runs a container
+which job confinement works, which limits on a job's cores and memory the node supports
+(cpuset, CPU quota, memory limit; by cgroup v1, v2 or systemd), which container runtimes exist and whether each runs a container
 (agents/container_trial.py), whether the session host is an address of
-this node, whether the portal answers with the node's token, and the user map. The exit status
+this node, whether the portal answers with the node's token, the user map, and whether MPS is
+there for shared GPUs (agents/sharing.py). The exit status
 is the sum of the failed checks' codes (EXIT_CODES), 0 when none failed.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import pwd
 import shutil
 import socket
@@ -22,11 +25,14 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from agents import confine as confinement
+from agents import host
 from agents.container_trial import container_trial
 from agents.containers import detect_runtimes
 from agents.dispatch import DEFAULT_MIN_UID
+from agents.limits import CgroupLimits
 from agents.portal import AuthError, PortalError, PortalUnavailable
 from agents.protocol import CONTAINER_RUNTIMES
+from agents.sharing import MPS_CONTROL
 
 # What failed -> its bit in the exit status (2 is bad usage; 1 is also what an unexpected
 # error exits with, after a traceback instead of the report).
@@ -38,6 +44,9 @@ EXIT_CODES = {
     "session host": 32,
     "portal": 64,
     "user map": 128,
+    # Eight bits are all taken: MPS missing where --mps wants it is the GPU stack's failure too.
+    "mps": 4,
+    "host": 256,
 }
 
 
@@ -140,6 +149,48 @@ def check_confinement(mode: str, hostname: str) -> Result:
     return Result("confinement", "ok", f"--confine {mode}: {chosen.how}", details)
 
 
+def check_host(backend, reserved_cpus: int = 0, reserved_memory_mib: int = 0) -> Result:
+    """The cores and memory the agent would report, after the site's reservations."""
+    try:
+        found = getattr(backend, "host", lambda: None)() or host.read_machine()
+    except (OSError, host.HostError) as exc:
+        return Result("host", "fail", f"cannot read the cores and memory: {exc}")
+    try:
+        usable = host.reserve(found, cpus=reserved_cpus, memory_mib=reserved_memory_mib)
+    except host.HostError as exc:  # the agent would not start
+        return Result("host", "fail", str(exc))
+    summary = (
+        f"{len(usable.cpus)} core(s) and {usable.memory_mib} MiB for jobs "
+        f"(reserved {reserved_cpus} core(s), {reserved_memory_mib} MiB)"
+    )
+    details = [f"NUMA node {n.numa_node}: cores {n.cpu_list}" for n in usable.numa_cpus()]
+    return Result("host", "ok", summary, details)
+
+
+def check_limits(mode: str, hostname: str, cgroups: CgroupLimits | None = None) -> Result:
+    """Which of a job's limits (cpuset, CPU quota, memory limit) this node enforces, and how."""
+    cgroups = cgroups or CgroupLimits(agent=hostname)
+    try:
+        chosen = confinement.choose(mode, agent=hostname)
+    except confinement.ConfinementError:
+        chosen = None  # the agent would not start: the confinement check says why
+    if isinstance(chosen, confinement.SystemdScope):
+        how = f"systemd scope properties ({cgroups.version})"
+        have = {"cpuset": cgroups.v2, "cpu": True, "memory": True}  # no AllowedCPUs= on v1
+    elif os.geteuid() != 0:
+        how, have = "", {}
+    else:
+        how, have = f"{cgroups.version} under {cgroups.root}", dict(cgroups.supported)
+    names = {"cpuset": "cpuset", "cpu": "cpu quota", "memory": "memory limit"}
+    details = [f"{name}: {'yes' if have.get(c) else 'no'}" for c, name in names.items()]
+    if not any(have.values()):
+        why = cgroups.missing() or "no controller"
+        return Result("limits", "warn", f"jobs run without core and memory limits: {why}", details)
+    ok = [name for c, name in names.items() if have.get(c)]
+    status = "ok" if len(ok) == len(names) else "warn"
+    return Result("limits", status, f"{', '.join(ok)} by {how}", details)
+
+
 def check_runtimes(
     which: Callable[[str], str | None] = shutil.which,
     offered: list[str] | None = None,
@@ -236,6 +287,22 @@ def check_user_map(path: str | None, load, min_uid: int) -> Result:
     return Result("user map", "fail" if bad else "ok", summary, details)
 
 
+def check_mps(wanted: bool, which: Callable[[str], str | None] = shutil.which) -> Result:
+    """Whether nvidia-cuda-mps-control is there: needed with --mps, a note without it."""
+    found = which(MPS_CONTROL)
+    if found:
+        how = "--mps: one daemon per shared GPU" if wanted else "available (the agent's --mps)"
+        return Result("mps", "ok", f"{MPS_CONTROL} at {found}; {how}")
+    if wanted:
+        return Result("mps", "fail", f"--mps, but no {MPS_CONTROL} on PATH")
+    return Result(
+        "mps",
+        "skip",
+        f"no {MPS_CONTROL} on PATH: shared GPUs are held to their memory shares by the "
+        "agent's memory watch alone",
+    )
+
+
 def exit_status(results: list[Result]) -> int:
     """The failed checks' codes, each counted once (two runtimes failing are still 1)."""
     codes = {EXIT_CODES[r.name] for r in results if r.status == "fail" and r.name in EXIT_CODES}
@@ -250,6 +317,8 @@ def report(results: list[Result], out: TextIO) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from agents.__main__ import _count, _size  # the agent's own option readers
+
     p = argparse.ArgumentParser(prog="python -m agents check", description=__doc__.split("\n")[0])
     p.add_argument("--portal", help="portal base URL; checked with the token when given")
     p.add_argument("--token", help="node token (or GPU_PORTAL_TOKEN, or --token-file)")
@@ -262,9 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-uid", type=int, default=DEFAULT_MIN_UID)
     p.add_argument("--confine", choices=list(confinement.MODES), default="auto")
     p.add_argument("--session-host", default="127.0.0.1")
+    p.add_argument("--reserved-cpus", type=_count, default=0, metavar="N")
+    p.add_argument("--reserved-memory", type=_size, default=0, metavar="SIZE")
     p.add_argument("--container-runtime", action="append", choices=CONTAINER_RUNTIMES)
     p.add_argument("--no-containers", action="store_true")
     p.add_argument("--container-arg", action="append", default=[], metavar="RUNTIME=ARG")
+    p.add_argument("--mps", action="store_true", help="the agent will run with --mps")
     return p
 
 
@@ -293,7 +365,9 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         results.append(Result("portal", "fail", f"cannot read the token: {exc}"))
         token = None
     results += [
+        check_host(backend, args.reserved_cpus, args.reserved_memory),
         check_confinement(args.confine, args.hostname),
+        check_limits(args.confine, args.hostname),
         *check_runtimes(
             offered=[] if args.no_containers else args.container_runtime,
             extra_args=container_args,
@@ -304,6 +378,7 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         portal = PortalClient(args.portal, token) if args.portal and token else None
         results.append(check_portal(portal, args.portal))
     results.append(check_user_map(args.user_map, _user_map, args.min_uid))
+    results.append(check_mps(args.mps))
     backend.close()
     report(results, out)
     status = exit_status(results)

@@ -74,12 +74,16 @@ def container_launch(
     workdir: str,
     extra_args: Mapping[str, list[str]] | None = None,
     inject_devices: bool = True,
+    resources: list[str] | None = None,
 ) -> ContainerLaunch:
     """The launch of ``command`` in ``image`` on the first runtime of ``runtimes`` that can run
     it. ``env`` is the job's environment (it goes into the container); ``extra_args`` are the
     site's own options per runtime (e.g. podman's ``--runtime``), placed before the image.
     ``inject_devices=False`` (simulated GPUs, which no CDI spec or driver knows) gives the
-    container no devices: no ``--device``, no ``--nv``; CUDA_VISIBLE_DEVICES still names them."""
+    container no devices: no ``--device``, no ``--nv``; CUDA_VISIBLE_DEVICES still names them.
+    ``resources`` are Podman's and Docker's options for the job's cores and memory
+    (agents.limits.oci_options): their containers live in the runtime's cgroups, not the job's
+    (Apptainer's run in the job's own, which hold them)."""
     try:
         parsed = image_parse(image)
     except ImageError as exc:
@@ -95,6 +99,7 @@ def container_launch(
     runtime = usable[0]
     extra = list((extra_args or {}).get(runtime, ()))
     if runtime in ("podman", "docker"):
+        extra = list(resources or []) + extra
         argv = _oci_argv(runtime, booking_id, parsed, device_uuids, uid, gid, env, workdir, extra)
         handle = [runtime, f"gpu-portal-{booking_id}"]
         return ContainerLaunch(runtime, argv + [SHELL, "-c", command], handle=handle)

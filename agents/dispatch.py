@@ -25,8 +25,9 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 
-from agents import confine, jobenv
+from agents import confine, handles, jobenv, limits, sharing
 from agents.containers import ContainerLaunch, container_launch, container_remove
+from agents.host import HostError, HostResources, format_cpulist, parse_cpulist
 from agents.procfs import is_alive, read_stat
 from agents.protocol import (
     LOG_TAIL_BYTES,
@@ -34,6 +35,7 @@ from agents.protocol import (
     Event,
     Interruption,
     job_env_reserved,
+    oom_reason,
 )
 from agents.session import DEFAULT_HOST, free_port, session_launch, session_listening
 
@@ -79,6 +81,9 @@ class Job:
     container: list[str] | None = None  # in a container: the runtime and the container's name
     restart: int = 0  # the booking's restart count it was launched for (a requeue launches anew)
     agent_stopped: bool = False  # stopped by the agent as it stopped itself (stop_all)
+    shared_gpu: str | None = None  # the shared GPU whose MPS daemon it is a tenant of
+    cpu_list: str | None = None  # its cpuset (agents.limits): no other job is given these cores
+    memory_mib: int | None = None  # its memory limit, for the reason when the limit kills it
 
     def persisted(self) -> dict:
         """The fields the state file keeps (not the Popen, not the stop timers)."""
@@ -117,8 +122,15 @@ class Dispatcher:
         container_runtimes: list[str] | None = None,
         container_args: dict[str, list[str]] | None = None,
         container_devices: bool = True,
+        mps: sharing.MpsDaemons | None = None,
+        machine: HostResources | None = None,
+        gpu_numa: dict[str, int] | None = None,
     ) -> None:
         self._hostname, self._address = hostname, address
+        self._mps = mps  # None: no MPS (--mps not given)
+        # The cores jobs' cpusets are picked from, and each device's NUMA node to pick near.
+        self._machine = machine
+        self._gpu_numa = gpu_numa or {}
         self._default_workdir = default_workdir
         self.container_runtimes = list(container_runtimes or [])
         self._container_args = container_args or {}
@@ -160,6 +172,10 @@ class Dispatcher:
         done = [item if isinstance(item, list) else [item, 0] for item in state.get("done", [])]
         self._done = {int(booking_id): int(restart) for booking_id, restart in done}
         self.jobs = {data["booking_id"]: Job(**data) for data in state.get("jobs", [])}
+        for job in self.jobs.values():
+            if job.shared_gpu and self._mps is not None:
+                # Its daemon outlived the last agent for it (Agent.close): new tenants join it.
+                self._mps.tenants.setdefault(job.shared_gpu, set()).add(job.booking_id)
         events = self._reap(now, away=True)  # ended while no agent watched
         log.info("re-adopted %d running job(s) from %s", len(self.jobs), path)
         self._sweep_cgroups()
@@ -312,8 +328,11 @@ class Dispatcher:
 
     def _finished(self, job: Job, code: int | None, now: datetime, *, away: bool) -> Event:
         del self.jobs[job.booking_id]
-        confine.release(job.confinement)  # what the job left behind in its cgroup dies with it
+        if job.shared_gpu and self._mps is not None:
+            self._mps.leave(job.booking_id)
         shutil.rmtree(self._state_dir / "sessions" / f"booking-{job.booking_id}", True)
+        oom = job.memory_mib is not None and handles.job_oom_killed(job.confinement, code)
+        confine.release(job.confinement)  # what the job left behind in its cgroup dies with it
         tail = log_tail(_output_source(job))
         if job.job_dir:
             shutil.rmtree(job.job_dir, True)
@@ -332,6 +351,8 @@ class Dispatcher:
         else:
             kind = "exited"
             detail = _exit_detail(job, away)
+        if oom and kind == "exited" and interrupted is None:
+            detail = oom_reason(job.memory_mib)
         return Event(
             kind,
             now,
@@ -344,6 +365,7 @@ class Dispatcher:
             session_host=job.session_host,
             session_port=job.session_port,
             interrupted=interrupted,
+            oom_limit_mib=job.memory_mib if oom and kind == "exited" and not interrupted else None,
         )
 
     def _launch(self, booking: DesiredBooking, now: datetime) -> Event:
@@ -377,16 +399,33 @@ class Dispatcher:
         return _session_event("started", job, now, detail)
 
     def _spawn(self, booking: DesiredBooking, account: pwd.struct_passwd) -> tuple[Job, str]:
+        mps = self._mps is not None and sharing.is_shared(booking)
+        share_env = sharing.share_variables(booking)
+        if mps:
+            share_env |= self._mps.join(booking)
+        try:
+            job, note = self._spawn_shared(booking, account, share_env)
+        except BaseException:
+            if mps:
+                self._mps.leave(booking.booking_id)
+            raise
+        job.shared_gpu = booking.device_uuids[0] if mps else None
+        return job, note
+
+    def _spawn_shared(
+        self, booking: DesiredBooking, account: pwd.struct_passwd, share_env: dict[str, str]
+    ) -> tuple[Job, str]:
         log_path = self._log_dir / f"booking-{booking.booking_id}.log"
-        argv, extra_env, session, files, container = [], {}, None, None, None
+        argv, extra_env, session, files, container = [], dict(share_env), None, None, None
+        held = self._limits(booking)
         if not booking.interactive:
             files = jobenv.job_files(self._state_dir, booking, account, self._default_workdir)
             nodes = jobenv.placement(booking, self._hostname, self._address)
             port = booking.master_port or free_port(DEFAULT_HOST)
-            extra_env = jobenv.launch_variables(booking, files, nodes, port)
+            extra_env = jobenv.launch_variables(booking, files, nodes, port) | share_env
             run = None  # the command itself, unless it runs in a container image
             if booking.image:
-                launched = self._container(booking, account, files.workdir, extra_env)
+                launched = self._container(booking, account, files.workdir, extra_env, held)
                 run, container = launched.argv, launched.handle
                 extra_env = extra_env | launched.env
             agent_env = _job_environment(booking, account) | extra_env
@@ -407,9 +446,13 @@ class Dispatcher:
                 as_root=account.pw_uid == 0,
                 workspaces=self._session_workspaces(booking.booking_id, account),
             )
-            argv, extra_env = session.argv, session.env
+            argv, extra_env = session.argv, session.env | share_env
         launch = self._confinement.wrap(
-            booking.booking_id, argv, account, self._device_files(list(booking.device_uuids))
+            booking.booking_id,
+            argv,
+            account,
+            self._device_files(list(booking.device_uuids)),
+            held,
         )
         try:
             # A batch job's shell reads its launch script on stdin (agents.jobenv).
@@ -456,8 +499,24 @@ class Dispatcher:
             kill_wait_s=booking.kill_wait_s,
             container=container,
             restart=booking.restart_count,
+            cpu_list=format_cpulist(held.cpu_list) if held and held.cpu_list else None,
+            memory_mib=held.memory_mib if held else None,
         )
         return job, launch.note
+
+    def _limits(self, booking: DesiredBooking) -> limits.JobLimits | None:
+        """The booking's cores and memory on this node (None: it has none, an older portal):
+        cores no other running job holds, near its GPUs."""
+        if self._machine is None:
+            return None
+        taken = {
+            c for job in self.jobs.values() if job.cpu_list for c in parse_cpulist(job.cpu_list)
+        }
+        near = {self._gpu_numa[u] for u in booking.device_uuids if u in self._gpu_numa}
+        try:
+            return limits.job_limits(booking, self._machine, taken, near)
+        except HostError as exc:
+            raise confine.ConfinementError(str(exc)) from None
 
     def _container(
         self,
@@ -465,6 +524,7 @@ class Dispatcher:
         account: pwd.struct_passwd,
         workdir: str,
         launch_env: dict[str, str],
+        held: limits.JobLimits | None = None,
     ) -> ContainerLaunch:
         """The container launch of a booking that names an image (NoRuntime: none fits). The
         launch script exports the booking's own variables before it execs the runtime, which
@@ -483,6 +543,7 @@ class Dispatcher:
             workdir=workdir,
             extra_args=self._container_args,
             inject_devices=self._container_devices,
+            resources=limits.oci_options(held),
         )
 
     def _session_workspaces(self, booking_id: int, account: pwd.struct_passwd) -> Path:
@@ -491,6 +552,18 @@ class Dispatcher:
         if os.geteuid() == 0:
             os.chown(directory, account.pw_uid, account.pw_gid)  # JupyterLab saves layouts here
         return directory
+
+    def stop_over_share(self, booking_id: int, reason: str) -> bool:
+        """Stop `booking_id`'s job for going over its share of a shared GPU: a line in its
+        output says why, then SIGTERM (SIGKILL after its kill wait). False: no such job runs,
+        or it is being stopped already."""
+        job = self.jobs.get(booking_id)
+        if job is None or job.stop_reason is not None:
+            return False
+        _note(job, f"gpu-portal: stopping the job: it {reason}")
+        self._begin_stop(job, reason)
+        self._dirty = True
+        return True
 
     def stop_all(self, grace_s: float, now: datetime) -> list[Event]:
         """Stop every launched command now: SIGTERM to its group, SIGKILL after `grace_s`; the
@@ -543,6 +616,30 @@ def _output_source(job: Job) -> str:
     return job.log_path
 
 
+def _note(job: Job, line: str) -> None:
+    """Append `line` to the job's output, as the job's user when it is the job's own file (the
+    agent never writes the working directory's files as root), else to the agent's log of it."""
+    path = _output_source(job)
+    try:
+        if path != job.log_path and job.uid is not None and job.uid != os.geteuid():
+            account = pwd.getpwuid(job.uid)
+            subprocess.run(
+                [jobenv.SHELL, "-c", 'printf "%s\\n" "$1" >>"$2"', jobenv.SHELL, line, path],
+                user=account.pw_uid,
+                group=account.pw_gid,
+                extra_groups=[],
+                env={"PATH": "/usr/bin:/bin"},
+                timeout=5,
+                check=False,
+            )
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        with os.fdopen(fd, "a") as out:
+            out.write(line + "\n")
+    except (OSError, KeyError, subprocess.TimeoutExpired) as exc:
+        log.warning("booking %s: could not note %r in its output: %s", job.booking_id, line, exc)
+
+
 def _files(job: Job) -> jobenv.JobFiles:
     return jobenv.JobFiles(Path(job.job_dir or ""), "", job.output_path or "")
 
@@ -574,15 +671,19 @@ def _identity(account: pwd.struct_passwd) -> dict:
 
 def _job_environment(booking: DesiredBooking, account: pwd.struct_passwd) -> dict[str, str]:
     # A fresh environment: the agent's own (with the node token) must not leak into jobs.
-    return _array_environment(booking) | {
-        "CUDA_VISIBLE_DEVICES": ",".join(booking.device_uuids),
-        "GPU_PORTAL_BOOKING_ID": str(booking.booking_id),
-        "HOME": account.pw_dir,
-        "USER": account.pw_name,
-        "LOGNAME": account.pw_name,
-        "SHELL": account.pw_shell or "/bin/sh",
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-    }
+    return (
+        _array_environment(booking)
+        | {
+            "CUDA_VISIBLE_DEVICES": ",".join(booking.device_uuids),
+            "GPU_PORTAL_BOOKING_ID": str(booking.booking_id),
+            "HOME": account.pw_dir,
+            "USER": account.pw_name,
+            "LOGNAME": account.pw_name,
+            "SHELL": account.pw_shell or "/bin/sh",
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+        }
+        | limits.job_env(booking)
+    )
 
 
 def _array_environment(booking: DesiredBooking) -> dict[str, str]:

@@ -42,7 +42,7 @@ class Enforcer:
     def check(
         self,
         readings: list[DeviceReading],
-        holders: dict[str, Holder],
+        holders: dict[str, list[Holder]],
         policy: str,
         protected_pgids: set[int],
         now: datetime,
@@ -56,13 +56,15 @@ class Enforcer:
                     continue
                 key = (proc.pid, stat.start_ticks, reading.uuid)
                 seen.add(key)
-                holder = holders.get(reading.uuid)
+                on_device = holders.get(reading.uuid, [])
                 protected = stat.pgid in protected_pgids
-                if key in self._reported or not _objectionable(proc, holder, protected):
+                if key in self._reported or not _objectionable(proc, on_device, protected):
                     continue
                 self._reported.add(key)
                 events.append(
-                    self._act(proc, stat.start_ticks, reading.uuid, holder, policy, protected, now)
+                    self._act(
+                        proc, stat.start_ticks, reading.uuid, on_device, policy, protected, now
+                    )
                 )
         self._reported &= seen  # forget exited processes, so pid reuse is judged afresh
         return events
@@ -72,11 +74,12 @@ class Enforcer:
         proc: ProcessReading,
         start_ticks: int,
         device: str,
-        holder: Holder | None,
+        on_device: list[Holder],
         policy: str,
         protected: bool,
         now: datetime,
     ) -> Event:
+        holder = on_device[0] if on_device else None
         if holder is None:
             kind, detail = (
                 "unbooked_process",
@@ -87,7 +90,8 @@ class Enforcer:
             kind, detail = (
                 "foreign_process",
                 f"process {proc.pid} ({proc.name}) of {proc.user} "
-                f"uses {device}, booked by {holder.owner} (booking {holder.booking_id})",
+                f"uses {device}, booked by "
+                + ", ".join(f"{h.owner} (booking {h.booking_id})" for h in on_device),
             )
         # The agent's own launched work is the dispatcher's business, never enforcement's.
         action = "report" if protected and policy == "kill" else policy
@@ -121,11 +125,12 @@ class Enforcer:
         return bool(due)
 
 
-def _objectionable(proc: ProcessReading, holder: Holder | None, protected: bool) -> bool:
-    if holder is None:
+def _objectionable(proc: ProcessReading, holders: list[Holder], protected: bool) -> bool:
+    if not holders:
         # The agent's own work outside any booking is being stopped by the dispatcher.
         return not protected
-    return proc.user is not None and proc.user != holder.unix_user
+    # On a shared GPU any tenant's user may be there (memory shares are agents.memshare's).
+    return proc.user is not None and all(proc.user != h.unix_user for h in holders)
 
 
 def _send(pid: int, start_ticks: int, signum: int) -> None:

@@ -1,23 +1,27 @@
 """The real GPU backend, over NVML. The only module of agents/ that imports pynvml.
 
-Read-only by rule: nothing here calls an NVML setter. Every field is read on its own,
-so a field NVML cannot give (NotSupported, NoPermission, ...) becomes None and the
-reading still goes out.
+Read-only by rule: nothing here calls an NVML setter, except `apply_mig_layout`, which
+destroys and creates MIG instances when the portal asks for a new layout (and only then).
+Every field is read on its own, so a field NVML cannot give (NotSupported, NoPermission,
+...) becomes None and the reading still goes out.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import re
 from typing import Any
 
+from agents.backend import MigLayoutError
 from agents.procfs import identify
 from agents.protocol import (
     NUMA_NODE_MAX,
     DeviceReading,
     GpuInventory,
     MigInventory,
+    MigSlot,
     ProcessReading,
 )
 
@@ -27,6 +31,23 @@ except ImportError:  # the simulated backend works without nvidia-ml-py installe
     pynvml = None
 
 _MIB = 1024 * 1024
+# The process lists, newest entry point first: a driver older than the pynvml lacks the newer
+# one (FunctionNotFound, or a version mismatch), an older pynvml the name. Under MPS the compute
+# list shows the MPS server; the MPS list shows its clients, the jobs.
+_PROCESS_LISTS = (
+    (
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses",
+    ),
+    (
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+    ),
+)
+_FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND
+_ARGUMENT_VERSION_MISMATCH = 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 _BUS_ID = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
@@ -52,7 +73,7 @@ class NvmlBackend:
             return None
 
     def discover(self) -> list[GpuInventory]:
-        """The GPUs and MIG instances found at start (MIG layout changes need a restart)."""
+        """The GPUs and MIG instances found at start or after the last `apply_mig_layout`."""
         return list(self._inventory)
 
     def _discover(self) -> list[GpuInventory]:
@@ -154,7 +175,14 @@ class NvmlBackend:
         slices = attrs.gpuInstanceSliceCount if attrs else 0
         memory_mib = int(attrs.memorySizeMB) if attrs else 0
         name = self._profile_name(parent, handle) or _derived_profile(slices, memory_mib)
-        return MigInventory(uuid, name, slices, memory_mib)
+        return MigInventory(uuid, name, slices, memory_mib, self._placement_start(parent, handle))
+
+    def _placement_start(self, parent: Any, handle: Any) -> int | None:
+        gi_id = self._read("nvmlDeviceGetGpuInstanceId", handle)
+        gi = None if gi_id is None else self._read("nvmlDeviceGetGpuInstanceById", parent, gi_id)
+        info = None if gi is None else self._read("nvmlGpuInstanceGetInfo", gi)
+        start = getattr(getattr(info, "placement", None), "start", None)
+        return start if isinstance(start, int) and 0 <= start <= 6 else None
 
     def _profile_name(self, parent: Any, handle: Any) -> str | None:
         # Needs privileges on many drivers; the caller derives a name when this gives None.
@@ -181,6 +209,10 @@ class NvmlBackend:
             if cap_minor is not None:
                 nodes.append(f"/dev/nvidia-caps/nvidia-cap{cap_minor}")
         return nodes
+
+    def host(self) -> None:
+        """NVML knows no host resources: the agent reads the machine's (agents/host.py)."""
+        return None
 
     def device_files(self, uuids: list[str]) -> list[str]:
         """/dev/nvidiaN per GPU; for a MIG slice its parent's node and its capability files."""
@@ -234,26 +266,118 @@ class NvmlBackend:
         return None if memory is None else memory.used // _MIB
 
     def _processes(self, handle: Any) -> list[ProcessReading]:
+        """The compute processes on a device with their memory; a pid on both lists (compute
+        and MPS clients) once, with its memory where one list gives it."""
+        used: dict[int, int | None] = {}
+        for names in _PROCESS_LISTS:
+            for proc in self._running(handle, names):
+                memory = _mib(getattr(proc, "usedGpuMemory", None))
+                if used.get(proc.pid) is None:
+                    used[proc.pid] = memory
         readings = []
-        for proc in self._read("nvmlDeviceGetComputeRunningProcesses", handle) or []:
-            info = identify(proc.pid)
-            used = proc.usedGpuMemory
+        for pid, memory in used.items():
+            info = identify(pid)
             readings.append(
                 ProcessReading(
-                    pid=proc.pid,
+                    pid=pid,
                     user=info.user if info else None,
-                    # NVML reports "not available" as None (or a huge sentinel) under MIG.
-                    used_memory_mib=used // _MIB
-                    if isinstance(used, int) and used < 2**63
-                    else None,
+                    used_memory_mib=memory,
                     name=info.name if info else None,
                 )
             )
         return readings
 
+    def _running(self, handle: Any, names: tuple[str, ...]) -> list[Any]:
+        """The first of `names` this pynvml and driver have; [] when none says (NotSupported,
+        NoPermission, or no such function anywhere)."""
+        older = {_FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH}
+        for name in names:
+            fn = getattr(self._nvml, name, None)
+            if fn is None:
+                continue
+            try:
+                return list(fn(handle) or [])
+            except self._nvml.NVMLError as exc:
+                if getattr(exc, "value", None) not in older:
+                    return []
+        return []
+
+    # -- MIG layout changes: the one path that changes the GPUs ---------------------------
+
+    def apply_mig_layout(self, gpu_uuid: str, instances: list[MigSlot]) -> None:
+        """Destroy every compute and GPU instance of the GPU, then create each instance of the
+        layout at its placement with one compute instance spanning it (NVIDIA's MIG user guide,
+        "Getting Started with MIG"). A failure part-way raises MigLayoutError naming the NVML
+        call; the inventory is read again either way, so the register reports what is there."""
+        parent = self._handles.get(gpu_uuid)
+        gpu = next((g for g in self._inventory if g.uuid == gpu_uuid), None)
+        if parent is None or gpu is None:
+            raise MigLayoutError(f"no GPU {gpu_uuid} on this node")
+        if not gpu.mig_mode:
+            raise MigLayoutError(f"GPU {gpu.index} is not in MIG mode")
+        # Every constant first: a pynvml too old for a profile leaves the old layout standing.
+        profiles = [self._profiles(slot) for slot in instances]
+        try:
+            for mig in gpu.mig_instances:
+                self._destroy(parent, self._handles[mig.uuid])
+            for slot, (gi_profile, ci_profile, shared) in zip(instances, profiles, strict=True):
+                self._create(parent, slot, gi_profile, ci_profile, shared)
+        finally:
+            self._inventory = self._discover()
+
+    def _call(self, fn_name: str, *args: Any) -> Any:
+        try:
+            return getattr(self._nvml, fn_name)(*args)
+        except AttributeError:
+            raise MigLayoutError(f"{fn_name} is not in this nvidia-ml-py") from None
+        except self._nvml.NVMLError as exc:
+            raise MigLayoutError(f"{fn_name} failed: {exc}") from exc
+
+    def _destroy(self, parent: Any, handle: Any) -> None:
+        gi = self._call(
+            "nvmlDeviceGetGpuInstanceById", parent, self._call("nvmlDeviceGetGpuInstanceId", handle)
+        )
+        ci_id = self._call("nvmlDeviceGetComputeInstanceId", handle)
+        ci = self._call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id)
+        self._call("nvmlComputeInstanceDestroy", ci)
+        self._call("nvmlGpuInstanceDestroy", gi)
+
+    def _profiles(self, slot: MigSlot) -> tuple[int, int, int]:
+        """NVML's GPU instance profile, compute instance profile and engine profile constants
+        for one instance of a layout."""
+        return (
+            self._constant(f"NVML_GPU_INSTANCE_PROFILE_{slot.gi_profile}"),
+            self._constant(f"NVML_COMPUTE_INSTANCE_PROFILE_{slot.slices}_SLICE"),
+            self._constant("NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED"),
+        )
+
+    def _create(
+        self, parent: Any, slot: MigSlot, gi_profile: int, ci_profile: int, shared: int
+    ) -> None:
+        nvml = self._nvml
+        info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", parent, gi_profile)
+        placement = nvml.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = slot.start, slot.size
+        gi = self._call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement", parent, info.id, ctypes.byref(placement)
+        )
+        ci_info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, ci_profile, shared)
+        self._call("nvmlGpuInstanceCreateComputeInstance", gi, ci_info.id)
+
+    def _constant(self, name: str) -> int:
+        value = getattr(self._nvml, name, None)
+        if not isinstance(value, int):
+            raise MigLayoutError(f"{name} is not in this nvidia-ml-py")
+        return value
+
     def close(self) -> None:
         """Shut NVML down."""
         self._read("nvmlShutdown")
+
+
+def _mib(used: Any) -> int | None:
+    # NVML reports "not available" as None (or a huge sentinel) under MIG and on WDDM.
+    return used // _MIB if isinstance(used, int) and 0 <= used < 2**63 else None
 
 
 def _device_file_minor(access_path: str) -> int | None:

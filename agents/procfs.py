@@ -13,6 +13,12 @@ PROC = "/proc"
 # re-reading young entries for a few seconds catches the exec without re-reading everyone.
 _RECHECK_YOUNG_S = 5.0
 _TICKS = os.sysconf("SC_CLK_TCK")
+# The booking the agent launched a process for (agents.dispatch sets it in every job).
+BOOKING_VAR = "GPU_PORTAL_BOOKING_ID"
+# On simulated GPUs (agents.simulate) a process uses this many MiB of GPU memory, fixed for its
+# life (docs/agent.md, "Simulated GPU memory"): a test job starts a process with it set.
+SIM_MEMORY_VAR = "GPU_PORTAL_SIM_MEMORY_MIB"
+_ENV_READ = ("CUDA_VISIBLE_DEVICES", BOOKING_VAR, SIM_MEMORY_VAR)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,10 @@ class ProcInfo:
     user: str | None
     name: str | None
     cuda_devices: frozenset[str]
+    # From the environment it started with: the booking the agent launched it for
+    # (GPU_PORTAL_BOOKING_ID), and the GPU memory it uses on simulated GPUs (SIM_MEMORY_VAR).
+    booking_id: int | None = None
+    sim_memory_mib: int | None = None
 
 
 def _uptime_s() -> float:
@@ -87,18 +97,36 @@ def read_comm(pid: int) -> str | None:
         return None
 
 
-def read_cuda_devices(pid: int) -> frozenset[str]:
-    """The entries of CUDA_VISIBLE_DEVICES in the environment `pid` started with."""
+def read_environ(pid: int, names: tuple[str, ...]) -> dict[str, str]:
+    """The values of `names` in the environment `pid` started with (those it has)."""
     try:
         with open(f"{PROC}/{pid}/environ", "rb") as f:
             environ = f.read()
     except OSError:
-        return frozenset()
+        return {}
+    wanted, found = {name.encode() + b"=" for name in names}, {}
     for entry in environ.split(b"\0"):
-        if entry.startswith(b"CUDA_VISIBLE_DEVICES="):
-            value = entry.split(b"=", 1)[1].decode(errors="replace")
-            return frozenset(part.strip() for part in value.split(",") if part.strip())
-    return frozenset()
+        name, sep, value = entry.partition(b"=")
+        if sep and name + b"=" in wanted:
+            found[name.decode()] = value.decode(errors="replace")
+    return found
+
+
+def read_cuda_devices(pid: int) -> frozenset[str]:
+    """The entries of CUDA_VISIBLE_DEVICES in the environment `pid` started with."""
+    return _devices(read_environ(pid, ("CUDA_VISIBLE_DEVICES",)).get("CUDA_VISIBLE_DEVICES", ""))
+
+
+def _devices(value: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in value.split(",") if part.strip())
+
+
+def _whole(value: str | None, most: int = 2**31 - 1) -> int | None:
+    # ASCII digits only, bounded: a process's environment is anyone's to write.
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 10:
+        return None
+    number = int(value)
+    return number if number <= most else None
 
 
 def identify(pid: int) -> ProcInfo | None:
@@ -107,7 +135,16 @@ def identify(pid: int) -> ProcInfo | None:
     uid = read_uid(pid)
     if stat is None or uid is None:
         return None
-    return ProcInfo(pid, stat.start_ticks, user_name(uid), read_comm(pid), read_cuda_devices(pid))
+    env = read_environ(pid, _ENV_READ)
+    return ProcInfo(
+        pid,
+        stat.start_ticks,
+        user_name(uid),
+        read_comm(pid),
+        _devices(env.get("CUDA_VISIBLE_DEVICES", "")),
+        booking_id=_whole(env.get(BOOKING_VAR)),
+        sim_memory_mib=_whole(env.get(SIM_MEMORY_VAR)),
+    )
 
 
 def tty_path(pid: int) -> str | None:

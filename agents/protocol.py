@@ -30,7 +30,14 @@ WEBSOCKET_PATH = "/ws/agent/"
 
 Enforcement = Literal["report", "warn", "kill"]
 EventKind = Literal[
-    "started", "exited", "stopped", "output", "foreign_process", "unbooked_process", "session_ready"
+    "started",
+    "exited",
+    "stopped",
+    "output",
+    "foreign_process",
+    "unbooked_process",
+    "session_ready",
+    "memory_exceeded",
 ]
 # How a job ended without an end of its own (Event.interrupted): "agent_stopped", the node's
 # agent stopped it as the agent itself stopped (--stop-jobs-on-exit); "unwatched", it ended while
@@ -78,6 +85,10 @@ MAX_BOOKINGS = 4096
 # A GPU's topology: NVML's PCI bus id ("00000000:3B:00.0", a 32-byte buffer) and NUMA node.
 PCI_BUS_ID_MAX = 32
 NUMA_NODE_MAX = 1023
+# A node's host resources: CPU cores (Linux's NR_CPUS is at most 8192) and a cpulist such as
+# "0-31,64-95" (sysfs's form) per NUMA node.
+CPUS_MAX = 8192
+CPU_LIST_MAX = 4096
 # A batch job's environment (portal booking_bounds holds the same numbers; a portal test checks).
 WORKDIR_MAX = 1024
 ENV_NAME_MAX = 128
@@ -104,10 +115,16 @@ JOB_ENV_RESERVED = frozenset(
         "USER",
         "LOGNAME",
         "SHELL",
+        # The cores and memory the booking got (agents/limits.py); OMP_NUM_THREADS is only a
+        # default, a job may set its own.
+        "GPU_PORTAL_CPUS",
+        "GPU_PORTAL_MEMORY_MIB",
     }
 )
 JOB_ENV_RESERVED_PREFIXES = (
     "GPU_PORTAL_",
+    # MPS: the pipe of the GPU's daemon and the job's share of it (agents/sharing.py).
+    "CUDA_MPS_",
     "NVIDIA_REQUIRE_",
     "APPTAINER_",
     "APPTAINERENV_",
@@ -226,6 +243,9 @@ class MigInventory:
     profile: str = bounded(max_length=PROFILE_MAX)
     slices: int = bounded(low=1, high=MIG_SLICES, ints=SMALL_UINT)
     memory_total_mib: int = bounded(low=0, ints=UINT)
+    # NVIDIA's placement start (its first compute slice); None: not known (an older agent, or a
+    # driver that does not say), and the portal packs the instances in the order listed.
+    placement_start: int | None = bounded(low=0, high=MIG_SLICES - 1, ints=SMALL_UINT, default=None)
 
 
 @dataclass(frozen=True)
@@ -248,6 +268,24 @@ class GpuInventory:
 
 
 @dataclass(frozen=True)
+class MigChangeResult:
+    """How the agent's try at a MIG layout change (DesiredMigLayout.change_id) went: the new
+    instances themselves are in the register's inventory."""
+
+    change_id: int = bounded(low=0, ints=INT64)
+    ok: bool = bounded()
+    detail: str = bounded(max_length=300, default="")
+
+
+@dataclass(frozen=True)
+class NumaCpus:
+    """The cores of one NUMA node that jobs may use, as a cpulist ("0-31,64-95")."""
+
+    numa_node: int = bounded(low=0, high=NUMA_NODE_MAX, ints=SMALL_UINT)
+    cpu_list: str = bounded(max_length=CPU_LIST_MAX)
+
+
+@dataclass(frozen=True)
 class RegisterRequest:
     """POST REGISTER_PATH: the node's inventory, sent at start and after any reconnect."""
 
@@ -261,6 +299,14 @@ class RegisterRequest:
     container_runtimes: list[str] = field(
         default_factory=list, metadata={"limits": {**_NO_LIMITS, "max_length": 32}}
     )
+    # The MIG layout changes it tried since its last register (docs/agent.md, MIG layouts).
+    mig_changes: list[MigChangeResult] = bounded(max_items=MAX_GPUS, default_factory=list)
+    # Host resources jobs may use (docs/agent.md, "Cores and memory"): CPU cores after the
+    # site-reserved ones (--reserved-cpus) and host memory after --reserved-memory; None: an
+    # agent that predates them. `numa_cpus`: those cores per NUMA node, where sysfs tells.
+    cpus: int | None = bounded(low=1, high=CPUS_MAX, ints=UINT, default=None)
+    memory_mib: int | None = bounded(low=1, ints=UINT, default=None)
+    numa_cpus: list[NumaCpus] = bounded(max_items=NUMA_NODE_MAX + 1, default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -281,6 +327,10 @@ class ProcessReading:
     user: str | None = bounded(max_length=USER_MAX)
     used_memory_mib: int | None = bounded(low=0)
     name: str | None = bounded()
+    # The booking whose job the agent knows it for (its process group, or the booking id in
+    # the environment the job started with); None: none it launched. On a shared GPU this
+    # tells the tenants' processes apart (agents/memshare.py).
+    booking_id: int | None = bounded(low=0, ints=INT64, default=None)
 
 
 @dataclass(frozen=True)
@@ -362,14 +412,52 @@ class DesiredBooking:
     array_task_id: int | None = bounded(low=0, ints=UINT, default=None)
     # Run the command in this container image (agents/containers.py).
     image: str | None = bounded(max_length=IMAGE_MAX, default=None)
+    # A fraction of one shared GPU (docs/scheduling.md, "Shared GPUs"): the compute share and
+    # the memory the allocation holds on it, which the agent enforces (None: a whole device).
+    gpu_fraction: float | None = bounded(low=0, high=1, default=None)
+    gpu_memory_mib: int | None = bounded(low=0, ints=UINT, default=None)
+
+    # The CPU cores and host memory the booking got on this node; the agent confines the job
+    # to them (a cpuset, a CPU quota, a memory limit: agents/limits.py). None: no limit (a
+    # portal that predates them). `cpu_list`: the cores to use (a cpulist); None: the agent
+    # picks them, NUMA-local to the booking's GPUs where it can.
+    cpus: int | None = bounded(low=1, high=CPUS_MAX, ints=UINT, default=None)
+    memory_mib: int | None = bounded(low=1, ints=UINT, default=None)
+    cpu_list: str | None = bounded(max_length=CPU_LIST_MAX, default=None)
+
+
+@dataclass(frozen=True)
+class MigSlot:
+    """One instance of a MIG layout to create: its profile at NVIDIA's placement `start`, its
+    compute `slices` and the memory slices it takes (`size`), and NVML's GPU instance profile
+    (`NVML_GPU_INSTANCE_PROFILE_<gi_profile>`) to create it with."""
+
+    profile: str = bounded(max_length=PROFILE_MAX)
+    start: int = bounded(low=0, high=MIG_SLICES - 1, ints=SMALL_UINT)
+    slices: int = bounded(low=1, high=MIG_SLICES, ints=SMALL_UINT)
+    size: int = bounded(low=1, high=MIG_SLICES + 1, ints=SMALL_UINT)
+    gi_profile: str = bounded(max_length=PROFILE_MAX)
+    memory_mib: int = bounded(low=0, ints=UINT)
+
+
+@dataclass(frozen=True)
+class DesiredMigLayout:
+    """Give GPU `gpu_uuid` this MIG layout now (its slices are free): destroy its instances and
+    create these, then register again with the result (MigChangeResult)."""
+
+    change_id: int = bounded(low=0, ints=INT64)
+    gpu_uuid: str = bounded(max_length=UUID_MAX)
+    instances: list[MigSlot] = bounded(max_items=MIG_SLICES)
 
 
 @dataclass(frozen=True)
 class DesiredState:
-    """GET DESIRED_PATH: the active bookings on this node, versioned by `generation`."""
+    """GET DESIRED_PATH: the active bookings on this node, versioned by `generation`, and the
+    MIG layout changes to apply now."""
 
     generation: int = bounded(low=0, ints=INT64)
     bookings: list[DesiredBooking] = bounded(max_items=MAX_BOOKINGS)
+    mig_layouts: list[DesiredMigLayout] = bounded(max_items=MAX_GPUS, default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -396,6 +484,9 @@ class Event:
     session_port: int | None = bounded(low=1, high=65535, ints=UINT, default=None)
     # On `exited` and `stopped`: the job did not end by itself, or no one saw how (Interruption).
     interrupted: Interruption | None = None
+    # On `exited`: the job's own memory limit killed it (out of memory in its cgroup); the
+    # limit it had, in MiB. None: it was not.
+    oom_limit_mib: int | None = bounded(low=1, ints=UINT, default=None)
 
 
 @dataclass(frozen=True)
@@ -418,6 +509,19 @@ class PushMessage:
 
     type: Literal["desired_changed"]
     generation: int = bounded(low=0, ints=INT64)
+
+
+def memory_text(mib: int) -> str:
+    """A memory size as people read it: "64 GiB", "1.5 TiB", "96 MiB"."""
+    for unit, size in (("TiB", 1024 * 1024), ("GiB", 1024)):
+        if mib >= size:
+            return f"{mib / size:.4g} {unit}"
+    return f"{mib} MiB"
+
+
+def oom_reason(limit_mib: int) -> str:
+    """Why a job its memory limit killed ended, in the agent's event and on the booking."""
+    return f"killed by its memory limit of {memory_text(limit_mib)} (out of memory)"
 
 
 def output_file_name(booking_id: int, rank: int = 0) -> str:

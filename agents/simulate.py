@@ -2,11 +2,15 @@
 
 SPEC grammar (documented in docs/agent.md):
 
-    SPEC  := GROUP ("," GROUP)* ["@" TOPOLOGY]
+    SPEC  := GROUP ("," GROUP)* ("," HOST)* ["@" TOPOLOGY]
     GROUP := COUNT "x" MODEL "-" MEM "GB" [":mig=" MIG]
+    HOST  := "cpus=" N | "mem=" SIZE        (SIZE: 512M, 1024G, 2T)
     MIG   := ITEM ("+" ITEM)*
     ITEM  := [N "x"] SLICES "g." GB "gb"
     TOPOLOGY := "cube-mesh" | "nvswitch" | "pcie"
+
+HOST gives the node's CPU cores and host memory (each at most once; cpus at most 8192); without
+them the agent reports this machine's own (agents/host.py).
 
 TOPOLOGY (none: the node reports no topology, as agents did before it): "cube-mesh" is DGX-1's
 8-GPU NVLink hybrid cube-mesh (two fully connected quads, 0-3 and 4-7, plus the links i <-> i+4:
@@ -17,22 +21,42 @@ rest on NUMA node 1.
 The simulated devices report as their processes the REAL processes of this machine
 whose CUDA_VISIBLE_DEVICES names the device's UUID, so launching, killing and
 foreign processes behave as they would on a GPU node.
+
+Each such process uses the GPU memory its environment names in GPU_PORTAL_SIM_MEMORY_MIB
+(agents.procfs.SIM_MEMORY_VAR; read when it starts, so fixed for its life), else a plausible
+fixed amount (256 to 4096 MiB by its pid). A device's processes never use more than it has: in
+pid order, a process gets at most what is left. So a test job uses 30 GiB with
+`export GPU_PORTAL_SIM_MEMORY_MIB=30720; exec sleep 600`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import re
 import time
 from dataclasses import dataclass
 
+from agents import host
+from agents.backend import MigLayoutError
 from agents.procfs import ProcInfo, ProcTable
-from agents.protocol import MAX_GPUS, DeviceReading, GpuInventory, MigInventory, ProcessReading
+from agents.protocol import (
+    CPUS_MAX,
+    MAX_GPUS,
+    DeviceReading,
+    GpuInventory,
+    MigInventory,
+    MigSlot,
+    ProcessReading,
+)
 
 MIG_SLICES = 7
 # Digits are ASCII ([0-9]: \d takes other scripts' too); counts are measured before repeating.
 _GROUP_RE = re.compile(r"([0-9]+)x([A-Za-z][A-Za-z0-9]*)-([0-9]+)GB(?::mig=(.*))?\Z", re.IGNORECASE)
+_HOST_ITEM_RE = re.compile(
+    r"\s*[A-Za-z_]+\s*="
+)  # cpus=64, mem=1024G (a GPU group starts with a digit)
 _MIG_ITEM_RE = re.compile(r"(?:([0-9]+)x)?([0-9])g\.([0-9]+)gb\Z", re.IGNORECASE)
 _MAX_POWER_W = {"H100": 700.0, "H200": 700.0, "A100": 400.0, "L40S": 350.0}
 _IDLE_POWER_W = 60.0
@@ -79,8 +103,47 @@ def parse_spec(spec: str) -> list[GpuSpec]:
         raise SpecError("empty SPEC; expected e.g. 8xH100-80GB")
     gpus: list[GpuSpec] = []
     for group in groups.split(","):
-        gpus.extend(_parse_group(group.strip(), room=MAX_GPUS - len(gpus)))
+        if not _HOST_ITEM_RE.match(group):  # cpus=, mem= are the host's (parse_host)
+            gpus.extend(_parse_group(group.strip(), room=MAX_GPUS - len(gpus)))
+    if not gpus:
+        raise SpecError(f"no GPU in SPEC {spec!r}; expected e.g. 8xH100-80GB,cpus=112,mem=2T")
     return gpus
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """The host part of a SPEC: CPU cores and memory; None where the SPEC names none."""
+
+    cpus: int | None = None
+    memory_mib: int | None = None
+
+
+def parse_host(spec: str) -> HostSpec:
+    """The SPEC's "cpus=N" and "mem=SIZE" items, or raise SpecError naming the bad one."""
+    groups, _, _ = spec.partition("@")
+    found: dict[str, int] = {}
+    for item in groups.split(","):
+        if not _HOST_ITEM_RE.match(item):
+            continue
+        key, _, value = item.strip().partition("=")
+        key = key.strip().lower()
+        if key not in ("cpus", "mem"):
+            raise SpecError(f"bad item {item.strip()!r}: expected cpus=N or mem=SIZE (e.g. 1024G)")
+        if key in found:
+            raise SpecError(f"{key}= is given twice in SPEC {spec!r}")
+        found[key] = _host_value(key, value.strip())
+    return HostSpec(found.get("cpus"), found.get("mem"))
+
+
+def _host_value(key: str, value: str) -> int:
+    if key == "mem":
+        try:
+            return host.parse_size_mib(value, "mem=")
+        except host.HostError as exc:
+            raise SpecError(str(exc)) from None
+    if not re.fullmatch(r"[0-9]{1,5}", value) or not 1 <= int(value) <= CPUS_MAX:
+        raise SpecError(f"cpus={value!r}: a number of cores from 1 to {CPUS_MAX}")
+    return int(value)
 
 
 def parse_topology(spec: str) -> list[Topology] | None:
@@ -183,6 +246,7 @@ class SimulatedBackend:
     ):
         self._gpus = parse_spec(spec)
         self._topology = parse_topology(spec)
+        self._host = parse_host(spec)
         # Simulated GPUs have no /dev nodes; a test may make some (mknod) to check confinement.
         self._device_dir = device_dir
         self._hostname = hostname
@@ -193,6 +257,7 @@ class SimulatedBackend:
         rng = random.Random(f"{seed}:{hostname}")
         self._walks = [_Walk(rng) for _ in self._gpus]
         self._inventory = [self._inventory_of(i, gpu) for i, gpu in enumerate(self._gpus)]
+        self._layouts = 0  # MIG layout changes applied (the new instances' UUIDs count them)
 
     def _inventory_of(self, index: int, gpu: GpuSpec) -> GpuInventory:
         instances = [
@@ -219,8 +284,18 @@ class SimulatedBackend:
         # Without a site, the ids of earlier versions (hostname only), so existing nodes keep theirs.
         return (self._site, self._hostname) if self._site else (self._hostname,)
 
+    def host(self) -> host.HostResources | None:
+        """The cores and memory the SPEC names (both or neither: the machine's own, None);
+        NUMA nodes as the simulated GPUs' topology has them."""
+        if self._host.cpus is None and self._host.memory_mib is None:
+            return None
+        machine = host.read_machine() if None in (self._host.cpus, self._host.memory_mib) else None
+        cpus = self._host.cpus or len(machine.cpus)
+        memory = self._host.memory_mib or machine.memory_mib
+        return host.simulated(cpus, memory, 2 if self._topology else 1)
+
     def discover(self) -> list[GpuInventory]:
-        """The simulated inventory; the same on every call and every restart."""
+        """The simulated inventory: the SPEC's on every start, with the MIG layouts applied since."""
         return list(self._inventory)
 
     def sample(self) -> list[DeviceReading]:
@@ -280,11 +355,62 @@ class SimulatedBackend:
             files += [f"{self._device_dir}/nvidia-caps/gpu{i}-mig{j}" for j in slices]
         return files
 
+    def apply_mig_layout(self, gpu_uuid: str, instances: list[MigSlot]) -> None:
+        """Give a simulated GPU a new MIG layout, refusing what NVML would: a GPU not in MIG
+        mode, a slice a process still uses, instances that overlap or do not fit. The new
+        instances get new UUIDs. A restarted simulated agent starts again from its SPEC."""
+        index = next((i for i, g in enumerate(self._inventory) if g.uuid == gpu_uuid), None)
+        if index is None:
+            raise MigLayoutError(f"no GPU {gpu_uuid} on this node")
+        gpu = self._inventory[index]
+        if not gpu.mig_mode:
+            raise MigLayoutError(f"GPU {index} is not in MIG mode")
+        self._procs.refresh()
+        busy = [mig.uuid for mig in gpu.mig_instances if self._procs.on_device(mig.uuid)]
+        if busy:
+            raise MigLayoutError(f"MIG instance {busy[0]} is in use by a process")
+        _check_layout(instances, gpu.memory_total_mib)
+        # New UUIDs every time, as a real driver's: the same layout applied again (or after a
+        # restart) is new instances, not the retired ones back.
+        self._layouts += 1
+        applied = (time.time_ns(), self._layouts)
+        new = [
+            MigInventory(
+                stable_uuid("MIG", *self._site_parts(), index, "layout", *applied, j),
+                slot.profile,
+                slot.slices,
+                slot.memory_mib,
+                placement_start=slot.start,
+            )
+            for j, slot in enumerate(instances)
+        ]
+        self._inventory[index] = dataclasses.replace(gpu, mig_instances=new)
+
     def close(self) -> None:
         """Nothing to release."""
 
 
+def _check_layout(instances: list[MigSlot], memory_mib: int) -> None:
+    """What the driver refuses: overlapping memory slices, more than the GPU holds."""
+    if sum(slot.slices for slot in instances) > MIG_SLICES:
+        raise MigLayoutError(f"the layout uses more than {MIG_SLICES} compute slices")
+    if sum(slot.memory_mib for slot in instances) > memory_mib:
+        raise MigLayoutError("the layout uses more memory than the GPU has")
+    taken: list[MigSlot] = []
+    for slot in instances:
+        if slot.start + slot.size > MIG_SLICES + 1:
+            raise MigLayoutError(f"{slot.profile} at {slot.start} runs past the last memory slice")
+        for other in taken:
+            if slot.start < other.start + other.size and other.start < slot.start + slot.size:
+                raise MigLayoutError(
+                    f"{slot.profile} at {slot.start} overlaps {other.profile} at {other.start}"
+                )
+        taken.append(slot)
+
+
 def _plausible_memory(info: ProcInfo) -> int:
+    if info.sim_memory_mib is not None:
+        return info.sim_memory_mib  # what the process asked to use (the module's docstring)
     # Fixed per process so its memory does not jump between readings.
     return 256 * (1 + (info.pid * 2654435761 + info.start_ticks) % 16)
 
