@@ -5,6 +5,8 @@ from portal.models.audit import AuditEvent
 from portal.models.bookings import Allocation, Booking, BookingDependency, Qos
 from portal.models.fairshare import FairshareUsage
 from portal.models.inventory import Gpu, MigInstance, Node, NodeHeartbeat, mig_fraction
+from portal.models.maintenance import MaintenanceWindow
+from portal.models.mig_layouts import MigLayoutChange
 from portal.models.notifications import (
     ActionUse,
     Channel,
@@ -18,6 +20,7 @@ from portal.models.notifications import (
 )
 from portal.models.outbox import DomainEvent
 from portal.models.projects import Membership, Project, Quota
+from portal.models.reservations import ProjectReservation
 from portal.models.runs import NodeRun
 from portal.models.sso import GroupMappingRule
 from portal.models.telemetry import NodeAlert, ProcessUsage, Sample, SampleMinute
@@ -42,14 +45,17 @@ __all__ = [
     "BookingDependency",
     "Gpu",
     "GroupMappingRule",
+    "MaintenanceWindow",
     "Membership",
     "MigInstance",
+    "MigLayoutChange",
     "Node",
     "NodeHeartbeat",
     "NodeAlert",
     "NodeRun",
     "ProcessUsage",
     "Project",
+    "ProjectReservation",
     "Qos",
     "Quota",
     "Sample",

@@ -68,6 +68,23 @@ class Booking(models.Model):
         default=0, help_text="Whole GPUs asked for; 0 with a MIG profile."
     )
     mig_profile = models.CharField(max_length=32, blank=True)
+    # A fraction of one shared GPU (gpus=1, no MIG profile): its compute share, the memory it
+    # needs, or both (docs/scheduling.md, "Shared GPUs"; null: a whole device).
+    gpu_fraction = models.FloatField(
+        null=True, blank=True, help_text="Share of one shared GPU's compute, 0 < f < 1."
+    )
+    gpu_memory_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPU memory it needs on one shared GPU, in MiB."
+    )
+    # CPU cores and host memory on each node it holds GPUs of (docs/scheduling.md, "Cores and
+    # memory"); null: the site default per GPU, else the node's share in proportion to the GPUs
+    # it holds there (scheduler.resources.node_demand, the one rule).
+    cpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="CPU cores per node. Empty: the default for its GPUs."
+    )
+    memory_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Host memory (MiB) per node. Empty: the default."
+    )
     gpu_model = models.CharField(max_length=64, blank=True)
     mixed_models = models.BooleanField(
         default=False,
@@ -81,6 +98,14 @@ class Booking(models.Model):
     duration_s = models.PositiveIntegerField()
     qos = models.CharField(max_length=8, choices=Qos.choices, default=Qos.NORMAL)
     preemptible = models.BooleanField(default=False)
+    # Elastic quotas (docs/scheduling.md, "Borrowing"): this run started past a concurrency
+    # limit on devices nobody within their limits could use, and may be reclaimed.
+    borrowed = models.BooleanField(
+        default=False, help_text="Running past its quota's concurrency limit: preemptible."
+    )
+    borrowed_past = models.CharField(
+        max_length=200, blank=True, help_text='The limits it borrows past, e.g. "project vision".'
+    )
     command = models.TextField(blank=True)
 
     state = models.CharField(
@@ -94,7 +119,8 @@ class Booking(models.Model):
     # What the last allocation pass said about a pending booking.
     planned_start = models.DateTimeField(null=True, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
-    pending_reason = models.CharField(max_length=16, blank=True)
+    # Fits every allocator reason (scheduler.types.REASONS), "project_reservation" the longest.
+    pending_reason = models.CharField(max_length=24, blank=True)
     priority = models.JSONField(null=True, blank=True)
 
     exit_code = models.IntegerField(null=True, blank=True)
@@ -162,6 +188,15 @@ class Booking(models.Model):
                 name="%(app_label)s_%(class)s_gpus_or_mig",
             ),
             models.CheckConstraint(
+                condition=Q(gpu_fraction__isnull=True) | Q(gpu_fraction__gt=0, gpu_fraction__lt=1),
+                name="%(app_label)s_%(class)s_fraction_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(gpu_fraction__isnull=True, gpu_memory_mib__isnull=True)
+                | Q(gpus=1, mig_profile="") & ~Q(gpu_memory_mib=0),
+                name="%(app_label)s_%(class)s_fraction_of_one_gpu",
+            ),
+            models.CheckConstraint(
                 condition=Q(start__isnull=True, end__isnull=True)
                 | Q(start__isnull=False, end__isnull=False, end__gt=models.F("start")),
                 name="%(app_label)s_%(class)s_window_ordered",
@@ -184,14 +219,31 @@ class Booking(models.Model):
         return self.start is not None
 
     @property
+    def is_fractional(self) -> bool:
+        """It asks for a fraction of one shared GPU (a compute share, memory, or both)."""
+        return self.gpu_fraction is not None or self.gpu_memory_mib is not None
+
+    @property
     def gpu_equivalents(self) -> float:
-        """GPUs this booking counts for in quotas: its whole GPUs, or its MIG profile's share of
-        a GPU (known from the profile's name, before any slice is allocated; no query)."""
+        """GPUs this booking counts for in quotas: its whole GPUs, its MIG profile's share of
+        a GPU (known from the profile's name, before any slice is allocated; no query), or its
+        compute share of a shared GPU. A memory-only request's share depends on the GPU it
+        gets (memory / the GPU's memory): it counts as 1 here, the most it can be; once placed
+        its allocation's ``fraction`` holds the share charged."""
+        if self.gpu_fraction is not None:
+            return self.gpu_fraction
         if self.gpus:
             return float(self.gpus)
         return mig_fraction(mig_profile_slices(self.mig_profile))
 
     def describe_request(self) -> str:
+        if self.is_fractional:  # "0.25 of a shared GPU, 20480 MiB", "20480 MiB of a shared GPU"
+            share = f"{self.gpu_fraction:g}" if self.gpu_fraction is not None else ""
+            memory = f"{self.gpu_memory_mib} MiB" if self.gpu_memory_mib is not None else ""
+            what = f"{share or memory} of a shared GPU" + (
+                f", {memory}" if share and memory else ""
+            )
+            return what + (f" {self.gpu_model}" if self.gpu_model else "")
         what = (
             f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "")
             if self.gpus
@@ -245,8 +297,10 @@ class Allocation(models.Model):
     instance's placement otherwise. PostgreSQL fills the slots itself (a trigger, from the MIG
     instance, on every insert or device change) and refuses two live allocations on one GPU whose
     slots and periods both overlap (exclusion constraint portal_allocation_no_overlap, migrations
-    0002 and 0004; SQLite has no such thing and leaves the slots empty). So a whole GPU and any of
-    its slices, or a slice and one of a changed MIG layout, never go to two bookings at once.
+    0002, 0004 and 0032; SQLite has no such thing and leaves the slots empty). So a whole GPU and
+    any of its slices, or a slice and one of a changed MIG layout, never go to two bookings at
+    once; fractions of a shared GPU (share < 1) do not clash with each other, only with a whole
+    GPU's allocation.
     When a booking ends, its allocations stop being live and `end` is cut to the real end.
     """
 
@@ -257,8 +311,20 @@ class Allocation(models.Model):
     )
     start = models.DateTimeField()
     end = models.DateTimeField()
-    fraction = models.FloatField(help_text="GPU-equivalents of the device: 1, or slices/7.")
+    fraction = models.FloatField(
+        help_text="GPU-equivalents of the device: 1, slices/7, or the share of a shared GPU."
+    )
+    # A fraction of a shared GPU: its compute share (< 1) and the memory it holds; a whole
+    # device holds 1.0 and no memory figure. The exclusion constraint (migration 0032) keeps a
+    # whole device's allocations apart from every other on its GPU, fractions included; the
+    # sum of shares and of memory on a shared GPU is checked under the start lock.
+    share = models.FloatField(default=1.0, help_text="Compute share of its GPU: 1, or 0 < s < 1.")
+    gpu_memory_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPU memory a share holds, in MiB (empty: whole device)."
+    )
     live = models.BooleanField(default=True)
+    # Held by a borrowed run (Booking.borrowed): accounting splits its GPU-hours.
+    borrowed = models.BooleanField(default=False)
     mean_utilization = models.FloatField(
         null=True,
         blank=True,
@@ -288,6 +354,9 @@ class Allocation(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(end__gt=models.F("start")), name="%(app_label)s_%(class)s_ordered"
+            ),
+            models.CheckConstraint(
+                condition=Q(share__gt=0, share__lte=1), name="%(app_label)s_%(class)s_share_range"
             ),
         ]
 

@@ -35,9 +35,11 @@ class Node(models.Model):
         UP = "up", "Up"
         DOWN = "down", "Down"
         DRAIN = "drain", "Drain"
+        # Drained for a maintenance window; back up by itself at the window's end.
+        MAINTENANCE = "maintenance", "Maintenance"
 
     hostname = models.CharField(max_length=253, unique=True, validators=[validate_node_name])
-    state = models.CharField(max_length=8, choices=State.choices, default=State.DOWN)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.DOWN)
     state_reason = models.CharField(max_length=300, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
     # The node's address on the site network, as its agent reports it (--address); blank: the
@@ -60,6 +62,16 @@ class Node(models.Model):
         max_length=64,
         blank=True,
         help_text="Rack or switch the node hangs off; multi-node bookings prefer one group.",
+    )
+
+    # The host resources its agent reported at the last register (docs/agent.md, "Cores and
+    # memory"): CPU cores and host memory jobs may use, after what the site reserves for the
+    # system. Null: unknown until an agent that reports them registers.
+    cpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="CPU cores jobs may use, as its agent reports."
+    )
+    memory_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Host memory (MiB) jobs may use, as its agent reports."
     )
 
     # sha256 of the agent token; the token itself is shown once by `manage.py agent_token`.
@@ -105,7 +117,18 @@ class Gpu(models.Model):
     have used it: its row stays for history, accounting and audit, and it is never offered
     again. Only live cards hold their slot; the UUID stays unique, so a retired card reported
     again comes back as the same row.
+
+    ``sharing``: an exclusive GPU (the default) goes whole to one booking (or, in MIG mode, by
+    slices); a shared one is offered only to fractional bookings (``Booking.gpu_fraction`` /
+    ``gpu_memory_mib``), several at once, never more than 1.0 of its compute or more than its
+    memory in all (docs/scheduling.md, "Shared GPUs").
     """
+
+    class Sharing(models.TextChoices):
+        """Whether the GPU goes whole to one booking or in fractions to several."""
+
+        EXCLUSIVE = "exclusive", "Exclusive"
+        SHARED = "shared", "Shared"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
@@ -113,6 +136,12 @@ class Gpu(models.Model):
     model = models.CharField(max_length=64, db_index=True, help_text="e.g. H100-80GB")
     memory_mib = models.PositiveIntegerField()
     mig_mode = models.BooleanField(default=False)
+    sharing = models.CharField(
+        max_length=9,
+        choices=Sharing.choices,
+        default=Sharing.EXCLUSIVE,
+        help_text="Exclusive: whole (or MIG slices) to one booking; shared: fractions to several.",
+    )
     retired_at = models.DateTimeField(
         null=True, blank=True, help_text="When its agent stopped reporting it; never offered since."
     )
@@ -130,7 +159,16 @@ class Gpu(models.Model):
                 fields=["node", "index"],
                 condition=models.Q(retired_at__isnull=True),
                 name="%(app_label)s_%(class)s_slot",
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(sharing__in=["exclusive", "shared"]),
+                name="%(app_label)s_%(class)s_sharing_known",
+            ),
+            # A GPU in MIG mode is bookable by its slices only: never in fractions too.
+            models.CheckConstraint(
+                condition=models.Q(sharing="exclusive") | models.Q(mig_mode=False),
+                name="%(app_label)s_%(class)s_shared_not_mig",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -39,6 +39,7 @@ class Event(models.TextChoices):
     BUDGET = "budget", "Quota or budget nearly used"
     NODE_DOWN = "node_down", "Node down (admins)"
     FOREIGN_PROCESS = "foreign_process", "Foreign process (admins)"
+    MAINTENANCE = "maintenance", "Maintenance window"
 
 
 class Channel(models.TextChoices):

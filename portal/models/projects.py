@@ -119,6 +119,26 @@ class Quota(models.Model):
         validators=[MinValueValidator(0)],
         help_text="Fair-share shares of the project (project row only; default 1).",
     )
+    borrowing = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="Past max_gpus, bookings may start borrowed on idle devices (preemptible, "
+        "reclaimed when others need them). Empty: the site default (QUOTA_BORROWING).",
+    )
+    max_borrow_gpus = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Most GPUs borrowed at once past max_gpus. Empty: no limit.",
+    )
+    # Cores and host memory held at once, as max_gpus limits GPUs (docs/scheduling.md, "Cores
+    # and memory"); what a booking holds on a node is scheduler.resources.node_demand.
+    max_cpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most CPU cores held at once. Empty: no limit."
+    )
+    max_memory_mib = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Most host memory (MiB) held at once. Empty: no limit."
+    )
 
     class Meta:
         ordering = ["project", "user"]
