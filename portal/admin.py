@@ -12,6 +12,7 @@ from django.utils import timezone
 from portal.admin_audit import AuditedAdminMixin
 from portal.admin_quota import QuotaForm, duration_text, gpus_held_text, hours_used_text
 from portal.csv_cells import csv_dict_writer
+from portal.errors import ApplicationError
 from portal.models import (
     Allocation,
     ApiToken,
@@ -36,6 +37,7 @@ from portal.services.booking.quotas import (
     usage_current,
 )
 from portal.services.fleet import nodes as node_services
+from portal.services.fleet import sharing as gpu_sharing
 
 
 class MembershipInline(admin.TabularInline):
@@ -86,6 +88,7 @@ class QuotaAdmin(AuditedAdminMixin):
         "hours_limit_and_use",
         "longest_booking",
         "fairshare_shares",
+        "borrowing",
     ]
     form = QuotaForm
     list_filter = ["project"]
@@ -133,10 +136,13 @@ class NodeAdmin(AuditedAdminMixin):
         "network_group",
         "last_seen",
         "agent_version",
+        "cpus",
+        "memory_mib",
     ]
     list_filter = ["state", "network_group"]
     search_fields = ["hostname"]
     exclude = ["agent_token_hash"]
+    readonly_fields = ["cpus", "memory_mib"]  # what its agent reports at register
     inlines = [GpuInline]
     actions = ["drain", "undrain"]
 
@@ -168,12 +174,40 @@ class NodeAdmin(AuditedAdminMixin):
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "model", "memory_mib", "mig_mode", "uuid"]
-    list_filter = ["model", "mig_mode", "node"]
+    list_display = ["__str__", "model", "memory_mib", "mig_mode", "sharing", "uuid"]
+    list_filter = ["model", "mig_mode", "sharing", "node"]
     search_fields = ["uuid", "node__hostname"]
     list_select_related = ["node"]
-    # What its agent reports at each register: a change here would not last.
-    readonly_fields = ["pci_bus_id", "numa_node", "nvlink_peers"]
+    # What its agent reports at each register: a change here would not last. The sharing mode
+    # changes only by the actions, which refuse a GPU under live bookings of the other kind.
+    readonly_fields = ["pci_bus_id", "numa_node", "nvlink_peers", "sharing"]
+    actions = ["make_shared", "make_exclusive"]
+
+    @admin.action(description="Share: fractions to several bookings")
+    def make_shared(self, request, queryset):
+        self._sharing(request, queryset, Gpu.Sharing.SHARED)
+
+    @admin.action(description="Make exclusive: whole (or MIG slices) to one booking")
+    def make_exclusive(self, request, queryset):
+        self._sharing(request, queryset, Gpu.Sharing.EXCLUSIVE)
+
+    def _sharing(self, request, queryset, sharing: str) -> None:
+        changed = 0
+        for gpu_id in queryset.order_by("pk").values_list("pk", flat=True):
+            try:
+                changed += (
+                    gpu_sharing.gpu_set_sharing(
+                        actor=request.user,
+                        gpu_id=gpu_id,
+                        sharing=sharing,
+                        now=timezone.now(),
+                        source=source_of(request, Via.ADMIN),
+                    ).sharing
+                    == sharing
+                )
+            except ApplicationError as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+        self.message_user(request, f"{changed} GPU(s) now {sharing}.")
 
 
 @admin.register(MigInstance)
@@ -359,5 +393,12 @@ class DomainEventAdmin(admin.ModelAdmin):
         return False
 
 
-# Notifications: deliveries, idle reclaims, project channels (kept beside, not in, this module).
-from portal import admin_notifications  # noqa: E402,F401
+# Notifications (deliveries, idle reclaims, project channels), maintenance windows (made
+# through their services, like the API's), MIG layout changes and project reservations: kept
+# beside, not in, this module.
+from portal import (  # noqa: E402,F401
+    admin_maintenance,
+    admin_mig,
+    admin_notifications,
+    admin_reservations,
+)

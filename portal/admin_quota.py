@@ -71,6 +71,8 @@ class QuotaForm(forms.ModelForm):
             "allowed_models",
             "allowed_qos",
             "fairshare_shares",
+            "borrowing",
+            "max_borrow_gpus",
         ]
 
     def __init__(self, *args, **kwargs):

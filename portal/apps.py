@@ -16,10 +16,12 @@ class PortalConfig(AppConfig):
 
 def _subscribe() -> None:
     """The one list of what runs after a fact commits (portal.services.core.outbox)."""
-    from portal.services.booking import events
+    from portal.services.booking import events, project_reservations
     from portal.services.core.jobs import job_set
     from portal.services.core.outbox import subscribe
-    from portal.services.fleet import agents
+    from portal.services.fleet import agents, maintenance
+    from portal.services.inventory import mig_layouts
+    from portal.services.notify import maintenance as maintenance_notify
     from portal.services.notify import notifications
     from portal.services.realtime import live
     from portal.web import overview
@@ -41,6 +43,14 @@ def _subscribe() -> None:
     subscribe(events.QUEUE_CHANGED, live.queue_fact_broadcast)
     subscribe(events.NODE_DOWN, overview.overview_fact_patch)
     subscribe(events.NODE_CHANGED, overview.overview_fact_patch)
+    # A maintenance window made, changed or deleted: tell whom it collides with; re-plan.
+    subscribe(maintenance.MAINTENANCE_CHANGED, maintenance_notify.maintenance_fact_notify)
+    subscribe(maintenance.MAINTENANCE_CHANGED, events.node_fact_pass_request)
+    subscribe(mig_layouts.MIG_LAYOUT_CHANGED, agents.mig_fact_push)
+    subscribe(mig_layouts.MIG_LAYOUT_CHANGED, events.node_fact_pass_request)
+    subscribe(
+        project_reservations.RESERVATION_CHANGED, project_reservations.reservation_fact_pass_request
+    )
 
 
 def _celery_enqueue(task_name: str):

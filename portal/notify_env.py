@@ -27,6 +27,7 @@ EVENTS = (
     "budget",
     "node_down",
     "foreign_process",
+    "maintenance",
 )
 CHANNELS = ("email", "slack", "webhook")
 

@@ -323,6 +323,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "portal.tasks.idle_reclaim",
         "schedule": envfloat("IDLE_RECLAIM_INTERVAL_S", 60.0, low=1, high=86400),
     },
+    # Drain the nodes of maintenance windows under way; return those of windows over.
+    "maintenance-cycle": {
+        "task": "portal.tasks.maintenance_cycle",
+        "schedule": 15.0,
+    },
 }
 
 # Container images a booking may name (docs/containers.md): allowed sources, comma-separated,
@@ -356,6 +361,11 @@ SESSION_PORTS = envrange("SESSION_PORTS", "32768-60999", low=1, high=65535)
 AGENT_REPORT_INTERVAL_S = envfloat("AGENT_REPORT_INTERVAL_S", 5.0, low=0.1, high=3600)
 AGENT_SYNC_INTERVAL_S = envfloat("AGENT_SYNC_INTERVAL_S", 30.0, low=0.1, high=3600)
 AGENT_ENFORCEMENT = envchoice("AGENT_ENFORCEMENT", "report", ("report", "warn", "kill"))
+# MIG layouts the allocator proposes (docs/scheduling.md, "MIG layouts that change"): "off"
+# (the default), "propose" (staff approve each in /admin/ or the API) or "apply" (approved at
+# once), when MIG bookings have waited MIG_AUTO_LAYOUT_WAIT_S for a profile no idle GPU offers.
+MIG_AUTO_LAYOUT = envchoice("MIG_AUTO_LAYOUT", "off", ("off", "propose", "apply"))
+MIG_AUTO_LAYOUT_WAIT_S = envfloat("MIG_AUTO_LAYOUT_WAIT_S", 3600.0, low=0, high=30 * 86400)
 NODE_HEARTBEAT_TIMEOUT_S = envfloat("NODE_HEARTBEAT_TIMEOUT_S", 60.0, low=1, high=86400)
 if NODE_HEARTBEAT_TIMEOUT_S <= AGENT_REPORT_INTERVAL_S:
     raise SettingError(
@@ -414,6 +424,25 @@ TELEMETRY_ROLLUP_RETENTION_D = envfloat("TELEMETRY_ROLLUP_RETENTION_D", 30.0, lo
 # SCHEDULER_PRESET=<name> starts from a named reference policy (scheduler/presets.py).
 _POLICY_NAMES = [*policy_env_names().values(), PRESET_ENV]
 SCHEDULER_POLICY = policy_settings({n: env(n) for n in _POLICY_NAMES if env(n)})
+# Cores and host memory booked with GPUs (docs/scheduling.md, "Cores and memory"), on nodes
+# whose agents report them; off, the allocator, the agents' limits and the pages count GPUs
+# alone and a request naming cores or memory is refused.
+SCHEDULE_CORES_MEMORY = envbool("SCHEDULE_CORES_MEMORY", "True")
+# Cores and host memory per GPU of a booking that names none: SCHEDULER_DEFAULT_CPUS_PER_GPU and
+# SCHEDULER_DEFAULT_MEMORY_MIB_PER_GPU, policy fields like the others (docs/scheduling.md, "Cores
+# and memory"); unset: the node's share in proportion to the GPUs booked.
+# Elastic quotas (docs/scheduling.md, "Borrowing"): whether a quota that does not say lets its
+# bookings borrow past max_gpus; a reclaimed booking's warning (the kill wait) comes out of
+# SCHEDULER_RECLAIM_GRACE_S unless SCHEDULER_RECLAIM_WARNING_S says otherwise.
+QUOTA_BORROWING = envbool("QUOTA_BORROWING", "False")
+SCHEDULER_POLICY.setdefault("reclaim_warning_s", float(JOB_KILL_WAIT_S))
+_reclaim = {k: SCHEDULER_POLICY.get(k, 300.0) for k in ("reclaim_grace_s", "reclaim_warning_s")}
+if not _reclaim["reclaim_warning_s"] <= _reclaim["reclaim_grace_s"]:
+    raise SettingError(
+        f"SCHEDULER_RECLAIM_GRACE_S={_reclaim['reclaim_grace_s']:g} must be at least the warning"
+        f" a reclaimed booking gets (SCHEDULER_RECLAIM_WARNING_S, else JOB_KILL_WAIT_S:"
+        f" {_reclaim['reclaim_warning_s']:g} s)."
+    )
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

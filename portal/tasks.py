@@ -53,6 +53,14 @@ def node_heartbeat_check() -> None:
     nodes_heartbeat_check(now=timezone.now())
 
 
+@shared_task(**IDEMPOTENT)
+def maintenance_cycle() -> None:
+    """Drain the nodes of maintenance windows under way; return those of windows over."""
+    from portal.services.fleet.maintenance import maintenance_cycle as cycle
+
+    cycle(now=timezone.now())
+
+
 @shared_task(ignore_result=True)
 def node_alert_notify(alert_id: int) -> None:
     """Record the messages about a process an agent objected to (they are sent as deliveries)."""

@@ -31,6 +31,7 @@ from portal.services.booking.selectors import (
     session_summary,
 )
 from portal.services.inventory import telemetry_cache
+from portal.services.inventory.resources import held_by_booking
 
 # Read to build a view of their own, not rendered as they are: the `session` summary (the
 # secret is never read), `signal`, the `array` view.
@@ -53,11 +54,17 @@ BOOKING_FIELDS = (
     "mig_profile",
     "gpu_model",
     "mixed_models",
+    "gpu_fraction",
+    "gpu_memory_mib",
+    "cpus",
+    "memory_mib",
     "start",
     "end",
     "duration_s",
     "qos",
     "preemptible",
+    "borrowed",
+    "borrowed_past",
     "command",
     "image",
     "submitted_at",
@@ -101,6 +108,11 @@ _ALLOCATION_FIELDS = (
     "mig_instance__uuid",
     "mig_instance__profile",
     "mig_instance__placement_start",
+    "share",
+    "gpu_memory_mib",
+    "gpu__node_id",
+    "gpu__node__cpus",
+    "fraction",
 )
 GPU_FIELDS = (
     "id",
@@ -110,6 +122,7 @@ GPU_FIELDS = (
     "model",
     "memory_mib",
     "mig_mode",
+    "sharing",
     "retired_at",
     "pci_bus_id",
     "numa_node",
@@ -124,6 +137,23 @@ def booking_rows(page: list[dict]) -> list[dict]:
     runs = _node_runs_by_booking({row["id"]: row["restart_count"] for row in page})
     with_dependencies = [row["id"] for row in page if row["has_dependencies"]]
     dependencies = dependencies_by_booking(with_dependencies) if with_dependencies else {}
+    holdings = held_by_booking(
+        (
+            row["id"],
+            d["node_id"],
+            d["row"]["node"],
+            d["fraction"],
+            row["cpus"],
+            row["memory_mib"],
+            d["node_reports"],
+        )
+        for row in page
+        for d in devices.get(row["id"], ())
+        if d["live"]
+        and allocation_shown(
+            live=True, start=d["start"], state=row["state"], requeued_at=row["requeued_at"]
+        )
+    )
     out = []
     for row in page:
         held = [
@@ -135,6 +165,7 @@ def booking_rows(page: list[dict]) -> list[dict]:
         ]
         booking = {key: row[key] for key in BOOKING_FIELDS[3:] if key not in _NOT_RENDERED}
         booking.update({key: iso(row[key], tz) for key in _BOOKING_TIMES})
+        booking["preemptible"] = row["preemptible"] or row["borrowed"]  # borrowed: preemptible
         start, end = booking_window(
             row["start"], row["end"], [(d["start"], d["end"]) for d in held]
         )
@@ -160,6 +191,7 @@ def booking_rows(page: list[dict]) -> list[dict]:
             parent_id=row["array_parent_id"], task_id=row["array_task_id"], spec=row["array_spec"]
         )
         booking["dependencies"] = dependencies.get(row["id"], [])
+        booking["held"] = holdings.get(row["id"], [])
         out.append(booking)
     return out
 
@@ -203,9 +235,19 @@ def _devices_by_booking(ids: list[int], tz) -> dict[int, list[dict]]:
             "model": a["gpu__model"],
             "start": iso(a["start"], tz),
             "end": iso(a["end"], tz),
+            "share": a["share"],
+            "gpu_memory_mib": a["gpu_memory_mib"],
         }
         found[a["booking_id"]].append(
-            {"live": a["live"], "start": a["start"], "end": a["end"], "row": row}
+            {
+                "live": a["live"],
+                "start": a["start"],
+                "end": a["end"],
+                "row": row,
+                "node_id": a["gpu__node_id"],
+                "fraction": a["fraction"],
+                "node_reports": a["gpu__node__cpus"] is not None,
+            }
         )
     return found
 
@@ -232,6 +274,7 @@ def gpu_rows(page: list[dict]) -> list[dict]:
             "model": row["model"],
             "memory_mib": row["memory_mib"],
             "mig_mode": row["mig_mode"],
+            "sharing": row["sharing"],
             "retired_at": iso(row["retired_at"], tz),
             "pci_bus_id": row["pci_bus_id"],
             "numa_node": row["numa_node"],

@@ -8,7 +8,7 @@ OpenAPI schema) and render with a plain function, checked to match the generic r
 from datetime import timedelta
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import OpenApiResponse, extend_schema_field
 from rest_framework import serializers
 
 from agents.protocol import output_file_name
@@ -25,6 +25,7 @@ from portal.models import (
 from portal.services.booking import booking_bounds, fairshare
 from portal.services.booking.selectors import array_view, dependencies_by_booking, session_view
 from portal.services.fleet.telemetry import SAMPLE_VALUES
+from portal.services.inventory.resources import held_by_booking
 
 MAX_SECONDS = 10 * 365 * 86400
 
@@ -111,6 +112,24 @@ class TokenOutput(serializers.ModelSerializer):
         fields = ["id", "name", "prefix", "scope", "created", "expires_at", "last_used"]
 
 
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 1}, {"type": "string", "example": "64G"}]}
+)
+class MemorySizeField(serializers.Field):
+    """MiB as a whole number, or a size with a unit ("64G"): passed on as given, parsed with
+    the rest of the request (booking_rules._check_host) so every path refuses the same."""
+
+    default_error_messages = {"invalid": "must be MiB or a size such as 64G."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, str)):
+            self.fail("invalid")
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
 class BookingCreateInput(StrictSerializer):
     """A booking request; its bounds are booking_bounds.request_bounds(), read per request."""
 
@@ -125,6 +144,27 @@ class BookingCreateInput(StrictSerializer):
         default=False,
         help_text="Any GPU models will do. Without it, a booking of 2 or more GPUs (on one node "
         "or on several) that names no gpu_model gets GPUs of one model. Not with gpu_model.",
+    )
+    gpu_fraction = serializers.FloatField(
+        required=False,
+        help_text="A fraction of one shared GPU's compute, 0 < f < 1 (docs/scheduling.md, "
+        "Shared GPUs); gpus is then 1 or left out.",
+    )
+    gpu_memory_mib = serializers.IntegerField(
+        required=False,
+        help_text="The GPU memory (MiB) it needs on one shared GPU; alone, its share is that "
+        "part of the GPU's memory.",
+    )
+    cpus = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="CPU cores per node (default: the site's per GPU, docs/scheduling.md "
+        "Cores and memory).",
+    )
+    memory_mib = MemorySizeField(
+        required=False,
+        help_text='Host memory per node: MiB, or a size with a unit ("64G", "512M", "1T"; '
+        "units of 1024). Default: the site's per GPU.",
     )
     start = serializers.DateTimeField(required=False)
     end = serializers.DateTimeField(required=False)
@@ -239,6 +279,8 @@ def allocation_row(allocation, tz) -> dict:
         "model": allocation.gpu.model,
         "start": iso(allocation.start, tz),
         "end": iso(allocation.end, tz),
+        "share": allocation.share,
+        "gpu_memory_mib": allocation.gpu_memory_mib,
     }
 
 
@@ -265,6 +307,18 @@ class AllocationOutput(serializers.Serializer):
     model = serializers.CharField(source="gpu.model")
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
+    share = serializers.FloatField(help_text="Compute share of its GPU: 1, or a fraction.")
+    gpu_memory_mib = serializers.IntegerField(
+        allow_null=True, help_text="GPU memory a fraction holds (MiB); null: the whole device."
+    )
+
+
+class HeldOutput(serializers.Serializer):
+    """The cores and host memory a running booking holds on one node (resources.node_demand)."""
+
+    node = serializers.CharField()
+    cpus = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
 
 
 class SessionOutput(serializers.Serializer):
@@ -342,6 +396,10 @@ class BookingOutput(serializers.ModelSerializer):
         allow_null=True, help_text="whole GPUs; null for a MIG slice (see mig_profile)"
     )
     devices = serializers.SerializerMethodField()
+    held = serializers.SerializerMethodField(
+        help_text="While it holds devices: the cores and host memory it holds on each node "
+        "(asked, else the site's default): [{node, cpus, memory_mib}]."
+    )
     cuda_visible_devices = serializers.SerializerMethodField()
     priority = serializers.SerializerMethodField(
         help_text="Priority factors (age, fairshare, size, qos, total) and `fairshare_charge`: "
@@ -375,11 +433,18 @@ class BookingOutput(serializers.ModelSerializer):
             "mig_profile",
             "gpu_model",
             "mixed_models",
+            "gpu_fraction",
+            "gpu_memory_mib",
+            "cpus",
+            "memory_mib",
+            "held",
             "start",
             "end",
             "duration_s",
             "qos",
             "preemptible",
+            "borrowed",
+            "borrowed_past",
             "command",
             "image",
             "submitted_at",
@@ -426,6 +491,25 @@ class BookingOutput(serializers.ModelSerializer):
     def get_devices(self, obj) -> list[dict]:
         return AllocationOutput(self._live(obj), many=True).data
 
+    def get_held(self, obj) -> HeldOutput(many=True):
+        return self._held(obj, self._live(obj))
+
+    def _held(self, obj, shown) -> list[dict]:
+        rows = [
+            (
+                obj.pk,
+                a.gpu.node_id,
+                a.gpu.node.hostname,
+                a.fraction,
+                obj.cpus,
+                obj.memory_mib,
+                a.gpu.node.cpus is not None,
+            )
+            for a in shown
+            if a.live
+        ]
+        return held_by_booking(rows).get(obj.pk, [])
+
     def get_priority(self, obj) -> dict | None:
         return fairshare.priority_breakdown(obj.priority)
 
@@ -464,11 +548,18 @@ class BookingOutput(serializers.ModelSerializer):
             "mig_profile": obj.mig_profile,
             "gpu_model": obj.gpu_model,
             "mixed_models": obj.mixed_models,
+            "gpu_fraction": obj.gpu_fraction,
+            "gpu_memory_mib": obj.gpu_memory_mib,
+            "cpus": obj.cpus,
+            "memory_mib": obj.memory_mib,
+            "held": self._held(obj, live),
             "start": iso(start, tz),
             "end": iso(end, tz),
             "duration_s": obj.duration_s,
             "qos": obj.qos,
-            "preemptible": obj.preemptible,
+            "preemptible": obj.preemptible or obj.borrowed,
+            "borrowed": obj.borrowed,
+            "borrowed_past": obj.borrowed_past,
             "command": obj.command,
             "image": obj.image,
             "submitted_at": iso(obj.submitted_at, tz),
@@ -496,8 +587,25 @@ class BookingOutput(serializers.ModelSerializer):
 
 
 class NodeOutput(serializers.ModelSerializer):
+    """A node; ``cpus_allocated`` / ``memory_mib_allocated`` (null where its agent reports no
+    cores and memory) come from the view's context ``allocated``: {node id: (cores, MiB)}."""
+
     gpu_count = serializers.IntegerField(read_only=True)
     last_seen = serializers.DateTimeField(read_only=True, allow_null=True)
+    cpus_allocated = serializers.SerializerMethodField(
+        help_text="cores held now by running bookings (null: the node reports no cores)"
+    )
+    memory_mib_allocated = serializers.SerializerMethodField(
+        help_text="host memory held now by running bookings, in MiB (null: none reported)"
+    )
+
+    def get_cpus_allocated(self, obj) -> int | None:
+        held = self.context.get("allocated", {}).get(obj.pk)
+        return None if held is None else held[0]
+
+    def get_memory_mib_allocated(self, obj) -> int | None:
+        held = self.context.get("allocated", {}).get(obj.pk)
+        return None if held is None else held[1]
 
     class Meta:
         model = Node
@@ -510,7 +618,12 @@ class NodeOutput(serializers.ModelSerializer):
             "agent_version",
             "network_group",
             "gpu_count",
+            "cpus",
+            "memory_mib",
+            "cpus_allocated",
+            "memory_mib_allocated",
         ]
+        read_only_fields = ["cpus", "memory_mib"]
 
 
 # What a sample stores, plus the energy counter that only the latest reading carries.
@@ -638,6 +751,7 @@ class GpuOutput(serializers.ModelSerializer):
             "model",
             "memory_mib",
             "mig_mode",
+            "sharing",
             "retired_at",
             "pci_bus_id",
             "numa_node",
@@ -667,6 +781,7 @@ class GpuOutput(serializers.ModelSerializer):
             "model": obj.model,
             "memory_mib": obj.memory_mib,
             "mig_mode": obj.mig_mode,
+            "sharing": obj.sharing,
             "retired_at": iso(obj.retired_at),
             "pci_bus_id": obj.pci_bus_id,
             "numa_node": obj.numa_node,
@@ -674,6 +789,21 @@ class GpuOutput(serializers.ModelSerializer):
             "mig_instances": self.get_mig_instances(obj),
             "reading": self.get_reading(obj),
         }
+
+
+class SharingInput(StrictSerializer):
+    """A GPU's (or a node's GPUs') sharing mode (docs/scheduling.md, Shared GPUs)."""
+
+    sharing = serializers.ChoiceField(
+        choices=Gpu.Sharing.choices,
+        help_text="exclusive: whole (or MIG slices) to one booking; shared: fractions to several.",
+    )
+
+
+class SharingOutput(serializers.Serializer):
+    node = serializers.CharField()
+    sharing = serializers.CharField()
+    changed = serializers.IntegerField(help_text="GPUs whose mode changed")
 
 
 class QuotaLimitsOutput(serializers.Serializer):
@@ -765,6 +895,10 @@ class AccountingRowOutput(serializers.Serializer):
     energy_kwh = serializers.FloatField()
     mean_utilization = serializers.FloatField(allow_null=True, help_text="%, whole GPUs only")
     peak_memory_mib = serializers.IntegerField(allow_null=True)
+    reserved_unused_gpu_hours = serializers.FloatField(
+        required=False,
+        help_text="group_by=project only: GPU-hours its project reservations set aside unused",
+    )
 
 
 class AuditQuery(FromToQuery):

@@ -5,7 +5,15 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from agents import protocol
-from portal.api import agent, notifications, schema, views  # noqa: F401  (schema registers the auth extension)
+from portal.api import (  # noqa: F401  (schema registers the auth extension)
+    agent,
+    maintenance,
+    mig_layouts,
+    notifications,
+    reservations,  # noqa: F401  (schema registers the auth extension)
+    schema,
+    views,
+)
 
 router = DefaultRouter()
 router.register("nodes", views.NodeViewSet, basename="node")
@@ -13,6 +21,11 @@ router.register("gpus", views.GpuViewSet, basename="gpu")
 router.register("mig-instances", views.MigInstanceViewSet, basename="mig-instance")
 router.register("bookings", views.BookingViewSet, basename="booking")
 router.register("auth/tokens", views.TokenViewSet, basename="token")
+router.register("maintenance", maintenance.MaintenanceViewSet, basename="maintenance")
+router.register(
+    "mig-layout-changes", mig_layouts.MigLayoutChangeViewSet, basename="mig-layout-change"
+)
+router.register("reservations", reservations.ReservationViewSet, basename="reservation")
 
 # Agent endpoints: the paths are part of the wire protocol (agents/protocol.py).
 agent_urlpatterns = [
@@ -33,6 +46,11 @@ urlpatterns = [
     ),
     path("api/v1/accounting/", views.AccountingView.as_view(), name="accounting"),
     path("api/v1/audit/", views.AuditView.as_view(), name="audit"),
+    path(
+        "api/v1/gpus/<str:pk>/mig-layout/",
+        mig_layouts.GpuMigLayoutView.as_view(),
+        name="gpu-mig-layout",
+    ),
     path("api/v1/", include(router.urls)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),

@@ -32,7 +32,9 @@ from portal.services.booking.arrays import array_cancel
 from portal.services.booking.idempotency import booking_submit_once
 from portal.services.booking.quotas import quota_overview
 from portal.services.fleet import selectors as fleet_selectors
+from portal.services.fleet import sharing as gpu_sharing
 from portal.services.inventory import telemetry_cache
+from portal.services.inventory.resources import held_now_by_node
 from portal.services.reporting.accounting import accounting_report, report_columns
 
 
@@ -134,6 +136,33 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         gpu_count=Count("gpus"), last_seen=F("heartbeat__last_seen")
     ).order_by("hostname", "id")
 
+    def get_serializer(self, *args, **kwargs):
+        # The cores and memory held now, read once for the page (or the one node) shown.
+        if args:
+            nodes = args[0] if kwargs.get("many") else [args[0]]
+            context = kwargs.setdefault("context", self.get_serializer_context())
+            context["allocated"] = held_now_by_node(timezone.now(), [n.pk for n in nodes])
+        return super().get_serializer(*args, **kwargs)
+
+    @extend_schema(
+        request=s.SharingInput,
+        responses={200: s.SharingOutput, **s.error_responses(400, 403, 404, 409)},
+    )
+    @action(detail=True, methods=["post"])
+    def sharing(self, request, pk=None):
+        """Put every GPU of the node not in MIG mode in a sharing mode (staff): all or none,
+        409 when one holds live bookings of the other kind."""
+        data = _valid(s.SharingInput, request.data)
+        node = self.get_object()
+        changed = gpu_sharing.node_set_sharing(
+            actor=request.user,
+            node_id=node.pk,
+            sharing=data["sharing"],
+            now=timezone.now(),
+            source=_source(request),
+        )
+        return Response({"node": node.hostname, "sharing": data["sharing"], "changed": changed})
+
 
 _HISTORY_PARAMETERS = [
     OpenApiParameter("from", OpenApiTypes.DATETIME, description="default: 1 hour before `to`"),
@@ -190,6 +219,25 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
 
     def retrieve(self, request, *args, **kwargs):
         gpu = self.get_object()
+        readings = telemetry_cache.latest_by_uuid([gpu.uuid])
+        return Response(s.GpuOutput(gpu, context={"readings": readings}).data)
+
+    @extend_schema(
+        request=s.SharingInput,
+        responses={200: s.GpuOutput, **s.error_responses(400, 403, 404, 409)},
+    )
+    def partial_update(self, request, *args, **kwargs):
+        """Put the GPU in a sharing mode (staff): exclusive (whole, or MIG slices, to one
+        booking) or shared (fractions to several); 409 while it holds live bookings of the
+        other kind, or when it is in MIG mode."""
+        data = _valid(s.SharingInput, request.data)
+        gpu = gpu_sharing.gpu_set_sharing(
+            actor=request.user,
+            gpu_id=self.get_object().pk,
+            sharing=data["sharing"],
+            now=timezone.now(),
+            source=_source(request),
+        )
         readings = telemetry_cache.latest_by_uuid([gpu.uuid])
         return Response(s.GpuOutput(gpu, context={"readings": readings}).data)
 

@@ -24,6 +24,16 @@ def _booking_body(args) -> dict:
         body["gpus"] = args.gpus
     if args.mig:
         body["mig_profile"] = args.mig
+    fraction = getattr(args, "fraction", None)
+    memory = getattr(args, "gpu_memory", None)
+    if fraction is not None:
+        body["gpu_fraction"] = fraction
+    if memory is not None:
+        body["gpu_memory_mib"] = memory
+    if getattr(args, "cpus", None) is not None:
+        body["cpus"] = args.cpus
+    if getattr(args, "mem", None) is not None:
+        body["memory_mib"] = args.mem
     if args.model:
         body["gpu_model"] = args.model
     if args.any_model:
@@ -65,7 +75,8 @@ def _booking_body(args) -> dict:
         if command:
             raise ValueError("--jupyter and --terminal run no command: give one or the other")
         body["interactive"] = interactive
-    if args.gpus is None and not args.mig and args.nodes is None:
+    shared = fraction is not None or memory is not None
+    if args.gpus is None and not args.mig and args.nodes is None and not shared:
         body["gpus"] = 1
     return body
 
@@ -141,7 +152,7 @@ def _wait_outcome(booking: dict) -> tuple[int, str] | None:
 
 
 def _progress(booking: dict) -> str:
-    parts = [f"booking {booking['id']}: {booking['state']}"]
+    parts = [f"booking {booking['id']}: {_state(booking)}"]
     if booking.get("restart_count"):  # back in the queue after a run ended early (requeued)
         parts.append(f"restart {booking['restart_count']}")
     if booking.get("queue_position"):
@@ -252,7 +263,7 @@ _COLUMNS = {
     "ID": lambda b: b["id"],
     "USER": lambda b: b["owner"],
     "PROJECT": lambda b: b["project"],
-    "STATE": lambda b: b["state"],
+    "STATE": lambda b: _state(b),
     "WHAT": what,
     "POS": lambda b: b.get("queue_position"),
     "SUBMITTED": lambda b: when(b.get("submitted_at")),
@@ -261,6 +272,17 @@ _COLUMNS = {
     "REASON": lambda b: b.get("pending_reason"),
     "DEVICES": lambda b: ",".join(d["device"] for d in b.get("devices") or []),
 }
+
+
+def _state(booking: dict) -> str:
+    """The state, and "(borrowed)" for a run past its quota's limit (preemptible)."""
+    return booking["state"] + (" (borrowed)" if booking.get("borrowed") else "")
+
+
+def _borrowed(booking: dict):
+    if not booking.get("borrowed"):
+        return None
+    return f"yes, past the {booking.get('borrowed_past') or 'quota'} limit (preemptible)"
 
 
 def _booking_table(bookings: list[dict], headers: list[str]) -> str:
@@ -284,6 +306,7 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
         [
             ("Booking", booking["id"]),
             ("State", booking["state"]),
+            ("Borrowed", _borrowed(booking)),
             ("Detail", booking.get("state_detail")),
             ("Owner", f"{booking['owner']} ({booking['project']})"),
             ("What", what(booking)),

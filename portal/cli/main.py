@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from . import __version__, account, commands, config, devices, output, sessions
+from . import __version__, account, commands, config, devices, maintenance, output, sessions
 from .client import NOT_AUTHENTICATED, USAGE, Client, CliError
 
 EPILOG = """\
@@ -25,6 +25,22 @@ def _whole(text: str) -> int:
     return int(text)
 
 
+def _fraction(text: str) -> float:
+    """A share of a GPU, 0 < F < 1, in ASCII digits ('0.25', '.5')."""
+    try:
+        return output.parse_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _memory(text: str) -> int:
+    """A memory size in MiB from '20G', '20GiB', '512M', '20480' (MiB)."""
+    try:
+        return output.parse_memory_mib(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _globals(defaults: bool) -> argparse.ArgumentParser:
     """--json, --utc and --url, accepted before or after the command."""
     value = None if defaults else argparse.SUPPRESS
@@ -41,6 +57,28 @@ def _booking_options(parser: argparse.ArgumentParser) -> None:
     what.add_argument("-g", "--gpus", type=_whole, help="whole GPUs (default 1)")
     what.add_argument(
         "--mig", metavar="PROFILE", help="one MIG slice of this profile, e.g. 3g.40gb"
+    )
+    what.add_argument(
+        "--fraction",
+        type=_fraction,
+        metavar="F",
+        help="a fraction 0 < F < 1 of one shared GPU's compute, e.g. 0.25",
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        type=_memory,
+        metavar="SIZE",
+        help="the GPU memory it needs on one shared GPU: 20G, 512M, 20GiB (alone or with "
+        "--fraction)",
+    )
+    parser.add_argument(
+        "--cpus", type=_whole, metavar="N", help="CPU cores per node (default: the site's)"
+    )
+    parser.add_argument(
+        "--mem",
+        type=_memory,
+        metavar="SIZE",
+        help="host memory per node: 64G, 512M, 1T, 65536 (MiB) (default: the site's)",
     )
     model = parser.add_mutually_exclusive_group()
     model.add_argument("-m", "--model", help="GPU model, e.g. A100-80GB")
@@ -197,6 +235,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=_whole)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
     p.add_argument("--interval", type=float, default=5.0, help="poll every S s (default 5)")
+
+    help = "maintenance windows of the site's nodes"
+    p = sub.add_parser("maintenance", help=help, description=help, parents=[common])
+    actions = p.add_subparsers(dest="maintenance_action", metavar="ACTION", required=True)
+    p = actions.add_parser(
+        "list",
+        help="windows planned or under way, soonest first",
+        description="Maintenance windows planned or under way, soonest first.",
+        parents=[common],
+    )
+    p.set_defaults(run=maintenance.maintenance_list)
+    p.add_argument("-a", "--all", action="store_true", help="over ones too")
     return parser
 
 

@@ -98,6 +98,31 @@ def _seconds(text: str) -> int | None:
     return None
 
 
+_FRACTION = re.compile(r"(?:0?\.[0-9]{1,6}|0)\Z")
+_MEMORY = re.compile(r"([0-9]{1,10})(?:(k|m|g|t)(?:i?b)?)?\Z")
+_MEMORY_UNITS_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024, None: 1}
+MEMORY_MAX_MIB = 2**31 - 1
+
+
+def parse_fraction(text: str) -> float:
+    """A share of one GPU, 0 < F < 1, from '0.25' or '.5' (ASCII digits, at most 6 decimals)."""
+    text = text.strip()
+    if not _FRACTION.match(text) or not 0 < float(text) < 1:
+        raise ValueError(f"'{text}' is not a fraction between 0 and 1 (try 0.25)")
+    return float(text)
+
+
+def parse_memory_mib(text: str) -> int:
+    """MiB from '20G', '20GiB', '20GB', '512M', '1T' (units of 1024) or a bare number of MiB."""
+    match = _MEMORY.match(text.strip().lower())
+    if not match:
+        raise ValueError(f"'{text}' is not a memory size (try 20G or 512M)")
+    mib = int(match.group(1)) * _MEMORY_UNITS_MIB[match.group(2)]
+    if not 1 <= mib <= MEMORY_MAX_MIB or mib != int(mib):
+        raise ValueError(f"'{text}' is not a whole number of MiB between 1 and {MEMORY_MAX_MIB}")
+    return int(mib)
+
+
 def parse_moment(text: str) -> str:
     """An ISO 8601 time for the API from 'YYYY-MM-DD HH:MM' (local unless it names a zone),
     'now', or 'now+2h'."""
@@ -116,8 +141,16 @@ def parse_moment(text: str) -> str:
 
 
 def what(booking: dict) -> str:
-    """'2 GPU', '1 GPU A100-80GB', '16 GPU any models' or 'MIG 3g.40gb'."""
-    if booking.get("mig_profile"):
+    """'2 GPU', '1 GPU A100-80GB', '16 GPU any models', 'MIG 3g.40gb', '0.25 shared GPU' or
+    '0.25 shared GPU 20480MiB'."""
+    if booking.get("gpu_fraction") is not None or booking.get("gpu_memory_mib") is not None:
+        parts = ["shared GPU"]
+        if booking.get("gpu_fraction") is not None:
+            parts.insert(0, f"{booking['gpu_fraction']:g}")
+        if booking.get("gpu_memory_mib") is not None:
+            parts.append(f"{booking['gpu_memory_mib']}MiB")
+        base = " ".join(parts)
+    elif booking.get("mig_profile"):
         base = f"MIG {booking['mig_profile']}"
     else:
         base = f"{booking.get('gpus') or 0} GPU"

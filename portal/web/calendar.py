@@ -4,9 +4,10 @@ booked, and where queued requests are planned to start."""
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 
-from portal.models import Allocation, Booking
+from portal.models import Allocation, Booking, MaintenanceWindow
 from portal.services.booking.selectors import visible_bookings
 from portal.services.inventory import selectors as inventory
+from portal.services.inventory.windows import window_nodes
 
 WEEK = timedelta(days=7)
 DAY = timedelta(days=1)
@@ -215,4 +216,39 @@ def held_spans(*, since: datetime, until: datetime) -> dict[str, list[tuple[date
     for gpu_uuid, mig_uuid, start, end in rows:
         for uuid in [mig_uuid] if mig_uuid else [gpu_uuid, *slices.get(gpu_uuid, [])]:
             spans.setdefault(uuid, []).append((start, end))
+    return spans
+
+
+@dataclass(frozen=True)
+class MaintenanceBar:
+    """A maintenance window's span on the rows of its nodes, in percent of the view."""
+
+    left: float
+    width: float
+    title: str
+    window_id: int
+
+
+def maintenance_bars(*, since: datetime, until: datetime) -> dict[str, list[MaintenanceBar]]:
+    """Maintenance windows overlapping [since, until) per node host name."""
+    bars: dict[str, list[MaintenanceBar]] = {}
+    windows = MaintenanceWindow.objects.filter(start__lt=until, end__gt=since).order_by("start")
+    for window in windows.prefetch_related("nodes"):
+        left, width = geometry(window.start, window.end, since, until)
+        title = (
+            f"Maintenance window {window.pk}: {window.reason}, "
+            f"{window.start:%a %d %b %H:%M} to {window.end:%a %d %b %H:%M} UTC"
+        )
+        for node in window_nodes(window):
+            bars.setdefault(node.hostname, []).append(MaintenanceBar(left, width, title, window.pk))
+    return bars
+
+
+def maintenance_spans(*, since: datetime, until: datetime) -> dict[str, list[tuple]]:
+    """The same windows as (start, end) spans per node: no free slot is offered in them."""
+    spans: dict[str, list[tuple]] = {}
+    windows = MaintenanceWindow.objects.filter(start__lt=until, end__gt=since).order_by("start")
+    for window in windows.prefetch_related("nodes"):
+        for node in window_nodes(window):
+            spans.setdefault(node.hostname, []).append((window.start, window.end))
     return spans

@@ -17,7 +17,11 @@ from portal.services.inventory import selectors as inventory
 DATETIME_UTC = "%Y-%m-%d %H:%M"
 DATETIME_INPUTS = [DATETIME_UTC, "%Y-%m-%dT%H:%M"]
 # Service field names that the form shows under another name.
-SERVICE_TO_FORM_FIELD = {"duration_s": "duration_hours", "by_s": "by_hours"}
+SERVICE_TO_FORM_FIELD = {
+    "duration_s": "duration_hours",
+    "by_s": "by_hours",
+    "gpu_memory_mib": "gpu_memory_gib",
+}
 
 
 class ThrottledLoginMixin:
@@ -86,7 +90,8 @@ GPUS_AT_LEAST_ONE = "Number of GPUs: give a whole number, at least 1."
 
 
 class BookForm(AccessibleForm):
-    """Book whole GPUs or one MIG slice, as soon as possible or for a fixed window."""
+    """Book whole GPUs, one MIG slice or a fraction of a shared GPU (where the site shares
+    one), as soon as possible or for a fixed window."""
 
     project = forms.ChoiceField()
     kind = forms.ChoiceField(
@@ -103,6 +108,30 @@ class BookForm(AccessibleForm):
         error_messages={"min_value": GPUS_AT_LEAST_ONE, "invalid": GPUS_AT_LEAST_ONE},
     )
     mig_profile = forms.ChoiceField(required=False, label="MIG profile")
+    gpu_fraction = forms.FloatField(
+        required=False,
+        label="Share of the GPU",
+        help_text="Of its compute, e.g. 0.25; or give only the memory.",
+    )
+    gpu_memory_gib = forms.FloatField(
+        required=False,
+        min_value=0.001,
+        label="GPU memory (GiB)",
+        help_text="What it needs; alone, its share is that part of the GPU's memory.",
+    )
+    cpus = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="CPU cores per node",
+        help_text="Empty: the site's default for the GPUs booked.",
+    )
+    # A size with a unit (64G, 512M, 1T) or MiB, parsed by the booking service as the API's.
+    memory_mib = forms.CharField(
+        required=False,
+        max_length=20,
+        label="Host memory per node",
+        help_text="e.g. 64G or 512M; empty: the site's default for the GPUs booked.",
+    )
     gpu_model = forms.ChoiceField(required=False, label="GPU model")
     mixed_models = forms.BooleanField(
         required=False,
@@ -200,6 +229,9 @@ class BookForm(AccessibleForm):
         self.fields["project"].choices = [(p, p) for p in projects]
         if len(projects) == 1:
             self.fields["project"].initial = projects[0]
+        if inventory.shared_gpu_memory() is not None:  # only where some GPU is shared
+            kinds = self.fields["kind"].choices + [("shared", "A fraction of a shared GPU")]
+            self.fields["kind"].choices = kinds
         profiles = inventory.mig_profiles()
         self.fields["mig_profile"].choices = [("", "Choose a profile")] + [(p, p) for p in profiles]
         models = inventory.site_gpu_models()
@@ -226,6 +258,10 @@ class BookForm(AccessibleForm):
             self.add_error("mig_profile", "Choose a MIG profile.")
         if data.get("kind") == "gpus" and not data.get("gpus") and "gpus" not in self.errors:
             self.add_error("gpus", GPUS_AT_LEAST_ONE)
+        shared = ("gpu_fraction", "gpu_memory_gib")
+        if data.get("kind") == "shared" and not any(data.get(n) for n in shared):
+            if not any(n in self.errors for n in shared):
+                self.add_error("gpu_fraction", "Give a share of the GPU or the memory it needs.")
         if data.get("when") == "asap" and not data.get("duration_hours"):
             self.add_error("duration_hours", "Give a duration in hours.")
         if data.get("when") == "window":
@@ -265,9 +301,16 @@ class BookForm(AccessibleForm):
             "image": data.get("image") or None,
             "array": data.get("array") or None,
             "after": data.get("after") or None,
+            "cpus": data.get("cpus"),
+            "memory_mib": (data.get("memory_mib") or "").strip() or None,
         }
         if data["kind"] == "mig":
             kwargs["mig_profile"] = data["mig_profile"]
+        elif data["kind"] == "shared":
+            kwargs["gpu_fraction"] = data.get("gpu_fraction")
+            gib = data.get("gpu_memory_gib")
+            kwargs["gpu_memory_mib"] = None if gib is None else round(gib * 1024)
+            kwargs["mixed_models"] = False
         else:
             kwargs["gpus"] = data["gpus"]
         if data["when"] == "window":

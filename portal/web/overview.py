@@ -38,6 +38,7 @@ from portal.models import Allocation, Booking, DomainEvent, Node
 from portal.services.core.clock import to_epoch
 from portal.services.realtime import live
 from portal.web import selectors
+from portal.web.node_resources import node_resources
 from portal.web.selectors import DeviceRow, Totals
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class NodeLine:
     # model -> (GPUs not in MIG mode, free ones, bookable MIG slices, free ones)
     counts: dict[str, tuple[int, int, int, int]]
     states: frozenset[str]  # the device states present, for the state filter
+    # (cores held now, cores, memory MiB held now, memory MiB); None: the node reports none.
+    resources: tuple[int, int, int, int] | None = None
 
     def _sum(self, i: int) -> int:
         return sum(c[i] for c in self.counts.values())
@@ -84,12 +87,17 @@ class NodeLine:
     def counts_json(self) -> str:
         return json.dumps(self.counts, sort_keys=True)
 
+    @property
+    def resources_json(self) -> str:
+        return json.dumps(self.resources)
+
     def patch(self) -> dict:
         return {
             "hostname": self.hostname,
             "state": self.state,
             "counts": self.counts,
             "states": sorted(self.states),
+            "resources": self.resources,
         }
 
 
@@ -121,9 +129,12 @@ def facts_version() -> int:
     return DomainEvent.objects.aggregate(newest=Max("id"))["newest"] or 0
 
 
-def node_lines(rows: list[DeviceRow], nodes: dict[str, str]) -> list[NodeLine]:
+def node_lines(
+    rows: list[DeviceRow], nodes: dict[str, str], resources: dict[str, tuple] | None = None
+) -> list[NodeLine]:
     """Count `rows` (from device_rows) per node; `nodes` maps each hostname to its state, so a
-    node without devices is listed too."""
+    node without devices is listed too; `resources` (node_resources) its cores and memory."""
+    resources = resources or {}
     counts: dict[str, dict[str, list[int]]] = {host: {} for host in nodes}
     states: dict[str, set[str]] = {host: set() for host in nodes}
     for row in rows:
@@ -141,6 +152,7 @@ def node_lines(rows: list[DeviceRow], nodes: dict[str, str]) -> list[NodeLine]:
             state=nodes.get(host, Node.State.UP),
             counts={model: tuple(c) for model, c in sorted(counts[host].items())},
             states=frozenset(states[host]),
+            resources=resources.get(host),
         )
         for host in sorted(counts)
     ]
@@ -161,7 +173,7 @@ def summary_build(*, now: datetime, version: int) -> tuple[Summary, list[DeviceR
     """Read the whole site once and count it; also returns the device rows it counted."""
     rows = selectors.device_rows(now=now)
     states = dict(Node.objects.values_list("hostname", "state"))
-    nodes = node_lines(rows, states)
+    nodes = node_lines(rows, states, node_resources(now=now))
     summary = Summary(
         version=version,
         built_at=to_epoch(now),
@@ -280,6 +292,7 @@ def summary_apply(message: dict) -> bool:
                 state=node["state"],
                 counts={model: tuple(c) for model, c in node["counts"].items()},
                 states=frozenset(node["states"]),
+                resources=tuple(node["resources"]) if node.get("resources") else None,
             )
         nodes = [lines[host] for host in sorted(lines)]
         totals = replace(
@@ -358,7 +371,7 @@ def node_detail(*, now: datetime, hostname: str, **filters) -> tuple[NodeLine, l
     if not states:
         return None
     rows = selectors.device_rows(now=now, hostnames=[hostname])
-    [line] = node_lines(rows, states)
+    [line] = node_lines(rows, states, node_resources(now=now, hostnames=[hostname]))
     return line, selectors.filter_rows(rows, **filters)
 
 
@@ -401,7 +414,12 @@ def patch_build(*, hostnames: list[str], owner_id: int | None, now=None) -> dict
         "type": PATCH_TYPE,
         "version": version,
         "owner_id": owner_id,
-        "nodes": [line.patch() for line in node_lines(rows, states)],
+        "nodes": [
+            line.patch()
+            for line in node_lines(
+                rows, states, node_resources(now=now, hostnames=hostnames) if hostnames else {}
+            )
+        ],
         "devices": [_device_patch(r) for row in rows for r in (row, *row.children)],
         "queued": queued,
         "queued_gpu_hours": queued_hours,
@@ -422,4 +440,16 @@ def _device_patch(row: DeviceRow) -> dict:
             "owner_id": booking.owner_id,
             "project": booking.project.slug,
         },
+        # A shared GPU's bookings now, each with its share (web.tenants).
+        "tenants": [
+            {
+                "id": t.booking.pk,
+                "owner": t.booking.owner.username,
+                "owner_id": t.booking.owner_id,
+                "percent": t.percent,
+                "memory_mib": t.memory_mib,
+                "used_mib": t.used_mib,
+            }
+            for t in row.tenants
+        ],
     }

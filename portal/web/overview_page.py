@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from portal.web import selectors
+from portal.web.maintenance import windows_shown
 from portal.web.overview import (
     Summary,
     expanded_nodes,
@@ -59,6 +60,7 @@ def overview(request):
     context = {
         "parts": parts,
         "filter_query": _filter_query(filters),
+        "maintenance": windows_shown(now=now),
         **_mine_context(request, now),
     }
     return render(request, "portal/overview.html", context)
@@ -131,4 +133,5 @@ def _node_devices(request, now: datetime, filters: dict):
         raise Http404("No such node.")
     line, rows = found
     context = {"rows": rows, "line": line, "version": version, "now": now}
+    context["maintenance"] = windows_shown(now=now, hostname=line.hostname)
     return render(request, "portal/_node_devices.html", context)

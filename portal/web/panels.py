@@ -82,7 +82,7 @@ def node_lines(*, alerts: list[AlertLine]) -> list[NodeLine]:
     open_by_node: dict[int, int] = {}
     for line in alerts:
         open_by_node[line.alert.node_id] = open_by_node.get(line.alert.node_id, 0) + 1
-    order = {Node.State.DOWN: 0, Node.State.DRAIN: 1, Node.State.UP: 2}
+    order = {Node.State.DOWN: 0, Node.State.DRAIN: 1, Node.State.MAINTENANCE: 1, Node.State.UP: 2}
     return sorted(
         (
             NodeLine(

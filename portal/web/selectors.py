@@ -23,6 +23,7 @@ from portal.services.booking.selectors import visible_bookings
 from portal.services.inventory import selectors as inventory
 from portal.services.inventory.telemetry_cache import latest_by_uuid
 from portal.web.device_usage import busy_devices
+from portal.web.tenants import tenant_lines
 
 # A device whose reading shows processes, or more than this utilization, is "in use".
 STATE_LABELS = {
@@ -43,6 +44,13 @@ PENDING_REASONS = {
     "dependency": "It starts after other bookings end (its dependencies).",
     "array_limit": "Its array already runs as many tasks at once as the array allows.",
     "topology": "It waits a little (at most the site's limit) for better-connected GPUs.",
+    "maintenance": "A maintenance window on the nodes that could run it is in the way; it is "
+    "planned around the window.",
+    "mig_change": "The GPU it fits on changes its MIG layout first (the detail says when).",
+    "project_reservation": "Devices are set aside for a project (a project reservation) then.",
+    "cpus": "Its GPUs are free, but not the CPU cores it asks on their node (the detail says "
+    "how many are free).",
+    "memory": "Its GPUs are free, but not the host memory it asks on their node.",
 }
 
 
@@ -65,6 +73,8 @@ class DeviceRow:
     reading: dict | None = None
     children: list = field(default_factory=list)
     topology: str = ""  # a whole GPU's NUMA node and NVLink peers, as its agent reported them
+    shared: bool = False  # a GPU in sharing mode: fractions to several bookings
+    tenants: list = field(default_factory=list)  # a shared GPU's bookings now (web.tenants)
 
     @property
     def short_label(self) -> str:
@@ -100,21 +110,25 @@ def device_state(
     return "booked"
 
 
-def _current_allocations(now: datetime, gpu_ids: list[int] | None = None) -> tuple[dict, dict]:
-    """Live allocations covering now (on `gpu_ids` only, if given), keyed by whole-GPU id and by
-    MIG-instance id."""
+def _current_allocations(
+    now: datetime, gpu_ids: list[int] | None = None
+) -> tuple[dict, dict, dict]:
+    """Live allocations covering now (on `gpu_ids` only, if given): bookings keyed by whole-GPU
+    id and by MIG-instance id, and a shared GPU's fractional allocations by GPU id."""
     rows = Allocation.objects.filter(live=True, start__lte=now, end__gt=now).select_related(
         "booking__owner", "booking__project"
     )
     if gpu_ids is not None:
         rows = rows.filter(gpu_id__in=gpu_ids)
-    by_gpu, by_mig = {}, {}
-    for allocation in rows:
+    by_gpu, by_mig, shared = {}, {}, {}
+    for allocation in rows.order_by("id"):
         if allocation.mig_instance_id:
             by_mig[allocation.mig_instance_id] = allocation.booking
         else:
-            by_gpu[allocation.gpu_id] = allocation.booking
-    return by_gpu, by_mig
+            by_gpu.setdefault(allocation.gpu_id, allocation.booking)
+            if allocation.share < 1:
+                shared.setdefault(allocation.gpu_id, []).append(allocation)
+    return by_gpu, by_mig, shared
 
 
 def device_rows(
@@ -131,7 +145,7 @@ def device_rows(
     uuids = [g.uuid for g in gpus] + [m.uuid for g in gpus for m in g.mig_instances.all()]
     readings = latest_by_uuid(uuids)
     whole_site = gpu_id is None and hostnames is None
-    by_gpu, by_mig = _current_allocations(now, None if whole_site else [g.pk for g in gpus])
+    by_gpu, by_mig, shared = _current_allocations(now, None if whole_site else [g.pk for g in gpus])
     booked = [g.uuid for g in gpus if g.pk in by_gpu] + [
         m.uuid for g in gpus for m in g.mig_instances.all() if m.pk in by_mig
     ]
@@ -139,6 +153,7 @@ def device_rows(
     rows = []
     for gpu in gpus:
         row = _gpu_row(gpu, readings, by_gpu.get(gpu.pk), busy)
+        row.tenants = tenant_lines(shared.get(gpu.pk, []), readings.get(gpu.uuid))
         for mig in gpu.mig_instances.all():
             row.children.append(_mig_row(gpu, mig, readings, by_mig.get(mig.pk), busy))
         if row.children:
@@ -169,6 +184,7 @@ def _gpu_row(gpu: Gpu, readings: dict, booking: Booking | None, busy: set[str]) 
         booking=booking,
         busy=gpu.uuid in busy,
         topology=_topology_hint(gpu),
+        shared=gpu.sharing == Gpu.Sharing.SHARED,
     )
 
 
@@ -432,6 +448,7 @@ def processes_now(devices: dict[str, str], readings: dict, booked: set[str]) -> 
                     p.get("name") or "",
                     p.get("used_memory_mib"),
                     mark,
+                    booking_id=p.get("booking_id"),
                 )
             )
     return sorted(lines, key=lambda line: -(line.memory_mib or 0))

@@ -22,7 +22,9 @@ from portal.services.booking.quotas import quota_position, usage_current
 from portal.services.booking.selectors import session_view
 from portal.services.inventory import selectors as inventory
 from portal.services.reporting import accounting as accounting_services
-from portal.web import calendar, charts, history, panels, selectors
+from portal.web import calendar, calendar_reservations, charts, history, panels, selectors
+from portal.web.maintenance import windows_shown
+from portal.web.node_resources import booking_holds
 
 FILTERS = ("model", "node", "state")
 # How far back the staff panel looks for alerts whose process still runs.
@@ -95,6 +97,7 @@ def booking_detail(request, booking_id: int):
         "log_tail_kib": LOG_TAIL_BYTES // 1024,
         "node_runs": selectors.node_runs_current(booking=booking) if booking.command else [],
         "output_file": output_file_name(booking.pk),
+        "holds": booking_holds(booking, allocations, now=now),
         "topology": inventory.gpus_topology_text(
             [a.gpu for a in shown if a.mig_instance_id is None]
         ),
@@ -170,6 +173,7 @@ def gpu_detail(request, gpu_id: int):
         ),
         "upcoming": upcoming,
         "nvlink_peers": inventory.gpu_nvlink_peers(gpu=gpu),
+        "maintenance": windows_shown(now=now, hostname=gpu.node.hostname),
         "visible_ids": set(
             selectors.visible_bookings(request.user)
             .filter(pk__in=shown)
@@ -193,12 +197,15 @@ def calendar_page(request):
     devices = [d for r in rows for d in (r.children or [r])]
     bars = calendar.week_bars(user=request.user, since=since, until=until)
     held = calendar.held_spans(since=since, until=until)
+    maintenance = calendar.maintenance_bars(since=since, until=until)
+    closed = calendar.maintenance_spans(since=since, until=until)
     for device in devices:
         device.bars = bars.get(device.uuid, [])
+        device.maintenance = maintenance.get(device.node, [])
         device.slots = calendar.free_slots(
             window=window,
             now=now,
-            held=held.get(device.uuid, []),
+            held=held.get(device.uuid, []) + closed.get(device.node, []),
             bookable=device.node_state == Node.State.UP,
         )
     now_place = calendar.geometry(now, now + timedelta(seconds=1), since, until)
@@ -214,6 +221,9 @@ def calendar_page(request):
         "filters": filters,
         "filter_query": urlencode({k: v for k, v in filters.items() if v}),
         "choices": selectors.filter_choices(),
+        "reservations": calendar_reservations.reservation_bars(
+            user=request.user, since=since, until=until, now=now
+        ),
     }
     return render_page(
         request, "portal/calendar.html", context, {"timeline": "portal/_timeline.html"}

@@ -555,7 +555,7 @@ def _stop(children: list[subprocess.Popen]) -> None:
 def notify_defaults(url: str, *, demo: bool) -> None:
     """Links in messages point at this server unless SITE_URL says otherwise, mail is kept in
     EMAIL_FILE_PATH unless EMAIL_BACKEND says otherwise; the demo turns idle reclaim on (short
-    windows, so it shows). Set here and in the environment, so the Celery
+    windows, so it shows) and quota borrowing. Set here and in the environment, so the Celery
     processes started next agree."""
     import socket
 
@@ -566,6 +566,7 @@ def notify_defaults(url: str, *, demo: bool) -> None:
     defaults = {"SITE_URL": url, "EMAIL_BACKEND": "portal.mailbox.FolderEmailBackend"}
     if demo:
         defaults |= {"IDLE_RECLAIM_ENABLED": "1", "IDLE_MINUTES": "10", "IDLE_GRACE_MINUTES": "5"}
+        defaults |= {"QUOTA_BORROWING": "1"}  # carol's over-quota booking starts borrowed
     for name, value in defaults.items():
         if not os.environ.get(name):
             os.environ[name] = value

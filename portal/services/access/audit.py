@@ -38,10 +38,15 @@ ACTIONS = (
     "node.delete",
     "node.drain",
     "node.return",
+    "maintenance.create",
+    "maintenance.change",
+    "maintenance.delete",
+    "gpu.sharing",
     "token.create",
     "token.revoke",
     "login",
     "login.failed",
+    "gpu.mig_layout",
 )
 
 
@@ -135,6 +140,8 @@ BOOKING_FIELDS = [
     "mig_profile",
     "gpu_model",
     "mixed_models",
+    "gpu_fraction",
+    "gpu_memory_mib",
     "qos",
     "start",
     "end",

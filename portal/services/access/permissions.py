@@ -49,6 +49,14 @@ CAN: dict[str, tuple[str, dict[str, str]]] = {
         "Drain a node or return it to service (/admin/)",
         {"member": "no", "manager": "no", "staff": "perm", "superuser": "all"},
     ),
+    "maintenance.edit": (
+        "Create, change or delete a maintenance window (/admin/, API)",
+        {"member": "no", "manager": "no", "staff": "perm", "superuser": "all"},
+    ),
+    "gpu.sharing": (
+        "Put GPUs in sharing mode or back to exclusive",
+        {"member": "no", "manager": "no", "staff": "perm", "superuser": "all"},
+    ),
     "audit.view": (
         "Read the audit log",
         {"member": "no", "manager": "project", "staff": "all", "superuser": "all"},
@@ -77,13 +85,20 @@ CAN: dict[str, tuple[str, dict[str, str]]] = {
         "Choose notifications of site events (node down, foreign process)",
         {"member": "no", "manager": "no", "staff": "all", "superuser": "all"},
     ),
+    "gpu.mig_layout": (
+        "Change a GPU's MIG layout, approve or cancel a change (API, /admin/)",
+        {"member": "no", "manager": "no", "staff": "perm", "superuser": "all"},
+    ),
 }
 
 # The Django model permission a "perm" cell asks for.
 PERMS = {
     "quota.edit": "portal.change_quota",
     "node.drain": "portal.change_node",
+    "maintenance.edit": "portal.change_maintenancewindow",
+    "gpu.sharing": "portal.change_gpu",
     "token.revoke_any": "portal.delete_apitoken",
+    "gpu.mig_layout": "portal.change_gpu",
 }
 
 

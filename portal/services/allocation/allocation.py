@@ -22,8 +22,14 @@ from django.db import connection, transaction
 
 import scheduler
 from portal.models import Booking
+from portal.services.allocation.mig_changes import mig_changes_advance, mig_layouts_propose
 from portal.services.allocation.pass_start import start_planned
-from portal.services.allocation.snapshot import Snapshot, scheduler_policy, snapshot_take
+from portal.services.allocation.snapshot import (
+    Snapshot,
+    scheduler_policy,
+    share_row,
+    snapshot_take,
+)
 from portal.services.booking import events
 from portal.services.booking.bookings import booking_stop, booking_transition
 from portal.services.booking.fairshare import fairshare_fold
@@ -31,6 +37,7 @@ from portal.services.booking.reservations import reservations_start_due
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch
 from portal.services.core.locking import advisory_unlock, try_session_advisory_lock
+from scheduler.mig_layout import change_times
 
 log = logging.getLogger(__name__)
 State = Booking.State
@@ -49,6 +56,7 @@ class PassResult:
     skipped: int = 0  # starts whose devices changed since the snapshot (retried next pass)
     never_met: int = 0  # pending bookings ended because a dependency can never be met
     stored: int = 0  # pending bookings whose planned start, position or reason changed
+    mig_changes: int = 0  # MIG layout changes planned, started or timed out
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -84,6 +92,9 @@ def _run(now: datetime) -> PassResult:
     snap = snapshot_take(now=now, policy=policy)
     result.pending = len(snap.pending)
     clock.lap("snapshot")
+    # A planned MIG layout change moves on (planned, applying) whether or not anything waits.
+    result.mig_changes = mig_changes_advance(times=change_times(snap.state), now=now)
+    result.mig_changes += mig_layouts_propose(state=snap.state, now=now)  # MIG_AUTO_LAYOUT
     if not snap.pending:
         return result
     plan = scheduler.plan(snap.state, snap.policy)
@@ -146,6 +157,8 @@ def _apply_preemptions(plan, now: datetime) -> int:
     count = 0
     for preemption in plan.preemptions:
         detail = f"preempted for booking {preemption.for_booking_id}"
+        if preemption.reason:  # a reclaim of borrowed devices
+            detail = f"{preemption.reason} (booking {preemption.for_booking_id})"
         with transaction.atomic(durable=True):
             if booking_stop(
                 booking_id=int(preemption.booking_id), to=State.PREEMPTED, now=now, detail=detail
@@ -159,8 +172,11 @@ def _apply_starts(plan, snap: Snapshot, now: datetime) -> tuple[int, int]:
     for start in plan.starts:
         booking_id = int(start.booking_id)
         pending = snap.pending[booking_id]
-        rows = [snap.devices[d] for d in start.device_ids]
-        if start_planned(pending=pending, rows=rows, snap=snap, now=now, done=done):
+        rows = [share_row(snap.devices[d], start) for d in start.device_ids]
+        borrowed = " and ".join(start.borrowed_past)
+        if start_planned(
+            pending=pending, rows=rows, snap=snap, now=now, done=done, borrowed_past=borrowed
+        ):
             done.add(booking_id)
             started += 1
         else:
@@ -198,7 +214,7 @@ def _plan_values(planned) -> tuple:
         f'{{"age": {round(p.age)}, "qos": {round(p.qos)}, "size": {round(p.size)},'
         f' "total": {round(p.total)}, "fairshare": {round(p.fairshare)}}}'
     )
-    return (start, planned.position, planned.reason[:16], planned.detail[:300], priority)
+    return (start, planned.position, planned.reason[:24], planned.detail[:300], priority)
 
 
 def _same_priority(stored: str | None, priority: str) -> bool:

@@ -35,7 +35,9 @@ from portal.services.booking.booking_rules import BookingRequest, check_request
 from portal.services.booking.containers import image_check
 from portal.services.booking.dependencies import after_check, array_check, queued_only_check
 from portal.services.booking.job_env import job_env_check, node_count_gpus
+from portal.services.booking.project_reservations import holds_against
 from portal.services.booking.sessions import session_request_check
+from portal.services.booking.sharing_rules import fraction_check_nodes
 from portal.services.core import counters
 from portal.services.core.clock import from_epoch, to_epoch
 from portal.services.inventory import placement
@@ -71,8 +73,14 @@ def booking_estimate(*, user, now: datetime, **fields) -> Estimate:
     """Validate like a submission (same refusals), then plan it without writing anything."""
     interactive = fields.pop("interactive", None)
     job = {name: fields.pop(name, None) for name in ("workdir", "env", "signal")}
+    node_count = fields.pop("node_count", None)
+    fraction_check_nodes(
+        node_count,
+        gpu_fraction=fields.get("gpu_fraction"),
+        gpu_memory_mib=fields.get("gpu_memory_mib"),
+    )
     fields["gpus"] = node_count_gpus(
-        node_count=fields.pop("node_count", None),
+        node_count=node_count,
         gpus=fields.get("gpus"),
         gpu_model=fields.get("gpu_model"),
         mig_profile=fields.get("mig_profile"),
@@ -113,6 +121,8 @@ def _request_fields(fields: dict) -> dict:
         "qos": "normal",
         "preemptible": False,
         "command": "",
+        "gpu_fraction": None,
+        "gpu_memory_mib": None,
     }
     return {**defaults, **fields}
 
@@ -146,6 +156,13 @@ def _next_window(user, request: BookingRequest, now: datetime, image: str):
         mixed_models=request.mixed_models,
         allowed_models=request.quota.allowed_models,
         runtimes=image_runtimes(image) if image else (),
+        gpu_fraction=request.gpu_fraction,
+        gpu_memory_mib=request.gpu_memory_mib,
+        project_holds=holds_against(
+            project=request.project.slug,
+            start=request.start,
+            end=request.start + NEXT_WINDOW_SEARCH + (request.end - request.start),
+        ),
     )
     if start is None:
         return None
@@ -254,6 +271,8 @@ def _may_answer_stale(queue: _Queue | None, ttl: float) -> bool:
 def _take(now: datetime, *, walk: bool, pause=None) -> _Queue:
     snap = snapshot_take(now=now)
     counters.counter_add("estimate_snapshots")
+    # With project holds the kept walk answers nothing (scheduler.kept_walk): not walked.
+    walk = walk and not snap.state.holds
     kept = scheduler.keep_walk(snap.state, snap.policy, pause=pause) if walk else None
     return _Queue(time.monotonic(), snap, kept)
 

@@ -10,28 +10,28 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import NamedTuple
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max, TextField
 from django.db.models.functions import Cast
 
 import scheduler
+import scheduler.holds
 from agents.protocol import image_runtimes
-from portal.models import Allocation, Booking, mig_fraction
+from portal.models import Allocation, Booking, Gpu, mig_fraction
 from portal.models.inventory import runtimes_of
 from portal.services.booking import fairshare
 from portal.services.booking.dependencies import array_limit, pending_dependencies
+from portal.services.booking.project_reservations import hold_rules
 from portal.services.booking.quotas import QuotaAsk, quota_positions
 from portal.services.core.clock import EpochSeconds, to_epoch
+from portal.services.core.policy import scheduler_policy
+from portal.services.inventory import resources
 from portal.services.inventory import selectors as inventory
+from portal.services.inventory.mig_layouts import mig_changes_holding
 from portal.services.inventory.telemetry_cache import latest_by_uuid
+from portal.services.inventory.windows import maintenance_windows_planned
 
 State = Booking.State
-
-
-def scheduler_policy():
-    """The allocator's policy from settings (weights, half-life, QOS levels, grace)."""
-    return scheduler.Policy(**settings.SCHEDULER_POLICY)
 
 
 def _ts(value: datetime) -> float:
@@ -51,6 +51,18 @@ class DeviceRow:
     gpu_id: int
     mig_id: int | None
     fraction: float
+    # A fraction of a shared GPU: the share and memory the booking holds (share_row); a whole
+    # device has no memory figure.
+    share: float = 1.0
+    memory_mib: int | None = None
+
+
+def share_row(row: DeviceRow, start) -> DeviceRow:
+    """The row a booking's start (``scheduler.Start``) writes: for a fraction of a shared GPU,
+    the share and memory the allocator gave it there, charged as its GPU-equivalents."""
+    if start.share >= 1.0 and not start.gpu_memory_mib:
+        return row
+    return replace(row, fraction=start.share, share=start.share, memory_mib=start.gpu_memory_mib)
 
 
 class PendingRow(NamedTuple):
@@ -64,6 +76,9 @@ class PendingRow(NamedTuple):
     project_id: int
     duration_s: int
     plan_values: tuple
+    # Cores and host memory per node it asked for (None: the default, resources.node_demand).
+    cpus: int | None = None
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,12 @@ _PENDING_FIELDS = (
     "array_spec",
     "image",
     "mixed_models",
+    "gpu_fraction",
+    "gpu_memory_mib",
+    "requeued_ts",
+    "restart_count",
+    "cpus",
+    "memory_mib",
 )
 
 
@@ -120,6 +141,7 @@ def snapshot_take(*, now: datetime, policy=None) -> Snapshot:
             .annotate(
                 submitted_ts=EpochSeconds("submitted_at"),
                 planned_ts=EpochSeconds("planned_start"),
+                requeued_ts=EpochSeconds("requeued_at"),
                 # The stored priority only to compare with the new one: text, not decoded.
                 priority_text=Cast("priority", TextField()),
             )
@@ -127,13 +149,18 @@ def snapshot_take(*, now: datetime, policy=None) -> Snapshot:
             .values_list(*_PENDING_FIELDS)
         )
         after, outcomes = pending_dependencies()
-        requests = [_request_row(row, after.get(row[0], ())) for row in rows]
+        requests = [_request_row(row, after.get(row[0], ()), policy) for row in rows]
         keys = {(row[3], row[1]): (row[4], row[2]) for row in rows}
         state, devices, recent = _state(now, requests, keys, policy)
         state = replace(state, outcomes=outcomes)
     pending = {
         row[0]: PendingRow(
-            row[0], row[3], row[6], (_whole(row[12]), row[13], row[14], row[15], row[16])
+            row[0],
+            row[3],
+            row[6],
+            (_whole(row[12]), row[13], row[14], row[15], row[16]),
+            row[25],
+            row[26],
         )
         for row in rows
     }
@@ -144,7 +171,8 @@ def _whole(ts: float | None) -> int | None:
     return None if ts is None else round(ts)
 
 
-def _request_row(row: tuple, after: tuple):
+def _request_row(row: tuple, after: tuple, policy):
+    requeued = row[23]
     return scheduler.Request(
         booking_id=str(row[0]),
         user=f"{row[2]}@{row[4]}",
@@ -161,6 +189,14 @@ def _request_row(row: tuple, after: tuple):
         array_limit=array_limit(row[18]),
         runtimes=_runtimes(row[19]),
         mixed_models=row[20],
+        gpu_fraction=row[21],
+        gpu_memory_mib=row[22],
+        # A requeued run backs off before it borrows again (scheduler.borrow_backoff).
+        borrow_after=0.0
+        if requeued is None
+        else scheduler.borrow_backoff(policy, requeued, row[24]),
+        cpus=row[25],
+        memory_mib=row[26],
     )
 
 
@@ -242,17 +278,31 @@ def _state(now: datetime, requests: list, keys: dict[tuple[int, int], tuple[str,
         allocations = tuple(
             _predicted_end(a, recent.get(a.user, ()), _ts(now)) for a in allocations
         )
+    inventory_devices = tuple(d for d, _ in devices.values())
     state = scheduler.State(
         now=_ts(now),
-        devices=tuple(d for d, _ in devices.values()),
+        devices=inventory_devices,
         allocations=allocations,
         pending=requests,
         project_shares=shares,
         project_usage=fairshare.project_usage(now=now, policy=policy),
         user_quotas=quotas_user,
         project_quotas=quotas_project,
+        windows=maintenance_windows_planned(now=now),
+        mig_changes=mig_changes_holding(),
+        # Project reservations, each window expanded within the horizon (scheduler.holds).
+        holds=scheduler.holds.expand(hold_rules(now=now), inventory_devices, allocations, _ts(now)),
+        node_resources=_node_resources(devices),
     )
     return state, {key: row for key, (_, row) in devices.items()}, recent
+
+
+def _node_resources(devices: dict[str, tuple]) -> dict[str, scheduler.NodeResources]:
+    """Cores and memory of the nodes with bookable devices, by the name their devices give
+    (``Device.node``); a node whose agent reported none is left out (it counts neither)."""
+    names = {row.node_id: device.node for device, row in devices.values()}
+    capacities = resources.node_capacities(names)
+    return {names[node_id]: capacity for node_id, capacity in capacities.items()}
 
 
 def _devices() -> dict[str, tuple]:
@@ -272,6 +322,8 @@ def _devices() -> dict[str, tuple]:
             "index",
             "numa_node",
             "nvlink_peers",
+            "memory_mib",
+            "sharing",
         )
     )
     migs = inventory.mig_instances_bookable().values_list(
@@ -290,7 +342,9 @@ def _devices() -> dict[str, tuple]:
     # NVLink peers are reported by index on their node: the scheduler names them by device id.
     slot = {(row[3], row[8]): f"gpu:{row[0]}" for row in gpus}
     devices: dict[str, tuple] = {}
-    for pk, uuid, model, node_id, hostname, node_state, runtimes, group, _, numa, peers in gpus:
+    for row in gpus:
+        pk, uuid, model, node_id, hostname, node_state, runtimes, group, _, numa, peers = row[:11]
+        memory_mib, sharing = row[11:]
         reading = readings.get(uuid, {})
         devices[f"gpu:{pk}"] = (
             scheduler.Device(
@@ -305,6 +359,8 @@ def _devices() -> dict[str, tuple]:
                 links=tuple(slot[node_id, p] for p in peers or () if (node_id, p) in slot),
                 numa=numa,
                 group=group,
+                shared=sharing == Gpu.Sharing.SHARED,
+                memory_mib=memory_mib,
             ),
             DeviceRow(node_id, pk, None, 1.0),
         )
@@ -344,6 +400,11 @@ def _allocations(now: datetime) -> tuple:
             "booking__preemptible",
             "booking__state",
             "booking__array_parent_id",
+            "share",
+            "gpu_memory_mib",
+            "borrowed",
+            "booking__cpus",
+            "booking__memory_mib",
         )
     )
     for row in live_rows:
@@ -360,9 +421,14 @@ def _allocations(now: datetime) -> tuple:
                 user=f"{first[5]}@{first[6]}",
                 project=first[6],
                 qos=first[7],
-                preemptible=first[8],
+                preemptible=first[8] or first[13],  # a borrowed run is always preemptible
                 running=first[9] == State.ACTIVE,
                 array=str(first[10] or ""),
+                share=first[11],
+                gpu_memory_mib=first[12] or 0,
+                borrowed=first[13],
+                cpus=first[14],
+                memory_mib=first[15],
             )
         )
     return tuple(sorted(out, key=lambda a: a.booking_id))
@@ -406,4 +472,8 @@ def _request(booking: Booking):
         preemptible=booking.preemptible,
         runtimes=_runtimes(booking.image),
         mixed_models=booking.mixed_models,
+        gpu_fraction=booking.gpu_fraction,
+        gpu_memory_mib=booking.gpu_memory_mib,
+        cpus=booking.cpus,
+        memory_mib=booking.memory_mib,
     )

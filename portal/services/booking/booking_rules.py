@@ -3,13 +3,19 @@
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
+
 import scheduler
 from portal.errors import NoCapacity, QuotaExceeded, ValidationFailed
 from portal.models import Project, Qos, mig_fraction
 from portal.models.bookings import mig_profile_slices
 from portal.services.booking.booking_bounds import request_bounds
 from portal.services.booking.quotas import EffectiveQuota, QuotaPosition, quota_position
+from portal.services.booking.sharing_rules import check_fraction, is_fraction_request
+from portal.services.core.policy import scheduler_policy
+from portal.services.core.units import parse_memory_mib
 from portal.services.inventory import selectors as inventory
+from portal.services.inventory.resources import node_capacities
 
 PAST_SLACK = timedelta(seconds=60)
 
@@ -32,6 +38,16 @@ class BookingRequest:
     gpu_equivalents: float
     quota: EffectiveQuota  # the user's limits in the project (override, else the project's)
     limits: QuotaPosition  # the user's and the project's limits, nothing used or held
+    # A fraction of one shared GPU (booking.sharing_rules): its share, its memory (MiB).
+    gpu_fraction: float | None = None
+    gpu_memory_mib: int | None = None
+    # CPU cores and host memory per node (None: the site's default, resources.node_demand).
+    cpus: int | None = None
+    memory_mib: int | None = None
+
+
+# A booking's cores and memory are PositiveIntegerFields.
+HOST_MAX = 2**31 - 1
 
 
 def resolve_project(*, user, slug: str | None) -> Project:
@@ -68,8 +84,15 @@ def check_request(
     preemptible: bool,
     command: str,
     mixed_models: bool = False,
+    gpu_fraction: float | None = None,
+    gpu_memory_mib: int | None = None,
+    cpus: int | None = None,
+    memory_mib: int | str | None = None,
 ) -> BookingRequest:
-    """Validate a submission against the inventory, the window rules and the quota."""
+    """Validate a submission against the inventory, the window rules and the quota.
+
+    ``cpus`` and ``memory_mib`` (MiB, or a size with a unit: "64G") are per node."""
+    host = _check_host(cpus=cpus, memory_mib=memory_mib, gpus=gpus)
     proj = resolve_project(user=user, slug=project)
     limits = quota_position(project=proj, user=user, now=now, use=False)
     quota = limits.user_limits
@@ -95,9 +118,50 @@ def check_request(
         quota=quota,
         limits=limits,
     )
-    request = _check_what(request, gpus=gpus, mig_profile=mig_profile or "")
+    if is_fraction_request(gpu_fraction=gpu_fraction, gpu_memory_mib=gpu_memory_mib):
+        request = check_fraction(
+            request,
+            gpus=gpus,
+            mig_profile=mig_profile or "",
+            gpu_fraction=gpu_fraction,
+            gpu_memory_mib=gpu_memory_mib,
+        )
+    else:
+        request = _check_what(request, gpus=gpus, mig_profile=mig_profile or "")
+    request = replace(request, cpus=host[0], memory_mib=host[1])
     _check_limits(request)
     return request
+
+
+def _check_host(
+    *, cpus: int | None, memory_mib: int | str | None, gpus: int | None
+) -> tuple[int | None, int | None]:
+    """The cores and memory (MiB) asked per node: whole numbers from 1, memory also as a size
+    with a unit ("64G", "512M", "1T"; a bare number is MiB)."""
+    if not settings.SCHEDULE_CORES_MEMORY:
+        for name, value in (("cpus", cpus), ("memory_mib", memory_mib)):
+            if value is not None:
+                raise ValidationFailed.field(
+                    name, "this site books GPUs alone, not cores or memory (SCHEDULE_CORES_MEMORY)."
+                )
+    if cpus is not None:
+        if isinstance(cpus, bool) or not isinstance(cpus, int):
+            raise ValidationFailed.field("cpus", "must be a whole number of cores.")
+        if not 1 <= cpus <= HOST_MAX:
+            raise ValidationFailed.field("cpus", f"must be between 1 and {HOST_MAX}.")
+    if isinstance(memory_mib, str):
+        try:
+            memory_mib = parse_memory_mib(memory_mib)
+        except ValueError as exc:
+            raise ValidationFailed.field("memory_mib", f"{exc}.") from None
+    elif memory_mib is not None:
+        if isinstance(memory_mib, bool) or not isinstance(memory_mib, int):
+            raise ValidationFailed.field("memory_mib", "must be MiB or a size such as 64G.")
+        if not 1 <= memory_mib <= HOST_MAX:
+            raise ValidationFailed.field("memory_mib", f"must be between 1 and {HOST_MAX} MiB.")
+    if (cpus is not None or memory_mib is not None) and gpus is not None and gpus < 1:
+        raise ValidationFailed.field("gpus", "cores and memory are booked with GPUs: at least 1.")
+    return cpus, memory_mib
 
 
 def _check_window(*, now, start, end, duration_s) -> tuple[datetime | None, datetime | None, int]:
@@ -216,19 +280,35 @@ def _check_admission(request: BookingRequest) -> None:
         mig_profile=request.mig_profile or None,
         gpu_model=request.gpu_model or None,
         mixed_models=request.mixed_models,
+        gpu_fraction=request.gpu_fraction,
+        gpu_memory_mib=request.gpu_memory_mib,
+        cpus=request.cpus,
+        memory_mib=request.memory_mib,
     )
     refusal = scheduler.admission_refusal(
         asked,
         inventory.admission_devices(),
         request.limits.sides,
         fixed_window=request.start is not None,
+        **_admission_resources(),
     )
     if refusal is None:
         return
-    what = "gpus" if request.gpus else "mig_profile"
+    what = _what_field(request)
     when = "end" if request.start else "duration_s"
     if refusal.limit == "request":
         raise ValidationFailed.field(when, "must leave the booking a positive duration.")
+    if refusal.limit in _HOST_FIELDS:
+        # More cores or memory than any node that could hold its GPUs has: bad input.
+        field = _HOST_FIELDS[refusal.limit]
+        raise ValidationFailed.field(field, refusal.text or f"no node has that many {field}.")
+    if refusal.limit in _HOST_QUOTA_FIELDS:
+        field = _HOST_QUOTA_FIELDS[refusal.limit]
+        whose = "your project's" if refusal.scope == "project" else "your"
+        reason = (
+            f"asks for {refusal.asks:g} but {whose} quota allows {refusal.limit_value:g} at once."
+        )
+        raise _quota_refusal(field, reason, limit=refusal.limit, **_amounts(refusal))
     if refusal.limit == "inventory":
         reason = _inventory_refusal(request, refusal)
         raise NoCapacity(f"{what}: {reason}", fields={what: reason})
@@ -246,6 +326,32 @@ def _check_admission(request: BookingRequest) -> None:
     raise _quota_refusal(when, reason, limit="gpu_hours_budget", **_amounts(refusal))
 
 
+# The admission refusals of cores and memory (scheduler/admission.py), by the field at fault.
+_HOST_FIELDS = {"cpus": "cpus", "memory": "memory_mib", "memory_mib": "memory_mib"}
+_HOST_QUOTA_FIELDS = {"max_cpus": "cpus", "max_memory_mib": "memory_mib"}
+
+
+def _admission_resources() -> dict:
+    """The nodes' cores and memory for the admission check, keyed as admission_devices names
+    nodes (by id), and the policy's defaults per GPU."""
+    capacities = node_capacities()
+    if not capacities:
+        return {}
+    return {
+        "node_resources": {str(pk): cap for pk, cap in capacities.items()},
+        "policy": scheduler_policy(),
+    }
+
+
+def _what_field(request: BookingRequest) -> str:
+    """The field that says what a request asks for: gpus, mig_profile or its fraction's."""
+    if request.gpu_fraction is not None:
+        return "gpu_fraction"
+    if request.gpu_memory_mib is not None:
+        return "gpu_memory_mib"
+    return "gpus" if request.gpus else "mig_profile"
+
+
 def _amounts(refusal: scheduler.Refusal) -> dict:
     return {"limit_value": refusal.limit_value, "usage": 0.0, "asks": refusal.asks}
 
@@ -258,6 +364,8 @@ def _quota_refusal(field: str, reason: str, **extra) -> QuotaExceeded:
 
 def _inventory_refusal(request: BookingRequest, refusal: scheduler.Refusal) -> str:
     model = f" {request.gpu_model}" if request.gpu_model else ""
+    if request.gpu_fraction is not None or request.gpu_memory_mib is not None:
+        return f"no shared{model} GPU of the cluster can hold this fraction."
     if request.mig_profile:
         return f"no{model} GPU of the cluster has a {request.mig_profile} instance to book."
     most = int(refusal.limit_value)

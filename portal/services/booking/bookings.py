@@ -34,9 +34,11 @@ from portal.services.booking.dependencies import (
     queued_only_check,
 )
 from portal.services.booking.job_env import job_env_apply, job_env_check, node_count_gpus
+from portal.services.booking.project_reservations import holds_against
 from portal.services.booking.quotas import quota_position
 from portal.services.booking.selectors import booking_get_for_change
 from portal.services.booking.sessions import session_prepare, session_request_check
+from portal.services.booking.sharing_rules import fraction_check_nodes
 from portal.services.booking.transitions import booking_cas
 from portal.services.core.locking import (
     is_allocation_clash,
@@ -46,6 +48,8 @@ from portal.services.core.locking import (
 )
 from portal.services.inventory import placement
 from portal.services.inventory import selectors as inventory
+from portal.services.inventory.sharing import share_fits
+from portal.services.inventory.windows import window_in_the_way
 from scheduler.reserve import Slot
 
 State = Booking.State
@@ -77,6 +81,10 @@ def booking_submit(
     array: str | None = None,
     after: str | list[str] | None = None,
     image: str | None = None,
+    gpu_fraction: float | None = None,
+    gpu_memory_mib: int | None = None,
+    cpus: int | None = None,
+    memory_mib: int | str | None = None,
 ) -> Booking:
     """Submit a booking: a reservation is placed now or refused (409); an ASAP one is queued.
 
@@ -88,7 +96,11 @@ def booking_submit(
     `array` ("0-99%10") queues one booking per task and returns the first; `after`
     ("afterok:41") holds each until its dependencies are met (booking/dependencies.py);
     `image` runs the command in that container image (booking/containers.py).
+    `gpu_fraction` / `gpu_memory_mib` ask for a fraction of one shared GPU
+    (booking/sharing_rules.py). `cpus` and `memory_mib` (MiB or "64G") are the cores and host
+    memory per node (None: the site's default, docs/scheduling.md "Cores and memory").
     """
+    fraction_check_nodes(node_count, gpu_fraction=gpu_fraction, gpu_memory_mib=gpu_memory_mib)
     gpus = node_count_gpus(
         node_count=node_count, gpus=gpus, gpu_model=gpu_model, mig_profile=mig_profile
     )
@@ -108,6 +120,10 @@ def booking_submit(
         qos=qos,
         preemptible=preemptible,
         command=command,
+        gpu_fraction=gpu_fraction,
+        gpu_memory_mib=gpu_memory_mib,
+        cpus=cpus,
+        memory_mib=memory_mib,
     )
     job = job_env_check(
         command=command, workdir=workdir, env=env, signal=signal, duration_s=request.duration_s
@@ -164,6 +180,10 @@ def booking_from_request(
         mig_profile=request.mig_profile,
         gpu_model=request.gpu_model,
         mixed_models=request.mixed_models,
+        gpu_fraction=request.gpu_fraction,
+        gpu_memory_mib=request.gpu_memory_mib,
+        cpus=request.cpus,
+        memory_mib=request.memory_mib,
         start=request.start,
         end=request.end,
         duration_s=request.duration_s,
@@ -205,7 +225,7 @@ def _reserve(booking: Booking, request: BookingRequest, now: datetime, *, source
                 _check_window_quota(booking.owner, request, now)
                 if refusal is not None:
                     raise refusal  # after the quota: a quota refusal says more
-                _hold_nodes(devices)
+                _hold_nodes(devices, request.start, request.end)
                 booking.save()
                 if not allocations_write(
                     booking=booking, devices=devices, start=request.start, end=request.end
@@ -218,10 +238,19 @@ def _reserve(booking: Booking, request: BookingRequest, now: datetime, *, source
     raise NoCapacity("Other bookings took these devices a moment ago; try again.")
 
 
-def _hold_nodes(devices: list[Slot]) -> None:
+def _hold_nodes(devices: list[Slot], start: datetime, end: datetime) -> None:
     """Share-lock the chosen devices' nodes and check, under that lock, that the nodes are up
-    and the devices still bookable (not retired since they were placed)."""
+    and the devices still bookable (not retired since they were placed). A fraction of a shared
+    GPU locks its node outright (the constraint does not add shares up: two reservations must
+    not both see the room) and checks the room under the lock."""
     nodes = {d.node for d in devices}
+    if any(d.shared for d in devices):
+        if set(lock_nodes(nodes)) != nodes or not all(
+            share_fits(gpu_id=d.gpu, share=d.fraction, memory_mib=d.held_mib, start=start, end=end)
+            for d in devices
+        ):
+            raise _PlaceAgain
+        return
     if share_lock_nodes(nodes) != nodes:
         raise _PlaceAgain
     whole = [d.gpu for d in devices if d.mig is None]
@@ -247,6 +276,8 @@ def allocations_write(
                     start=start,
                     end=end,
                     fraction=d.fraction,
+                    share=d.fraction if d.held_mib is not None else 1.0,
+                    gpu_memory_mib=d.held_mib,
                 )
                 for d in devices
             )
@@ -316,9 +347,16 @@ def _place(request: BookingRequest, image: str) -> list[Slot]:
         gpu_model=request.gpu_model,
         mixed_models=request.mixed_models,
         allowed_models=request.quota.allowed_models,
+        gpu_fraction=request.gpu_fraction,
+        gpu_memory_mib=request.gpu_memory_mib,
+        project_holds=holds_against(
+            project=request.project.slug, start=request.start, end=request.end
+        ),
     )
     if not devices:
         what = f"{request.gpus} GPU(s)" if request.gpus else f"a {request.mig_profile} MIG slice"
+        if request.gpu_fraction is not None or request.gpu_memory_mib is not None:
+            what = "room on a shared GPU"
         model = f" of model {request.gpu_model}" if request.gpu_model else ""
         raise NoCapacity(
             f"No {what}{model} free for the whole window {request.start:%Y-%m-%d %H:%M} to "
@@ -439,6 +477,9 @@ def booking_stop(*, booking_id: int, to: str, now: datetime, detail: str) -> str
             # The next run is a restart (GPU_PORTAL_RESTART_COUNT) and meets on a new port.
             restart_count=F("restart_count") + 1,
             master_port=None,
+            # The next run starts within its limits or borrows again, as the allocator says.
+            borrowed=False,
+            borrowed_past="",
             state_detail=f"{detail}; requeued",
         )
     booking.refresh_from_db()
@@ -522,6 +563,10 @@ def _check_extend_quota(booking: Booking, by_s: int, now: datetime) -> None:
             extra={"limit": "max_duration_s", "limit_value": most},
         )
     width = booking.gpu_equivalents
+    if booking.gpu_memory_mib is not None and booking.gpu_fraction is None:
+        # A memory request holds the share it got on its GPU (at most 1 while it waits).
+        held = Allocation.objects.filter(booking=booking, live=True).aggregate(s=Max("fraction"))
+        width = held["s"] or width
     refusal = scheduler.position_refusal(
         position.sides, gpus=width, gpu_hours=width * rest_s / 3600
     )
@@ -529,10 +574,37 @@ def _check_extend_quota(booking: Booking, by_s: int, now: datetime) -> None:
         raise _quota_exceeded(refusal, concurrent="by_s", budget="by_s", where="in the added time")
 
 
+def _extend_fraction(allocations: list[Allocation], *, start, end) -> None:
+    """A fraction of a shared GPU is extended while its GPU has room for its share that long
+    (the other fractions on it stay; under the node lock the caller holds)."""
+    for a in allocations:
+        if not share_fits(
+            gpu_id=a.gpu_id, share=a.share, memory_mib=a.gpu_memory_mib, start=start, end=end
+        ):
+            raise NoCapacity(
+                f"{a.device_label} has no room for this share of it from "
+                f"{start:%Y-%m-%d %H:%M} UTC; extend by less.",
+                fields={"by_s": "the shared GPU has no room that long"},
+            )
+
+
 def _extend_allocations(booking: Booking, by: timedelta) -> None:
     allocations = list(Allocation.objects.filter(booking=booking, live=True))
     old_end = max(a.end for a in allocations)
-    other = placement.first_clash(allocations, start=old_end, end=old_end + by)
+    window = window_in_the_way(
+        gpu_ids={a.gpu_id for a in allocations}, start=old_end, end=old_end + by
+    )
+    if window is not None:
+        raise NoCapacity(
+            f"Maintenance window {window.pk} ({window.reason}) takes these nodes from "
+            f"{window.start:%Y-%m-%d %H:%M} UTC; extend by less.",
+            fields={"by_s": "a maintenance window starts before then"},
+        )
+    if any(a.gpu_memory_mib is not None for a in allocations):
+        _extend_fraction(allocations, start=old_end, end=old_end + by)
+        other = None
+    else:
+        other = placement.first_clash(allocations, start=old_end, end=old_end + by)
     if other:
         raise NoCapacity(
             f"{other.device_label} is booked from {other.start:%Y-%m-%d %H:%M} UTC by another "

@@ -152,6 +152,7 @@ def _copy_request(booking: Booking) -> Booking:
         "owner_id project_id gpus mig_profile gpu_model mixed_models duration_s qos preemptible"
         " command"
         " image workdir env signal_name signal_before_s state submitted_at"
+        " gpu_fraction gpu_memory_mib"
     ).split()
     return Booking(**{name: getattr(booking, name) for name in names})
 

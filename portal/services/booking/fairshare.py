@@ -7,6 +7,10 @@ measured at pass time from the rollups since their start, cached for
 ``FAIRSHARE_LIVE_UTILIZATION_CACHE_S`` (a pass every few seconds need not re-read hours of
 minutes). With the default "allocated" charge nothing here
 reads telemetry.
+
+An allocation on a node that reports cores and memory is charged by its dominant resource
+(``scheduler.billing_equivalents``): the largest of its GPU, core and memory shares of the
+site's totals, in GPU-equivalents, where it would otherwise be charged its GPU-equivalents.
 """
 
 from datetime import datetime, timedelta
@@ -54,6 +58,9 @@ def allocations_measure(*, booking_id: int, now: datetime) -> None:
     if _charge() == "allocated":
         return
     ended = Allocation.objects.filter(booking_id=booking_id, live=False, start__lt=now)
+    # A fraction of a shared GPU is not measured on its own (the GPU's utilization is all its
+    # tenants'): like a MIG slice it is charged in full.
+    ended = ended.filter(gpu_memory_mib__isnull=True)
     for pk, value in allocations_utilization(allocations=ended, now=now).items():
         if value is not None:
             Allocation.objects.filter(pk=pk).update(mean_utilization=value)
@@ -150,19 +157,19 @@ def _unfolded(now: datetime, policy: scheduler.Policy, since: float, *, by_id: b
         counted_ts=EpochSeconds("charged_until"),
     )
     fields = ("pk", project, "booking__owner_id", "start_ts", "end_ts", "counted_ts", "fraction")
+    rows = list(rows.values_list(*fields, "mean_utilization", *_HELD))
+    dominant = _dominant_equivalents([(r[0], r[3], r[6], *r[8:]) for r in rows], policy)
     live = None if policy.fairshare_charge == "allocated" else _live_utilization(now)
     at = to_epoch(now)
     added: dict[tuple, float] = {}
     counted: dict[int, float] = {}
-    for pk, proj, user, start, end, done, fraction, stored in rows.values_list(
-        *fields, "mean_utilization"
-    ):
+    for pk, proj, user, start, end, done, fraction, stored, *_ in rows:
         begin, until = max(start, since if done is None else done), min(end, at)
         if until < at or done is not None:  # ended; or marked once, so kept marked
             counted[pk] = until
         if until <= begin:
             continue
-        charged = fraction
+        charged = dominant.get(pk, fraction)
         if live is not None:
             utilization = live.get(pk) if stored is None else stored
             charged = fraction * scheduler.charged_fraction(utilization, policy)
@@ -171,6 +178,42 @@ def _unfolded(now: datetime, policy: scheduler.Policy, since: float, *, by_id: b
         )
         added[(proj, user)] = added.get((proj, user), 0.0) + part.get("", 0.0)
     return added, counted
+
+
+# What an allocation's booking asked on its node, after its GPU-equivalents.
+_HELD = ("booking_id", "gpu__node_id", "booking__cpus", "booking__memory_mib")
+
+
+def _dominant_equivalents(rows: list[tuple], policy: scheduler.Policy) -> dict[int, float]:
+    """GPU-equivalents fair share charges each allocation on a node that reports cores and
+    memory: the largest of its GPU, core and memory shares of the site's totals (the sum of
+    those nodes), ``scheduler.billing_equivalents``. Rows: (allocation id, start, fraction,
+    booking id, node id, cpus, memory_mib). A site whose nodes report none: nothing here,
+    every allocation charged its GPU-equivalents as before."""
+    # Imported here: resources reads the policy from the snapshot, which imports this module.
+    from portal.services.inventory.resources import held_by_allocation, node_capacities
+
+    capacities = node_capacities()
+    if not capacities:
+        return {}
+    site = scheduler.NodeResources(
+        sum(c.cpus for c in capacities.values()),
+        sum(c.memory_mib for c in capacities.values()),
+        sum(c.gpus for c in capacities.values()),
+    )
+    fractions = {row[0]: row[2] for row in rows}
+    held = held_by_allocation(
+        (
+            (pk, (booking, start), node, fraction, cpus, memory)
+            for pk, start, fraction, booking, node, cpus, memory in rows
+        ),
+        capacities,
+        policy,
+    )
+    return {
+        pk: scheduler.billing_equivalents(fractions[pk], cpus, memory_mib, site)
+        for pk, (cpus, memory_mib) in held.items()
+    }
 
 
 def _mark_counted(counted: dict[int, float], now: datetime) -> None:
@@ -223,13 +266,18 @@ def _usage_from_history(
     project = "booking__project_id" if by_id else "booking__project__slug"
     live = None if policy.fairshare_charge == "allocated" else _live_utilization(now)
     records = []
-    for pk, proj, who, start, end, fraction, stored in rows.values_list(
-        "pk", project, key or "pk", "start_ts", "end_ts", "fraction", "mean_utilization"
-    ):
+    rows = list(
+        rows.values_list(
+            "pk", project, key or "pk", "start_ts", "end_ts", "fraction", "mean_utilization", *_HELD
+        )
+    )
+    dominant = _dominant_equivalents([(r[0], r[3], r[5], *r[7:]) for r in rows], policy)
+    for pk, proj, who, start, end, fraction, stored, *_ in rows:
+        charged = dominant.get(pk, fraction)
         if live is not None:
             utilization = live.get(pk) if stored is None else stored
-            fraction *= scheduler.charged_fraction(utilization, policy)
-        records.append(((proj, who) if key else proj, start, end, fraction))
+            charged *= scheduler.charged_fraction(utilization, policy)
+        records.append(((proj, who) if key else proj, start, end, charged))
     return scheduler.decay_usage(records, to_epoch(now), half_life)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Count, ExpressionWrapper, F, FloatField, Q, Sum, Value
 from django.db.models.functions import Greatest, Least
 
@@ -25,6 +26,10 @@ _FIELDS = (
     "max_duration_s",
     "allowed_models",
     "allowed_qos",
+    "borrowing",
+    "max_borrow_gpus",
+    "max_cpus",
+    "max_memory_mib",
 )
 
 
@@ -39,6 +44,10 @@ class EffectiveQuota:
     allowed_models: tuple[str, ...] = ()
     allowed_qos: tuple[str, ...] = ()
     shares: float = 1.0
+    borrowing: bool = False  # with no row saying, the site's QUOTA_BORROWING (``_merge``)
+    max_borrow_gpus: float | None = None
+    max_cpus: int | None = None
+    max_memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,10 @@ def scheduler_quota(quota: EffectiveQuota, *, gpu_hours_used: float = 0.0) -> sc
         max_gpus=quota.max_gpus,
         gpu_hours_budget=quota.gpu_hours_budget,
         gpu_hours_used=gpu_hours_used,
+        borrowing=quota.borrowing,
+        max_borrow_gpus=quota.max_borrow_gpus,
+        max_cpus=quota.max_cpus,
+        max_memory_mib=quota.max_memory_mib,
     )
 
 
@@ -135,7 +148,8 @@ def _side(scope: str, limits: EffectiveQuota, used: dict, key: tuple, held: floa
 
 def _held_many(asks: Mapping[Hashable, QuotaAsk]) -> dict[Hashable, tuple[float, float]]:
     """Most GPU-equivalents held at once by live allocations over each ask's window, by the
-    user in the project and by the project (the allocator's ledgers measure it), in one query."""
+    user in the project and by the project (the allocator's ledgers measure it), in one query.
+    Borrowed allocations count against no concurrency limit, as in the allocator."""
     if not asks:
         return {}
     start = min(ask.window[0] for ask in asks.values())
@@ -143,6 +157,7 @@ def _held_many(asks: Mapping[Hashable, QuotaAsk]) -> dict[Hashable, tuple[float,
     rows = Allocation.objects.filter(
         booking__project_id__in={ask.project_id for ask in asks.values()},
         live=True,
+        borrowed=False,
         start__lt=end,
         end__gt=start,
     ).values_list(
@@ -223,6 +238,7 @@ def _merge(rows: list[Quota | None]) -> EffectiveQuota:
             if value not in (None, []):
                 values[name] = tuple(value) if isinstance(value, list) else value
                 break
+    values.setdefault("borrowing", settings.QUOTA_BORROWING)
     project_row = rows[-1]
     if project_row and project_row.fairshare_shares is not None:
         values["shares"] = project_row.fairshare_shares
@@ -282,6 +298,10 @@ def quota_overview(*, user, now: datetime) -> list[dict]:
                     "allowed_models": list(quota.allowed_models),
                     "allowed_qos": list(quota.allowed_qos),
                     "fairshare_shares": quota.shares,
+                    "borrowing": quota.borrowing,
+                    "max_borrow_gpus": quota.max_borrow_gpus,
+                    "max_cpus": quota.max_cpus,
+                    "max_memory_mib": quota.max_memory_mib,
                 },
                 "usage": {"gpus_in_use": mine.gpus_in_use, "gpu_hours_used": mine.gpu_hours_used},
                 "project_usage": {

@@ -17,6 +17,7 @@ from portal.errors import Busy
 from portal.models import Allocation, Booking, Node
 from portal.services.booking import events
 from portal.services.booking.bookings import allocations_write, booking_transition
+from portal.services.booking.project_reservations import holds_against
 from portal.services.booking.transitions import booking_cas
 from portal.services.core.locking import lock_nodes
 from portal.services.inventory import placement
@@ -108,6 +109,9 @@ def _move(booking: Booking, now: datetime, detail: str) -> bool:
             gpu_model=booking.gpu_model,
             mixed_models=booking.mixed_models,
             runtimes=image_runtimes(booking.image) if booking.image else (),
+            gpu_fraction=booking.gpu_fraction,
+            gpu_memory_mib=booking.gpu_memory_mib,
+            project_holds=holds_against(project=booking.project.slug, start=start, end=booking.end),
         )
         if not devices or not allocations_write(
             booking=booking, devices=devices, start=start, end=booking.end

@@ -33,10 +33,17 @@ class EpochSeconds(Func):
         )
 
     def as_sqlite(self, compiler, connection, **extra):
-        # julianday() counts days from 4714 BC; the Unix epoch is Julian day 2440587.5. NULL in,
-        # NULL out, as on PostgreSQL.
-        return self.as_sql(
-            compiler,
-            connection,
-            template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)",
+        # Django stores a timestamp as text, 'YYYY-MM-DD HH:MM:SS[.ffffff]' (its Cast writes
+        # '.fff'). julianday() keeps milliseconds only (the allocator, comparing a submit time
+        # plus its grace with the pass's clock, saw the submit up to a millisecond late), so it
+        # gives the whole seconds (rounded; the epoch is Julian day 2440587.5) and the text the
+        # microseconds; one division of the two integers rounds as Python's timestamp() does.
+        # NULL in, NULL out.
+        (source,) = self.get_source_expressions()
+        sql, params = compiler.compile(source)
+        micro = (
+            f"(CASE WHEN substr({sql}, 20, 1) = '.' "
+            f"THEN CAST(substr({sql} || '00000', 21, 6) AS INTEGER) ELSE 0 END)"
         )
+        whole = f"round((julianday({sql}) - 2440587.5) * 86400.0 - {micro} / 1000000.0)"
+        return f"(({whole} * 1000000 + {micro}) / 1000000.0)", tuple(params) * 5

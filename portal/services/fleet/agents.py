@@ -29,7 +29,12 @@ from portal.services.booking.bookings import booking_stop, booking_transition
 from portal.services.booking.sessions import session_event_apply
 from portal.services.core.jobs import job_enqueue
 from portal.services.fleet.alerts import node_alert_record
-from portal.services.fleet.nodes import node_check_hostname, node_inventory_update
+from portal.services.fleet.mig_layouts import mig_changes_reported
+from portal.services.fleet.nodes import (
+    node_check_hostname,
+    node_inventory_update,
+    node_resources_settle,
+)
 from portal.services.fleet.runs import (
     agent_desired_dispatch,
     booking_is_multi_node,
@@ -112,7 +117,11 @@ def agent_register(
             address=request.address or "",
             container_runtimes=",".join(runtimes),
             registered_from=_ip_or_none(address),
+            cpus=request.cpus,
+            memory_mib=request.memory_mib,
         )
+        node_resources_settle(node_id=node.pk, now=timezone.now())
+        mig_changes_reported(node=node, results=request.mig_changes, now=timezone.now())
         booking_events.node_changed(node_id=node.pk, change="registered")  # devices may differ
     node_devices_forget(node_id=node.pk)
     return RegisterResponse(
@@ -176,6 +185,11 @@ def booking_fact_push(fact) -> None:
     )
 
 
+def mig_fact_push(fact) -> None:
+    """Subscriber: a MIG layout change moved on; its node's agent may have one to apply."""
+    desired_push(node_ids=[fact.node_id])
+
+
 def desired_push(*, node_ids) -> None:
     """Tell these nodes' agents (websocket group) their desired state changed. After commit only."""
     for node_id in sorted(set(node_ids)):
@@ -192,6 +206,7 @@ def agent_events_record(*, node: Node, request: EventsRequest) -> int:
     """Apply a batch of agent events in one transaction, after checking them all.
 
     exited ends a batch booking (exit 0: finished, else failed) with its exit code and log tail;
+    memory_exceeded fails the booking whose job its agent stops for going over its memory share;
     output stores a running job's log tail and sends it to the owner's pages after commit;
     started and stopped are logged; foreign_process / unbooked_process become NodeAlert rows,
     one per process (a repeat counts on its row), and a new one notifies the booking owner and
@@ -241,6 +256,8 @@ def _apply(node: Node, event: Event, now: datetime) -> None:
         node_run_started(booking_id=event.booking_id, node_id=node.pk, when=event.time)
     elif event.kind in ("exited", "stopped"):
         _record_exit(node, event, min(event.time, now))
+    elif event.kind == "memory_exceeded":
+        _record_over_share(node, event, min(event.time, now))
     elif event.kind == "output":
         _record_output(node, event)
     else:
@@ -305,6 +322,22 @@ def _record_exit(node: Node, event: Event, when: datetime) -> None:
         booking_events.booking_changed(booking, what)
 
 
+def _record_over_share(node: Node, event: Event, when: datetime) -> None:
+    """The node's agent is stopping a job for keeping more GPU memory than its share of a shared
+    GPU (agents/memshare.py): the booking fails with the agent's reason, never requeued (it would
+    do the same again), and its owner is told (the failed notice, after commit). The job's
+    `stopped` event that follows brings its output."""
+    held_here = Allocation.objects.filter(
+        booking_id=event.booking_id, live=True, gpu__node=node
+    ).exists()
+    booking = Booking.objects.get(pk=event.booking_id)
+    if booking.state != Booking.State.ACTIVE or not held_here:
+        return  # ended already, or requeued and running elsewhere: this stop is no news
+    reason = f"stopped by the agent: it {event.detail} (node {node.hostname})"
+    if booking_transition(booking.pk, to=Booking.State.FAILED, now=when, detail=reason[:300]):
+        booking_events.booking_changed(booking, "failed")
+
+
 # Why a job that did not end by itself ended (Event.interrupted), as the booking says it.
 INTERRUPTIONS = {
     "agent_stopped": "the node's agent stopped while it ran (node {node})",
@@ -363,6 +396,11 @@ def _is_rank0(booking: Booking, node: Node) -> bool:
 
 
 def _outcome(event: Event) -> tuple[str, str, str]:
+    if event.oom_limit_mib is not None:
+        # The job's own memory limit (its booking's host memory) stopped it: say so, not -9.
+        code = "" if event.exit_code is None else f"; exit code {event.exit_code}"
+        reason = protocol.oom_reason(event.oom_limit_mib)
+        return Booking.State.FAILED, "failed", f"command was {reason}{code}"
     if event.exit_code == 0:
         return Booking.State.FINISHED, "finished", "command exited with code 0"
     if event.exit_code is not None:

@@ -19,6 +19,7 @@ from portal.services.booking.bookings import booking_stop
 from portal.services.booking.reservations import reservation_move_off_retired
 from portal.services.core.locking import lock_nodes
 from portal.services.core.outbox import fact_record
+from portal.services.inventory.resources import live_holdings, node_capacities
 
 
 def node_token_issue(*, hostname: str) -> str:
@@ -162,6 +163,33 @@ def _bookings_settle(gone: list[tuple[Q, str]], now: datetime) -> None:
             reservation_move_off_retired(booking_id=booking_id, now=now, reason=reasons[booking_id])
 
 
+def node_resources_settle(*, node_id: int, now: datetime) -> None:
+    """After a register: if the node now has fewer cores or less memory than its running
+    bookings hold (a smaller replacement), stop the newest of them, with the reason, until the
+    rest fit (batch jobs requeue, as on a replaced GPU). Called with the node locked."""
+    capacity = node_capacities([node_id]).get(node_id)
+    if capacity is None:
+        return
+    held = live_holdings(during=(now, now), capacities={node_id: capacity})
+    running = (
+        Booking.objects.filter(pk__in=[b for b, _ in held], state=Booking.State.ACTIVE)
+        .order_by("started_at", "pk")
+        .values_list("pk", flat=True)
+    )
+    kept = [(pk, held[(pk, node_id)]) for pk in running]
+    hostname = Node.objects.filter(pk=node_id).values_list("hostname", flat=True).get()
+    while kept and (
+        sum(c for _, (c, _) in kept) > capacity.cpus
+        or sum(m for _, (_, m) in kept) > capacity.memory_mib
+    ):
+        booking_id, _ = kept.pop()  # the newest first
+        reason = (
+            f"{hostname} now has {capacity.cpus} cores and {capacity.memory_mib} MiB of memory, "
+            "less than its running bookings held"
+        )
+        booking_stop(booking_id=booking_id, to=Booking.State.FAILED, now=now, detail=reason)
+
+
 def gpu_model_name(nvml_name: str) -> str:
     """The model as users type it: NVML's product name without the vendor ("NVIDIA H100 80GB HBM3"
     becomes "H100 80GB HBM3")."""
@@ -191,10 +219,14 @@ def _gpu_upsert(node: Node, info: dict) -> tuple[Gpu, bool]:
 
 
 def _placed(migs: list[dict]) -> list[tuple[dict, int]]:
-    """Each MIG instance with its first compute slice: packed in the order the agent lists them."""
+    """Each MIG instance with its first compute slice: where the agent says it is (NVIDIA's
+    placement start), else packed in the order the agent lists them."""
     placed, start = [], 0
     for mig in migs:
-        placed.append((mig, min(start, MIG_SLICES_PER_GPU - mig["slices"])))
+        at = mig.get("placement_start")
+        if at is None or at > MIG_SLICES_PER_GPU - mig["slices"]:
+            at = min(start, MIG_SLICES_PER_GPU - mig["slices"])
+        placed.append((mig, at))
         start += mig["slices"]
     return placed
 
@@ -226,6 +258,12 @@ def node_inventory_from_spec(*, hostname: str, spec: str, site: str = "") -> Nod
     node, _ = Node.objects.get_or_create(hostname=hostname)
     backend = SimulatedBackend(spec, hostname=hostname, site=site)
     node_inventory_update(node=node, gpus=[to_json(gpu) for gpu in backend.discover()])
+    resources = backend.host()  # the SPEC's cpus= and mem=, as its agent will report them
+    if resources is not None:
+        Node.objects.filter(pk=node.pk).update(
+            cpus=len(resources.cpus), memory_mib=resources.memory_mib
+        )
+        node.cpus, node.memory_mib = len(resources.cpus), resources.memory_mib
     backend.close()
     return node
 

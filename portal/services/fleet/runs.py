@@ -126,6 +126,8 @@ def gang_outcome(booking: Booking, run: NodeRun) -> tuple[str, str, str] | None:
     where = f"node {run.node.hostname} (rank {run.rank})"
     if run.exit_code not in (0, None) or run.detail.startswith("not launched"):
         said = f"exited with code {run.exit_code}" if run.exit_code is not None else run.detail
+        if run.detail.startswith("killed by its memory limit"):  # protocol.oom_reason
+            said = f"was {run.detail}"
         return State.FAILED, "failed", f"{where} {said}; the other nodes were stopped"
     nodes = booking_node_places(booking_ids=[booking.pk])[booking.pk]
     done = (

@@ -17,7 +17,9 @@ from portal.errors import ValidationFailed
 from portal.job_env import signal_parse
 from portal.models import Allocation, Booking, Node, Sample, SampleMinute
 from portal.models.tokens import hash_token
+from portal.services.fleet.mig_layouts import mig_layouts_desired
 from portal.services.fleet.telemetry import SAMPLE_VALUES, floor_minute
+from portal.services.inventory.resources import live_holdings
 
 
 def node_for_token(raw: str) -> Node | None:
@@ -36,9 +38,13 @@ def agent_desired(*, node_id: int) -> DesiredState:
     changes, needs no stored counter, and the push (desired_push) can quote the same number.
     """
     bookings = _desired_bookings(node_id)
-    encoded = json.dumps([protocol.to_json(b) for b in bookings], sort_keys=True)
+    layouts = mig_layouts_desired(node_id=node_id)
+    content = [protocol.to_json(b) for b in bookings]
+    if layouts:  # without any, the generation stays what it was before MIG layouts changed
+        content.append([protocol.to_json(layout) for layout in layouts])
+    encoded = json.dumps(content, sort_keys=True)
     generation = int(hashlib.sha256(encoded.encode()).hexdigest()[:13], 16)  # < 2**53: JSON-safe
-    return DesiredState(generation=generation, bookings=bookings)
+    return DesiredState(generation=generation, bookings=bookings, mig_layouts=layouts)
 
 
 def _desired_bookings(node_id: int) -> list[DesiredBooking]:
@@ -53,6 +59,9 @@ def _desired_bookings(node_id: int) -> list[DesiredBooking]:
     for allocation in allocations:
         grouped.setdefault(allocation.booking_id, []).append(allocation)
     places = booking_node_places(booking_ids=list(grouped))
+    # Cores and memory each holds here (node_demand: asked, else the default): the agent
+    # confines the job to them; none on a node that reports no cores.
+    holdings = live_holdings([node_id])
     return [
         DesiredBooking(
             booking_id=booking_id,
@@ -66,9 +75,24 @@ def _desired_bookings(node_id: int) -> list[DesiredBooking]:
             array_job_id=held[0].booking.array_parent_id,
             array_task_id=held[0].booking.array_task_id,
             image=held[0].booking.image or None,
+            **_share_fields(held[0]),
+            **_host_fields(holdings.get((booking_id, node_id))),
         )
         for booking_id, held in grouped.items()
     ]
+
+
+def _host_fields(held: tuple[int, int] | None) -> dict:
+    if held is None:
+        return {}
+    return {"cpus": held[0], "memory_mib": held[1]}
+
+
+def _share_fields(allocation: Allocation) -> dict:
+    """What a fraction of a shared GPU holds on it (a fractional booking has one device)."""
+    if allocation.share >= 1:
+        return {}
+    return {"gpu_fraction": allocation.share, "gpu_memory_mib": allocation.gpu_memory_mib}
 
 
 def _session_fields(booking: Booking) -> dict:

@@ -99,16 +99,16 @@ def processes_rollup(*, node: Node, request: ReadingsRequest) -> int:
     seen = [(r.uuid, p) for r in request.readings for p in r.processes]
     if not seen:
         return 0
-    holders = dict(
-        Allocation.objects.filter(
-            gpu__node=node, live=True, start__lte=request.time, end__gt=request.time
-        ).values_list(Coalesce("mig_instance__uuid", "gpu__uuid"), "booking_id")
-    )
+    holders: dict[str, set[int]] = {}
+    for uuid, booking_id in Allocation.objects.filter(
+        gpu__node=node, live=True, start__lte=request.time, end__gt=request.time
+    ).values_list(Coalesce("mig_instance__uuid", "gpu__uuid"), "booking_id"):
+        holders.setdefault(uuid, set()).add(booking_id)
     rows = {}
     for uuid, p in seen:
-        booking_id = holders.get(uuid)
+        booking_id = _holder_of(p, holders.get(uuid, set()))
         key = (uuid, booking_id or 0, p.pid, p.user or "", (p.name or "")[:64])
-        rows[key] = (*key, booking_id, p.used_memory_mib, booking_id is None)
+        rows[key] = (*key, booking_id, p.used_memory_mib, not holders.get(uuid))
     table = ProcessUsage._meta.db_table
     greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
     sql = f"""
@@ -130,6 +130,14 @@ def processes_rollup(*, node: Node, request: ReadingsRequest) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
     return len(rows)
+
+
+def _holder_of(process, holding: set[int]) -> int | None:
+    """The booking a process on a device is counted for: the one its agent names, if that
+    booking holds the device (a shared GPU's tenants); else the device's one holder."""
+    if process.booking_id in holding:
+        return process.booking_id
+    return next(iter(holding)) if len(holding) == 1 else None
 
 
 def _values(reading: DeviceReading) -> tuple:

@@ -7,9 +7,11 @@ allocations that overlap the window on their GPUs, asks the pure rule, and hands
 
 from datetime import datetime
 
-from portal.models import Allocation, Node, mig_fraction
+from portal.models import Allocation, Gpu, Node, mig_fraction
 from portal.services.core.clock import from_epoch, to_epoch
 from portal.services.inventory import selectors as inventory
+from portal.services.inventory.mig_layouts import gpus_changing_before
+from portal.services.inventory.windows import window_holds
 from scheduler.reserve import Hold, Slot, Wanted, clashes, next_window, reserve
 
 
@@ -23,13 +25,23 @@ def devices_for_window(
     mixed_models: bool = False,
     allowed_models: tuple[str, ...] = (),
     runtimes: tuple[str, ...] = (),
+    gpu_fraction: float | None = None,
+    gpu_memory_mib: int | None = None,
+    project_holds: tuple[Hold, ...] = (),
 ) -> tuple[list[Slot] | None, int]:
     """Devices for a fixed window by the placement rules, or None; and how many matched free.
-    With ``runtimes`` (a booking in a container) only nodes with one of them count."""
+    With ``runtimes`` (a booking in a container) only nodes with one of them count. With
+    ``gpu_fraction`` / ``gpu_memory_mib``, a fraction of one shared GPU (its slot says what it
+    holds: ``fraction`` and ``held_mib``). ``project_holds``: other projects' reservations in
+    the way, as holds (the caller's)."""
+    share = (gpu_fraction, gpu_memory_mib)
     wanted, slots, gpu_ids = _wanted(
-        start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes
+        start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes, share
     )
-    placement = reserve(wanted, slots, holds_on(gpu_ids=gpu_ids, start=start, end=end))
+    holds = holds_on(gpu_ids=gpu_ids, start=start, end=end)
+    holds += window_holds(gpu_ids=gpu_ids, start=start, end=end)
+    holds += tuple(project_holds)
+    placement = reserve(wanted, slots, holds)
     return (list(placement.slots) or None), placement.free
 
 
@@ -44,24 +56,38 @@ def next_window_start(
     mixed_models: bool = False,
     allowed_models: tuple[str, ...] = (),
     runtimes: tuple[str, ...] = (),
+    gpu_fraction: float | None = None,
+    gpu_memory_mib: int | None = None,
+    project_holds: tuple[Hold, ...] = (),
 ) -> datetime | None:
     """The earliest start from ``start`` to ``until`` at which a window as long as [start, end)
     gets devices by the same rules (``scheduler.reserve.next_window``), or None."""
+    share = (gpu_fraction, gpu_memory_mib)
     wanted, slots, gpu_ids = _wanted(
-        start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes
+        start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes, share
     )
     holds = holds_on(gpu_ids=gpu_ids, start=start, end=until + (end - start))
+    holds += window_holds(gpu_ids=gpu_ids, start=start, end=until + (end - start))
+    holds += tuple(project_holds)
     found = next_window(wanted, slots, holds, until=to_epoch(until))
     return None if found is None else from_epoch(found)
 
 
-def _wanted(start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes):
+def _wanted(
+    start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes, share
+):
     """The request as the rule takes it, the candidate slots, and their GPUs' ids (a subquery:
     a thousand ids spelled out cost more than the read)."""
+    fractional = share != (None, None)
     candidates = _candidates(
-        mig_profile=mig_profile, gpu_model=gpu_model, allowed_models=allowed_models
+        mig_profile=mig_profile,
+        gpu_model=gpu_model,
+        allowed_models=allowed_models,
+        shared=fractional,
     )
-    slots = _slots(candidates, mig_profile=mig_profile)
+    if mig_profile:  # a MIG layout change planned before the window ends takes these slices
+        candidates = candidates.exclude(gpu_id__in=gpus_changing_before(end))
+    slots = _slots(candidates, mig_profile=mig_profile, shared=fractional)
     if runtimes:
         able = set(inventory.node_ids_with_runtime(runtimes))
         slots = tuple(slot for slot in slots if slot.node in able)
@@ -72,6 +98,8 @@ def _wanted(start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_mode
         mig_profile=mig_profile or None,
         gpu_model=gpu_model or None,
         mixed_models=mixed_models,
+        gpu_fraction=share[0],
+        gpu_memory_mib=share[1],
     )
     return wanted, slots, candidates.values("gpu_id" if mig_profile else "id")
 
@@ -101,11 +129,20 @@ def holds_on(
     if exclude_booking is not None:
         qs = qs.exclude(booking_id=exclude_booking)
     rows = qs.values_list(
-        "gpu_id", "mig_instance_id", "start", "end", "fraction", "id", "slot_start", "slot_end"
+        "gpu_id",
+        "mig_instance_id",
+        "start",
+        "end",
+        "fraction",
+        "id",
+        "slot_start",
+        "slot_end",
+        "share",
+        "gpu_memory_mib",
     )
     return tuple(
-        Hold(g, m, to_epoch(s), to_epoch(e), f, i, _compute(first, end))
-        for g, m, s, e, f, i, first, end in rows
+        Hold(g, m, to_epoch(s), to_epoch(e), f, i, _compute(first, end), share, memory)
+        for g, m, s, e, f, i, first, end, share, memory in rows
     )
 
 
@@ -114,19 +151,23 @@ def _compute(first: int | None, end: int | None) -> tuple[int, int] | None:
     return None if first is None or end is None else (first, end)
 
 
-def _candidates(*, mig_profile: str, gpu_model: str, allowed_models: tuple[str, ...]):
+def _candidates(
+    *, mig_profile: str, gpu_model: str, allowed_models: tuple[str, ...], shared: bool = False
+):
     """The bookable devices of the kind asked for on up nodes: MIG instances of the profile,
-    or whole GPUs."""
+    shared GPUs (for a fraction), or whole exclusive GPUs."""
     if mig_profile:
         qs = inventory.mig_instances_bookable().filter(
             profile=mig_profile, gpu__node__state=Node.State.UP
         )
         return _model_filter(qs, "gpu__model", gpu_model, allowed_models)
-    qs = inventory.gpus_bookable().filter(node__state=Node.State.UP)
+    # A shared GPU holds fractions only, an exclusive one no fraction.
+    sharing = Gpu.Sharing.SHARED if shared else Gpu.Sharing.EXCLUSIVE
+    qs = inventory.gpus_bookable().filter(node__state=Node.State.UP, sharing=sharing)
     return _model_filter(qs, "model", gpu_model, allowed_models)
 
 
-def _slots(qs, *, mig_profile: str) -> tuple[Slot, ...]:
+def _slots(qs, *, mig_profile: str, shared: bool = False) -> tuple[Slot, ...]:
     if mig_profile:
         rows = qs.values_list(
             "gpu__node_id", "gpu_id", "id", "gpu__model", "slices", "placement_start"
@@ -142,6 +183,12 @@ def _slots(qs, *, mig_profile: str) -> tuple[Slot, ...]:
                 _compute(first, None if first is None else first + slices),
             )
             for node, gpu, mig, model, slices, first in rows
+        )
+    if shared:
+        rows = qs.values_list("node_id", "id", "model", "memory_mib")
+        return tuple(
+            Slot(node, gpu, None, model, shared=True, memory_mib=memory)
+            for node, gpu, model, memory in rows
         )
     rows = list(
         qs.values_list(

@@ -10,7 +10,7 @@ from collections import defaultdict
 from datetime import datetime
 from functools import lru_cache
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Max, QuerySet
 
 import scheduler
 from portal.models import Allocation, Gpu, MigInstance, Node, mig_fraction
@@ -35,6 +35,19 @@ def mig_instances_bookable() -> QuerySet:
     return MigInstance.objects.filter(
         retired_at__isnull=True, gpu__retired_at__isnull=True, gpu__mig_mode=True
     )
+
+
+def gpus_shared() -> QuerySet:
+    """Whole GPUs in sharing mode that may be offered: to fractional bookings only."""
+    return gpus_bookable().filter(sharing=Gpu.Sharing.SHARED)
+
+
+def shared_gpu_memory(*, gpu_model: str = "") -> int | None:
+    """The most memory (MiB) of a bookable shared GPU (of ``gpu_model``); None: none shared."""
+    qs = gpus_shared()
+    if gpu_model:
+        qs = qs.filter(model=gpu_model)
+    return qs.aggregate(most=Max("memory_mib"))["most"]
 
 
 def gpu_nvlink_peers(*, gpu: Gpu) -> list[Gpu]:
@@ -89,7 +102,7 @@ def admission_devices() -> tuple[scheduler.Device, ...]:
     """The inventory as the admission check needs it, from two grouped counts: per node, its
     whole GPUs by model and its MIG instances by model and profile. Down nodes count too: a
     request that fits only once a node is back is queued (reason node_down), not refused."""
-    whole = gpus_bookable().values_list("node_id", "model")
+    whole = gpus_bookable().values_list("node_id", "model", "sharing", "memory_mib")
     migs = mig_instances_bookable().values_list("gpu__node_id", "gpu__model", "profile", "slices")
     counts = (
         tuple(whole.annotate(n=Count("id")).order_by()),
@@ -104,9 +117,14 @@ def _admission_devices(counts: tuple[tuple, tuple]) -> tuple[scheduler.Device, .
     # thousand dataclasses a submission otherwise).
     whole, migs = counts
     devices = []
-    for node, model, count in whole:
+    for node, model, sharing, memory, count in whole:
+        shared = sharing == Gpu.Sharing.SHARED
+        kind = f"shared/{memory}" if shared else "whole"
         devices += [
-            scheduler.Device(f"gpu:{node}/{model}/{i}", str(node), model) for i in range(count)
+            scheduler.Device(
+                f"gpu:{node}/{model}/{kind}/{i}", str(node), model, shared=shared, memory_mib=memory
+            )
+            for i in range(count)
         ]
     for node, model, profile, slices, count in migs:
         devices += [

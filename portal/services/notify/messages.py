@@ -82,6 +82,7 @@ def _moved(b: Booking, ctx: dict) -> Message:
         f"Booking {b.pk}: planned start now {_when(ctx.get('planned_start'))}",
         f"The planned start of your request moved from {_when(ctx.get('previous'))} to "
         f"{_when(ctx.get('planned_start'))} (queue position {b.queue_position or '?'}).",
+        facts=[("Why it waits", b.state_detail or b.pending_reason or "-")],
         actions=["cancel"],
     )
 
@@ -106,13 +107,24 @@ def _started(b: Booking, ctx: dict) -> Message:
     held = _devices(b)
     nodes = sorted({a.gpu.node.hostname for a in held})
     uuids = ",".join(a.device_uuid for a in held)
+    facts = [
+        ("Node", ", ".join(nodes) or "-"),
+        ("Devices", ", ".join(a.device_label for a in held) or "-"),
+    ]
+    lead = f"Your devices are ready and yours until {_when(_end_of(b))}."
+    if b.borrowed:
+        # Elastic quotas: the run may end early, when someone within their quota needs them.
+        lead = (
+            f"Your devices are ready until {_when(_end_of(b))}, borrowed past the"
+            f" {b.borrowed_past} quota: the run may be preempted (and requeued) when a booking"
+            " within its quota needs them."
+        )
+        facts.append(("Borrowed", f"yes, past the {b.borrowed_past} quota"))
     return Message(
-        f"Booking {b.pk} is active: {b.describe_request()} on {', '.join(nodes) or '-'}",
-        f"Your devices are ready and yours until {_when(_end_of(b))}.",
-        facts=[
-            ("Node", ", ".join(nodes) or "-"),
-            ("Devices", ", ".join(a.device_label for a in held) or "-"),
-        ],
+        f"Booking {b.pk} is active{' (borrowed)' if b.borrowed else ''}: {b.describe_request()}"
+        f" on {', '.join(nodes) or '-'}",
+        lead,
+        facts=facts,
         block_title="How to use them",
         block=f"ssh {nodes[0] if nodes else '<node>'}\nexport CUDA_VISIBLE_DEVICES={uuids}",
         actions=["extend", "release"],
@@ -249,6 +261,17 @@ def _budget(b: Booking, ctx: dict) -> Message:
     )
 
 
+def _maintenance(b: Booking, ctx: dict) -> Message:
+    change = ctx.get("change", "created")
+    return Message(
+        f"Maintenance on {', '.join(ctx.get('nodes', []))[:120]}: booking {b.pk} collides",
+        f"A maintenance window ({ctx.get('reason', '')}) was {change} from "
+        f"{_when(ctx.get('start'))} to {_when(ctx.get('end'))} on the nodes your booking holds "
+        "devices of. Your booking is not ended by it; expect the nodes to be worked on then.",
+        facts=[("Maintenance window", str(ctx.get("window", "")))],
+    )
+
+
 _BUILDERS = {
     Event.QUEUED: _queued,
     Event.MOVED: _moved,
@@ -262,6 +285,7 @@ _BUILDERS = {
     Event.IDLE: _idle,
     Event.RECLAIMED: _reclaimed,
     Event.BUDGET: _budget,
+    Event.MAINTENANCE: _maintenance,
 }
 
 

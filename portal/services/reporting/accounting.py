@@ -2,10 +2,15 @@
 or booking over a period.
 
 - GPU-hours: the time each allocation held its device inside the period (up to now), times the
-  device's GPU-equivalents (1 for a whole GPU, slices/7 for a MIG slice).
+  device's GPU-equivalents (1 for a whole GPU, slices/7 for a MIG slice); ``borrowed_gpu_hours``
+  the part held by borrowed runs, past a quota's concurrency limit (elastic quotas).
 - Energy (kWh): the GPU's power integrated over the held minutes, from the per-minute rollups
   (a minute's mean power for 60 s). NVML measures no power per MIG slice, so a slice is charged
   its share (slices/7) of its GPU's power. Minutes with no reading add nothing.
+- Cores and memory (``cpu_hours``, ``memory_gb_hours``): the cores and GiB of host memory a
+  booking holds on each node (``scheduler.node_demand``, read through
+  services/inventory/resources.py) times the hours held inside the period, the same cut as
+  GPU-hours; nothing on a node whose agent reports no cores and memory.
 - Efficiency: mean utilization over the held minutes that have one (whole GPUs; NVML gives none
   for MIG slices), weighted by GPU-hours when grouped; peak memory used on the device.
 
@@ -34,6 +39,8 @@ from django.db.models.functions import Coalesce, Greatest, Least
 
 from portal.models import Allocation, Booking, SampleMinute
 from portal.services.access import permissions
+from portal.services.inventory.resources import held_by_allocation, node_capacities
+from portal.services.reporting.reservations import RESERVED_UNUSED, with_reserved_unused
 
 GROUPS = ("project", "user", "model", "booking")
 _MINUTE_S = 60.0
@@ -46,6 +53,9 @@ class Line:
     key: str
     bookings: set = field(default_factory=set)
     gpu_hours: float = 0.0
+    borrowed_gpu_hours: float = 0.0
+    cpu_hours: float = 0.0
+    memory_gb_hours: float = 0.0
     energy_kwh: float = 0.0
     measured_gpu_hours: float = 0.0  # the GPU-hours that have a utilization reading
     utilization_weighted: float = 0.0
@@ -59,6 +69,9 @@ class Line:
             group_by: self.key,
             "bookings": len(self.bookings),
             "gpu_hours": round(self.gpu_hours, 3),
+            "borrowed_gpu_hours": round(self.borrowed_gpu_hours, 3),
+            "cpu_hours": round(self.cpu_hours, 3),
+            "memory_gb_hours": round(self.memory_gb_hours, 3),
             "energy_kwh": round(self.energy_kwh, 3),
             "mean_utilization": None if mean is None else round(mean, 1),
             "peak_memory_mib": self.peak_memory_mib,
@@ -74,25 +87,57 @@ def accounting_report(
         raise ValueError(group_by)
     until = min(until, now)
     lines: dict[str, Line] = {}
-    for row in _held(since, until, now, user):
+    held = list(_held(since, until, now, user))
+    on_nodes = _cores_and_memory(held)
+    for row in held:
         start, end = max(row["start"], since), min(row["end"], until, now)
         if end <= start:
             continue
         key = _key(row, group_by)
         line = lines.setdefault(key, Line(key))
-        hours = (end - start).total_seconds() / 3600.0 * row["fraction"]
+        duration = (end - start).total_seconds() / 3600.0
+        hours = duration * row["fraction"]
         line.bookings.add(row["booking_id"])
         line.gpu_hours += hours
-        share = row["fraction"]  # a MIG slice's share of its GPU's power
+        cpus, memory_mib = on_nodes.get(row["id"], (0.0, 0.0))
+        line.cpu_hours += cpus * duration
+        line.memory_gb_hours += memory_mib / 1024.0 * duration
+        if row["borrowed"]:
+            line.borrowed_gpu_hours += hours
+        share = row["fraction"]  # a MIG slice's or a fraction's share of its GPU's power
         line.energy_kwh += (row["power_sum"] or 0.0) * _MINUTE_S * share / 3.6e6
-        if row["util_avg"] is not None and row["mig_instance_id"] is None:
+        # A GPU's utilization is its own only when one booking holds all of it.
+        whole = row["mig_instance_id"] is None and row["gpu_memory_mib"] is None
+        if row["util_avg"] is not None and whole:
             line.measured_gpu_hours += hours
             line.utilization_weighted += row["util_avg"] * hours
         if row["memory_max"] is not None:
             line.peak_memory_mib = max(line.peak_memory_mib or 0, int(row["memory_max"]))
     rows = [line.as_dict(group_by) for line in lines.values()]
+    if group_by == "project":
+        rows = with_reserved_unused(rows, since=since, until=until, now=now, user=user)
     rows.sort(key=lambda r: (-r["gpu_hours"], str(r[group_by])))
     return rows
+
+
+def _cores_and_memory(rows: list[dict]) -> dict[int, tuple[float, float]]:
+    """(cores, memory MiB) each allocation held; a booking's rows that began together are what
+    it held at once (a requeued booking's later rows are another hold)."""
+    nodes = {row["gpu__node_id"] for row in rows}
+    return held_by_allocation(
+        (
+            (
+                row["id"],
+                (row["booking_id"], row["start"]),
+                row["gpu__node_id"],
+                row["fraction"],
+                row["booking__cpus"],
+                row["booking__memory_mib"],
+            )
+            for row in rows
+        ),
+        node_capacities(nodes),
+    )
 
 
 def _key(row: dict, group_by: str) -> str:
@@ -144,11 +189,17 @@ def _held(since: datetime, until: datetime, now: datetime, user):
             ),
         )
         .values(
+            "id",
             "booking_id",
+            "gpu__node_id",
+            "booking__cpus",
+            "booking__memory_mib",
             "start",
             "end",
             "fraction",
+            "borrowed",
             "mig_instance_id",
+            "gpu_memory_mib",
             "power_sum",
             "util_avg",
             "memory_max",
@@ -162,13 +213,17 @@ def _held(since: datetime, until: datetime, now: datetime, user):
 
 def report_columns(group_by: str) -> list[str]:
     """The names of a report row's fields, in order (a CSV header even when no row has usage)."""
-    return list(Line(key="").as_dict(group_by))
+    columns = list(Line(key="").as_dict(group_by))
+    return columns + [RESERVED_UNUSED] if group_by == "project" else columns
 
 
 def report_totals(rows: list[dict]) -> dict:
-    """The report's sums (GPU-hours, energy, bookings)."""
+    """The report's sums (GPU-hours, core- and memory-hours, energy, bookings)."""
     return {
         "gpu_hours": round(sum(r["gpu_hours"] for r in rows), 3),
+        "borrowed_gpu_hours": round(sum(r["borrowed_gpu_hours"] for r in rows), 3),
+        "cpu_hours": round(sum(r["cpu_hours"] for r in rows), 3),
+        "memory_gb_hours": round(sum(r["memory_gb_hours"] for r in rows), 3),
         "energy_kwh": round(sum(r["energy_kwh"] for r in rows), 3),
         "bookings": sum(r["bookings"] for r in rows),
     }

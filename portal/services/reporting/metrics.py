@@ -6,8 +6,10 @@ Nothing here runs per request. Processes that do the work (the Celery worker's p
 process's lock timeouts and ingest) add to a few counters kept in the cache, so every web
 process answers a scrape with the same numbers. Device gauges carry dcgm-exporter's names where
 a reading matches, so dashboards built for dcgm-exporter work; labels are node, gpu, uuid,
-mig_profile, model and the project holding the device now (never a booking id: cardinality
-stays bounded by the inventory and the projects).
+mig_profile, model and the project holding the device now (no booking id: cardinality stays
+bounded by the inventory and the projects). The one exception is the GPU memory of the processes
+in the latest readings, summed per booking the agent names for them (a shared GPU's tenants
+apart): its series are the bookings running now, one per booking and device, never per pid.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from django.db.models import Count
+from django.db.models import Count, Sum
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -26,6 +28,7 @@ from prometheus_client.core import (
 from portal.models import Allocation, Booking, Gpu, MigInstance, Node
 from portal.services.core import counters
 from portal.services.inventory import telemetry_cache
+from portal.services.inventory.resources import held_now_by_node, node_capacities
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ class PortalCollector:
         yield from _pass_metrics()
         yield from _counter_metrics()
         yield from _node_metrics(now)
+        yield from _node_resource_metrics(now)
+        yield from _borrowed_metrics(now)
 
 
 def _device_metrics(now: datetime):
@@ -101,6 +106,35 @@ def _device_metrics(now: datetime):
             if values.get(field) is not None:
                 family.add_metric(labels, float(values[field]))
     yield from families.values()
+    yield _booking_memory(devices, latest)
+
+
+BOOKING_MEMORY = "gpu_portal_gpu_memory_used_by_booking_mib"
+BOOKING_MEMORY_LABELS = ["node", "gpu", "uuid", "booking", "project"]
+
+
+def _booking_memory(devices: list[tuple], latest: dict[str, dict]) -> GaugeMetricFamily:
+    """The GPU memory of each booking's processes on each device, from the latest readings."""
+    family = GaugeMetricFamily(
+        BOOKING_MEMORY,
+        "GPU memory used by a booking's processes on a device, in the latest reading (in MiB).",
+        labels=BOOKING_MEMORY_LABELS,
+    )
+    used: dict[tuple[str, int], int] = defaultdict(int)
+    for uuid, reading in latest.items():
+        for process in reading.get("processes") or ():
+            booking, memory = process.get("booking_id"), process.get("used_memory_mib")
+            if booking is not None and memory is not None:
+                used[(uuid, booking)] += memory
+    projects = dict(
+        Booking.objects.filter(pk__in={b for _, b in used}).values_list("pk", "project__slug")
+    )
+    where = {d[0]: (d[1], str(d[2])) for d in devices}
+    for (uuid, booking), memory in sorted(used.items()):
+        if uuid in where and booking in projects:
+            node, gpu = where[uuid]
+            family.add_metric([node, gpu, uuid, str(booking), projects[booking]], float(memory))
+    return family
 
 
 def _projects_holding(now: datetime) -> tuple[dict[int, str], dict[int, str]]:
@@ -123,19 +157,22 @@ def _queue_metrics():
     )
     gpus = GaugeMetricFamily(
         "gpu_portal_gpu_equivalents",
-        "GPUs asked for by bookings (a MIG slice counts slices/7), by state and project.",
+        "GPUs asked for by bookings (a MIG slice counts slices/7, a fraction of a shared GPU "
+        "its share), by state and project.",
         labels=["state", "project"],
     )
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
     rows = (
         Booking.objects.filter(state__in=Booking.LIVE_STATES)
-        .values("state", "project__slug", "gpus", "mig_profile")
+        .values("state", "project__slug", "gpus", "mig_profile", "gpu_fraction")
         .annotate(n=Count("id"))
     )
     for row in rows:
         total = totals[(row["state"], row["project__slug"])]
         total[0] += row["n"]
-        total[1] += row["n"] * _gpu_equivalents(row["gpus"], row["mig_profile"])
+        share = row["gpu_fraction"]
+        width = share if share is not None else _gpu_equivalents(row["gpus"], row["mig_profile"])
+        total[1] += row["n"] * width
     for state in Booking.LIVE_STATES:  # every live state shows, at 0 too, for alert rules
         if not any(key[0] == state for key in totals):
             totals[(str(state), "")] = [0, 0.0]
@@ -144,6 +181,27 @@ def _queue_metrics():
         gpus.add_metric([state, project], round(equivalents, 4))
     yield count
     yield gpus
+
+
+def _borrowed_metrics(now: datetime):
+    """GPU-equivalents held now, within quota and borrowed past it, by project (elastic quotas:
+    the rate of borrowed GPU-hours; accounting reports the hours themselves)."""
+    held = GaugeMetricFamily(
+        "gpu_portal_held_gpu_equivalents",
+        "GPU-equivalents held now by running bookings, by project and whether borrowed past its"
+        " quota's concurrency limit.",
+        labels=["project", "borrowed"],
+    )
+    rows = (
+        Allocation.objects.filter(live=True, start__lte=now, end__gt=now)
+        .values("booking__project__slug", "borrowed")
+        .annotate(total=Sum("fraction"))
+        .order_by("booking__project__slug", "borrowed")
+    )
+    for row in rows:
+        labels = [row["booking__project__slug"], "true" if row["borrowed"] else "false"]
+        held.add_metric(labels, round(row["total"], 4))
+    yield held
 
 
 def _gpu_equivalents(gpus: int, mig_profile: str) -> float:
@@ -242,3 +300,29 @@ def _node_metrics(now: datetime):
         up.add_metric([hostname], 1.0 if state == Node.State.UP else 0.0)
     yield age
     yield up
+
+
+NODE_RESOURCE_GAUGES = (
+    ("gpu_portal_node_cpus", "CPU cores jobs may use on the node, as its agent reports."),
+    ("gpu_portal_node_cpus_allocated", "CPU cores held now by running bookings on the node."),
+    ("gpu_portal_node_memory_mib", "Host memory jobs may use on the node (in MiB)."),
+    (
+        "gpu_portal_node_memory_mib_allocated",
+        "Host memory held now by running bookings on the node (in MiB).",
+    ),
+)
+
+
+def _node_resource_metrics(now: datetime):
+    """Cores and host memory per node, capacity and held now (docs/scheduling.md, "Cores and
+    memory"); a node whose agent reports none has no sample."""
+    families = [GaugeMetricFamily(name, doc, labels=["node"]) for name, doc in NODE_RESOURCE_GAUGES]
+    capacities = node_capacities()
+    held = held_now_by_node(now, capacities)
+    hostnames = dict(Node.objects.filter(pk__in=list(capacities)).values_list("pk", "hostname"))
+    for node_id, hostname in sorted(hostnames.items(), key=lambda item: item[1]):
+        capacity, (cpus, memory_mib) = capacities[node_id], held[node_id]
+        values = (capacity.cpus, cpus, capacity.memory_mib, memory_mib)
+        for family, value in zip(families, values, strict=True):
+            family.add_metric([hostname], float(value))
+    yield from families
