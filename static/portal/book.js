@@ -29,12 +29,18 @@
     var body = { qos: value("qos"), preemptible: !!value("preemptible") };
     if (value("project")) body.project = value("project");
     if (value("gpu_model")) body.gpu_model = value("gpu_model");
-    if (value("mixed_models") && value("kind") !== "mig") body.mixed_models = true;
+    if (value("mixed_models") && value("kind") === "gpus") body.mixed_models = true;
     if (value("command")) body.command = value("command");
     if (value("image")) body.image = value("image");
     if (value("kind") === "mig") {
       if (!value("mig_profile")) return null;
       body.mig_profile = value("mig_profile");
+    } else if (value("kind") === "shared") {
+      var share = parseFloat(value("gpu_fraction"));
+      var gib = parseFloat(value("gpu_memory_gib"));
+      if (!share && !gib) return null;
+      if (share) body.gpu_fraction = share;
+      if (gib) body.gpu_memory_mib = Math.round(gib * 1024);
     } else {
       var gpus = parseInt(value("gpus"), 10);
       if (!gpus) return null;

@@ -153,7 +153,7 @@
         holder.innerHTML = html;
         holder.parentElement.dataset.loaded = "";
         var now = holder.querySelector("[data-node-now]");
-        if (now) setNodeLine(now.dataset.nodeNow, JSON.parse(now.dataset.counts), now.dataset.state, +now.dataset.version);
+        if (now) setNodeLine(now.dataset.nodeNow, JSON.parse(now.dataset.counts), now.dataset.state, +now.dataset.version, JSON.parse(now.dataset.resources || "null"));
         sumTotals();
         document.dispatchEvent(new CustomEvent("portal:node", { detail: holder.dataset.nodeDevices }));
       })
@@ -174,7 +174,8 @@
   }
 
   // A node line shows its counts summed over its models: [gpus, free, slices, free slices].
-  function setNodeLine(hostname, counts, state, version) {
+  // and, where the node reports them, [cores held, cores, memory MiB held, memory MiB].
+  function setNodeLine(hostname, counts, state, version, resources) {
     var line = document.querySelector('[data-node-line="' + esc(hostname) + '"]');
     if (!line || +line.dataset.version > version) return;
     line.dataset.version = version;
@@ -190,6 +191,17 @@
     if (slices) slices.hidden = sum[2] === 0;
     var badge = summary.querySelector("[data-node-state]");
     if (badge) { badge.textContent = state; badge.hidden = state === "up"; }
+    if (resources === undefined) return;
+    var held = summary.querySelector("[data-resources]");
+    if (held) held.hidden = !resources;
+    // The line and, when expanded, its node's gauges (templates/portal/_node_resources.html).
+    (resources || []).forEach(function (n, i) {
+      line.querySelectorAll('[data-resource="' + i + '"]').forEach(function (cell) {
+        var text = String(cell.dataset.gib !== undefined ? Math.round(n / 1024) : n);
+        if (cell.textContent !== text) cell.textContent = text;
+      });
+      line.querySelectorAll('[data-resource-meter="' + i + '"]').forEach(function (meter) { meter.value = n; });
+    });
   }
 
   // The totals and the model lines are the node lines summed (every node is listed, hidden
@@ -222,18 +234,52 @@
     });
   }
 
-  function bookingCell(cell, row, booking) {
-    cell.textContent = "";
-    var muted = function (text) { var s = document.createElement("span"); s.className = "muted"; s.textContent = text; return s; };
-    if (!booking) {
-      cell.appendChild(muted(row.dataset.parent !== undefined ? "see slices" : "—"));
-      return;
-    }
+  function gib(mib) { return (mib / 1024).toFixed(1) + " GiB"; }
+
+  function bookingLink(booking) {
     var mine = String(booking.owner_id) === body.dataset.userId || body.dataset.staff !== undefined;
     var id = document.createElement(mine ? "a" : "span");
     if (mine) id.href = "/bookings/" + booking.id + "/";
     id.textContent = "#" + booking.id;
-    cell.appendChild(id);
+    return id;
+  }
+
+  // A shared GPU's tenants, as templates/portal/_tenants.html writes them (compact).
+  function tenantsCell(cell, tenants, muted) {
+    var list = document.createElement("ul");
+    list.className = "plain tenants";
+    tenants.forEach(function (t) {
+      var item = document.createElement("li");
+      item.dataset.tenant = t.id;
+      item.appendChild(bookingLink(t));
+      item.appendChild(document.createTextNode(" " + t.owner + " "));
+      var share = t.percent;
+      if (t.memory_mib !== null) share += " · " + (t.used_mib !== null ? gib(t.used_mib) + " of " : "") + gib(t.memory_mib);
+      item.appendChild(muted(share));
+      if (t.memory_mib !== null && t.used_mib !== null && t.used_mib > t.memory_mib) {
+        var over = document.createElement("span");
+        over.className = "badge state-unbooked";
+        over.textContent = "over its memory share";
+        item.appendChild(document.createTextNode(" "));
+        item.appendChild(over);
+      }
+      list.appendChild(item);
+    });
+    cell.appendChild(list);
+  }
+
+  function bookingCell(cell, row, booking, tenants) {
+    cell.textContent = "";
+    var muted = function (text) { var s = document.createElement("span"); s.className = "muted"; s.textContent = text; return s; };
+    if (tenants && tenants.length) {
+      tenantsCell(cell, tenants, muted);
+      return;
+    }
+    if (!booking) {
+      cell.appendChild(muted(row.dataset.parent !== undefined ? "see slices" : "—"));
+      return;
+    }
+    cell.appendChild(bookingLink(booking));
     cell.appendChild(document.createTextNode(" " + booking.owner + " "));
     cell.appendChild(muted("(" + booking.project + ")"));
   }
@@ -249,7 +295,7 @@
         badge.textContent = device.state_label;
       }
       var cell = row.querySelector("[data-booking-cell]");
-      if (cell) bookingCell(cell, row, device.booking);
+      if (cell) bookingCell(cell, row, device.booking, device.tenants);
       row.classList.remove("flash");
       void row.offsetWidth;
       row.classList.add("flash");
@@ -258,7 +304,7 @@
 
   function applyPatch(message) {
     var version = message.version || 0;
-    (message.nodes || []).forEach(function (node) { setNodeLine(node.hostname, node.counts, node.state, version); });
+    (message.nodes || []).forEach(function (node) { setNodeLine(node.hostname, node.counts, node.state, version, node.resources); });
     (message.devices || []).forEach(function (device) { patchDevice(device, version); });
     var totals = document.querySelector('[data-fragment="totals"]');
     if (totals && +(totals.dataset.version || 0) <= version) {
