@@ -1,6 +1,8 @@
 """Shared fixtures. The suite runs on PostgreSQL and Redis (portal.settings_test); the tests marked
 both_databases run once more on SQLite (TEST_DATABASE=sqlite, tests/portal/test_both_databases.py)."""
 
+import os
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -22,6 +24,19 @@ def _clean_cache(settings):
     estimate_snapshot_forget()  # the estimates' in-process copy of the queue, likewise
     summary_forget()  # and the overview's summary
     yield
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept():
+    """Leave os.environ as the test found it: `up` run in-process (tests/portal/
+    test_up_server_mode.py) sets the demo's defaults there for the processes it starts, and a
+    later subprocess (the SQLite run of tests/portal/test_both_databases.py) would inherit them
+    (QUOTA_BORROWING on turned its quota scenarios into borrowed starts)."""
+    kept = dict(os.environ)
+    yield
+    if os.environ != kept:
+        os.environ.clear()
+        os.environ.update(kept)
 
 
 @pytest.fixture

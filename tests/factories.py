@@ -204,3 +204,31 @@ def make_active_booking(devices, *, owner=None, command: str = "", **kwargs) -> 
             fraction=device.fraction if is_mig else 1.0,
         )
     return booking
+
+
+def make_shared_booking(
+    gpu, *, share: float, memory_mib: int, owner=None, command: str = "", **kwargs
+) -> Booking:
+    """An active booking of a fraction of `gpu` (made shared): `share` of its compute and
+    `memory_mib` of its memory, from a minute ago for an hour."""
+    now = timezone.now()
+    Gpu.objects.filter(pk=gpu.pk).update(sharing=Gpu.Sharing.SHARED)
+    booking = BookingFactory(
+        owner=owner or UserFactory(),
+        state=Booking.State.ACTIVE,
+        started_at=now - timedelta(minutes=1),
+        command=command,
+        gpu_fraction=share,
+        gpu_memory_mib=memory_mib,
+        **kwargs,
+    )
+    AllocationFactory(
+        booking=booking,
+        gpu=gpu,
+        start=now - timedelta(minutes=1),
+        end=now + timedelta(hours=1),
+        fraction=share,
+        share=share,
+        gpu_memory_mib=memory_mib,
+    )
+    return booking

@@ -177,3 +177,25 @@ def test_it_prints_the_topology_it_reads():
     assert "topology: PCI 0000:1f:00.0, NUMA node 1, no NVLink (PCIe only)" in result.stdout
     result = _check()
     assert "topology: not reported" in result.stdout
+
+
+def test_it_reports_whether_mps_is_there_for_shared_gpus():
+    found = check.check_mps(False, which=lambda name: f"/usr/bin/{name}")
+    assert (found.status, found.summary) == (
+        "ok",
+        "nvidia-cuda-mps-control at /usr/bin/nvidia-cuda-mps-control; available (the agent's --mps)",
+    )
+    missing = check.check_mps(False, which=lambda name: None)
+    assert missing.status == "skip" and "memory watch alone" in missing.summary
+    wanted = check.check_mps(True, which=lambda name: None)
+    assert (wanted.status, wanted.summary) == (
+        "fail",
+        "--mps, but no nvidia-cuda-mps-control on PATH",
+    )
+    assert check.exit_status([wanted]) == 4  # with nvml's bit: the GPU stack
+
+
+def test_it_fails_a_node_meant_for_mps_without_the_mps_binary():
+    result = _check("--mps", "--confine", "off", "--session-host", "127.0.0.1")
+    assert _line(result.stdout, "mps").startswith("[fail]")
+    assert result.returncode == 4, result.stdout

@@ -296,3 +296,26 @@ def test_it_runs_a_container_on_simulated_gpus_with_no_cdi_spec_when_told_not_to
     exited = _event(portal, "exited", 14)
     assert exited.exit_code == 0, exited.log_tail
     assert exited.log_tail.strip() == f"cvd={gpu}"
+
+
+def test_it_holds_a_podman_container_to_the_bookings_cores_and_memory(
+    portal, make_agent, cycle_until, me, image
+):
+    # Podman puts the container in its own cgroups (v1 here): the limits come as run options,
+    # and the container reads them back from its cgroup.
+    agent = make_agent(
+        container_runtimes=["podman"],
+        container_args={"podman": PODMAN_ARGS},
+        container_devices=False,
+    )
+    gpu = _gpu_uuids(agent)[0]
+    show = (
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/cpuset/cpuset.cpus "
+        "/sys/fs/cgroup/cpu/cpu.cfs_quota_us; echo cpus=$GPU_PORTAL_CPUS"
+    )
+    portal.book(15, me, [gpu], command=show, image=image, cpus=1, memory_mib=64)
+    cycle_until(agent, lambda: ("exited", 15) in _kinds(portal), timeout_s=60)
+    exited = _event(portal, "exited", 15)
+    assert exited.exit_code == 0, exited.log_tail
+    core = _event(portal, "started", 15).detail.split("core(s) ")[1].split()[0]
+    assert exited.log_tail.split() == [str(64 << 20), core, "100000", "cpus=1"]

@@ -1,6 +1,8 @@
 """agents/nvml.py's conversion code, against a fake pynvml module (no GPU here)."""
 
+import json
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 from agents import protocol
@@ -252,3 +254,88 @@ def test_odd_driver_answers_read_as_unknown_so_the_register_still_passes(tmp_pat
     assert [(g.pci_bus_id, g.numa_node, g.nvlink_peers) for g in gpus] == [(None, None, [])] * 2
     body = protocol.to_json(protocol.RegisterRequest("n", "0.1", gpus))
     protocol.from_json(protocol.RegisterRequest, body, strict=True)  # the portal's own check
+
+
+# -- per-process memory: the process-list calls, pinned against tests/agents/data/nvml_processes.json
+
+PROCESS_CASES = json.loads((Path(__file__).parent / "data" / "nvml_processes.json").read_text())
+
+
+class CodedNVMLError(NVMLError):
+    """pynvml's NVMLError carries the NVML return code as `value`."""
+
+    def __init__(self, value):
+        super().__init__(value)
+        self.value = value
+
+
+class ProcessNvml(FakeNvml):
+    """One whole GPU whose process-list functions answer as a fixture case says."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, case):
+        super().__init__()
+        self.case = PROCESS_CASES[case]
+        self.called = []
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def __getattr__(self, name):
+        if name not in self.case:
+            return super().__getattr__(name)
+        return lambda handle: self._answer(name)
+
+    def _answer(self, name):
+        self.called.append(name)
+        answer = self.case[name]
+        if isinstance(answer, dict):
+            raise CodedNVMLError(answer["error"])
+        pids = {"self": os.getpid(), "parent": os.getppid()}
+        return [SimpleNamespace(**{**p, "pid": pids[p["pid"]]}) for p in answer]
+
+    # Not FakeNvml's list: each case says which entry points this pynvml and driver have.
+    nvmlDeviceGetComputeRunningProcesses = None
+
+
+def _memory(case):
+    fake = ProcessNvml(case)
+    (reading,) = NvmlBackend(nvml=fake).sample()
+    return {p.pid: p.used_memory_mib for p in reading.processes}, fake.called
+
+
+def test_it_reads_each_processs_gpu_memory_through_the_newest_list():
+    memory, called = _memory("r550_two_tenants")
+    assert memory == {os.getpid(): 30720, os.getppid(): 10240}
+    assert called == [
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    ]
+
+
+def test_it_falls_back_to_v2_on_a_driver_without_the_v3_entry_point():
+    memory, called = _memory("r470_no_v3_entry_point")
+    assert memory == {os.getpid(): 20480}
+    assert called == [
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    ]
+
+
+def test_it_lists_mps_clients_with_their_own_memory_beside_the_mps_server():
+    memory, _ = _memory("r550_under_mps")
+    assert memory == {os.getppid(): 33792, os.getpid(): 20480}
+
+
+def test_a_driver_that_cannot_list_processes_reports_none_rather_than_failing():
+    memory, called = _memory("not_supported")
+    assert memory == {}
+    assert "nvmlDeviceGetComputeRunningProcesses_v2" not in called  # NotSupported is final
+
+
+def test_memory_nvml_cannot_give_reads_as_unknown_never_as_zero():
+    memory, _ = _memory("memory_not_available")
+    assert memory == {os.getpid(): None}

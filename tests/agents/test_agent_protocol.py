@@ -98,6 +98,7 @@ def test_it_writes_times_as_iso_utc_and_nulls_as_null():
         "user": "ann",
         "used_memory_mib": 1024,
         "name": "python",
+        "booking_id": None,  # the agent launched no job it is part of
     }
 
 

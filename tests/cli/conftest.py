@@ -1,6 +1,7 @@
 """Fixtures for the command-line client: a live portal and `gpu-portal` run as a subprocess."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +72,9 @@ def cli(live_server, tmp_path):
         )
 
     def start(*args: str, token: str | None = None):
-        """The command running in the background (a Popen with text pipes)."""
+        """The command running in the background (a Popen with text pipes), interruptible as
+        from a terminal: a suite started in the background (`.ci/run &`) ignores SIGINT, and
+        Python keeps an inherited SIG_IGN, so Ctrl-C would never reach it."""
         return subprocess.Popen(
             [sys.executable, "-m", "portal.cli", *args],
             stdout=subprocess.PIPE,
@@ -79,8 +82,13 @@ def cli(live_server, tmp_path):
             text=True,
             env=environment(token, None),
             cwd=ROOT,
+            preexec_fn=_interruptible,
         )
 
     run.home = home
     run.start = start
     return run
+
+
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -436,3 +436,26 @@ def _field(stdout: str, label: str) -> str:
         for line in stdout.splitlines()
         if line.startswith(f"{label}:")
     )
+
+
+def test_it_lists_the_maintenance_windows_planned_or_under_way(site, cli):
+    from portal.models import MaintenanceWindow
+
+    now = timezone.now()
+    soon = MaintenanceWindow.objects.create(
+        reason="firmware", start=now + timedelta(hours=1), end=now + timedelta(hours=2)
+    )
+    soon.nodes.set([site["node"]])
+    MaintenanceWindow.objects.create(
+        reason="old", start=now - timedelta(hours=3), end=now - timedelta(hours=2)
+    )
+    token = token_for(site["alice"])
+    shown = cli("maintenance", "list", "--utc", token=token)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == ["ID", "STATE", "START", "END", "NODES", "REASON"]
+    assert len(lines) == 2 and "planned" in lines[1] and "cli-a" in lines[1]
+    assert "firmware" in lines[1] and "old" not in shown.stdout
+    every = _json(cli("maintenance", "list", "--all", "--json", token=token))
+    assert [w["reason"] for w in every] == ["old", "firmware"]
+    assert every[0]["all_nodes"] is True and every[0]["state"] == "over"

@@ -19,12 +19,14 @@ pytestmark = pytest.mark.django_db
 
 
 def test_it_points_links_at_the_address_up_serves_on(settings, monkeypatch):
-    for name in ("SITE_URL", "IDLE_RECLAIM_ENABLED", "IDLE_MINUTES", "IDLE_GRACE_MINUTES"):
-        monkeypatch.delenv(name, raising=False)
-    settings.IDLE_RECLAIM_ENABLED = False
+    names = ("SITE_URL", "IDLE_RECLAIM_ENABLED", "IDLE_MINUTES", "IDLE_GRACE_MINUTES")
+    for name in (*names, "QUOTA_BORROWING"):
+        monkeypatch.setenv(name, "")  # set, so that the test's end takes it away again
+    settings.IDLE_RECLAIM_ENABLED = settings.QUOTA_BORROWING = False
     notify_defaults("http://127.0.0.1:8765", demo=True)
     assert settings.SITE_URL == "http://127.0.0.1:8765"
     assert settings.IDLE_RECLAIM_ENABLED and settings.IDLE_MINUTES == 10
+    assert settings.QUOTA_BORROWING  # carol's over-quota booking starts borrowed
 
 
 def test_it_keeps_a_configured_site_url(settings, monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from portal.models import Allocation, Booking, SampleMinute
+from portal.models import Allocation, Booking, Node, SampleMinute
 from tests.factories import (
     BookingFactory,
     ProjectFactory,
@@ -92,17 +92,25 @@ EXPECTED = [
         "project": "nlp",
         "bookings": 1,
         "gpu_hours": 2.0,
+        "borrowed_gpu_hours": 0.0,  # nothing ran borrowed
+        "cpu_hours": 0.0,  # the node reports no cores and memory
+        "memory_gb_hours": 0.0,
         "energy_kwh": 0.4,
         "mean_utilization": 50.0,
         "peak_memory_mib": None,
+        "reserved_unused_gpu_hours": 0.0,  # no project reservation
     },
     {
         "project": "vision",
         "bookings": 2,
         "gpu_hours": 1.5,
+        "borrowed_gpu_hours": 0.0,
+        "cpu_hours": 0.0,
+        "memory_gb_hours": 0.0,
         "energy_kwh": 0.475,
         "mean_utilization": 80.0,
         "peak_memory_mib": 40000,
+        "reserved_unused_gpu_hours": 0.0,
     },
 ]
 
@@ -151,8 +159,31 @@ def test_it_exports_a_period_without_usage_as_a_header_row(ledger):
 
     assert response.status_code == 200
     assert response.content.decode() == (
-        "user,bookings,gpu_hours,energy_kwh,mean_utilization,peak_memory_mib\n"
+        "user,bookings,gpu_hours,borrowed_gpu_hours,cpu_hours,memory_gb_hours,energy_kwh,"
+        "mean_utilization,peak_memory_mib\n"
     )
+
+
+def test_it_reports_the_cores_and_memory_held_with_the_gpus_per_hour(ledger):
+    """acct-a reports 48 cores and 384 GiB for its 3 GPUs. A asked 10 cores and 64 GiB
+    (1 h in the period); B asked nothing: its GPU's share, 16 cores and 128 GiB, for 2 h;
+    C's 3g.40gb slice (3/7 of a GPU) its share rounded down, for 70 minutes."""
+    t0, staff, _ = ledger
+    Node.objects.filter(hostname="acct-a").update(cpus=48, memory_mib=384 * 1024)
+    a = Allocation.objects.get(gpu__index=0, booking__state=Booking.State.FINISHED).booking
+    Booking.objects.filter(pk=a.pk).update(cpus=10, memory_mib=64 * 1024)
+    client = Client()
+    client.force_login(staff)
+    rows = {r["project"]: r for r in client.get("/api/v1/accounting/", _query(t0)).json()}
+    slice_cpus, slice_mib = int(48 * 3 / 7 / 3), int(384 * 1024 * 3 / 7 / 3)
+    assert rows["nlp"]["cpu_hours"] == 16 * 2.0
+    assert rows["nlp"]["memory_gb_hours"] == 128 * 2.0
+    assert rows["vision"]["cpu_hours"] == pytest.approx(10 + slice_cpus * 70 / 60, abs=1e-3)
+    assert rows["vision"]["memory_gb_hours"] == pytest.approx(
+        64 + slice_mib / 1024 * 70 / 60, abs=1e-3
+    )
+    page = client.get("/accounting/", {"from": t0.date().isoformat()}).content.decode()
+    assert "Core-hours" in page
 
 
 def test_it_groups_by_user_and_by_booking(ledger):

@@ -18,7 +18,12 @@ from django.conf import settings
 from django.core.management import call_command
 
 from portal.models import Gpu, MigInstance, Node, Project, Quota
-from portal.services.reporting.demo import DEMO_PASSWORD, DEMO_RUNNING, DEMO_WAITING
+from portal.services.reporting.demo import (
+    DEMO_BORROWED,
+    DEMO_PASSWORD,
+    DEMO_RUNNING,
+    DEMO_WAITING,
+)
 from tests.process_tree import command, descendants, exit_status, living
 
 ROOT = Path(settings.BASE_DIR)
@@ -157,6 +162,12 @@ def test_it_runs_the_embedded_demo_with_live_simulated_nodes(embedded_portal):
         "three simulated nodes to report",
     )
     assert sorted(n["hostname"] for n in nodes) == ["gpu-a01", "gpu-a02", "gpu-a03"]
+    # Their cores and host memory, as their agents registered them (a DGX H100, A100 servers).
+    assert {n["hostname"]: (n["cpus"], n["memory_mib"]) for n in nodes} == {
+        "gpu-a01": (112, 2 * 1024 * 1024),
+        "gpu-a02": (128, 1024 * 1024),
+        "gpu-a03": (128, 1024 * 1024),
+    }
     # The banner comes once the server listens and stays the last thing on the console: no
     # agent retrying a closed port before it, no per-task or per-request lines after it.
     console = log_path.read_text().strip().splitlines()
@@ -221,7 +232,9 @@ def test_it_runs_a_rendezvous_across_two_demo_nodes(embedded_portal):
     # clears it (cancel), as a site would for a demonstration, so the two nodes are free.
     admin = {"username": "admin", "password": DEMO_PASSWORD}
     admin_token = _json(f"{base}/api/v1/auth/token/", admin)["token"]
-    queue = len(DEMO_RUNNING) + 1 + len(DEMO_WAITING)  # running, the reservation, waiting
+    # Running, the outsider's short one before the weekly class, the reservation, waiting, and
+    # carol's borrowed A100s.
+    queue = len(DEMO_RUNNING) + 1 + 1 + len(DEMO_WAITING) + len(DEMO_BORROWED)
 
     def seeded():
         found = _json(f"{base}/api/v1/bookings/?page_size=100", token=admin_token)["results"]
@@ -353,7 +366,11 @@ def test_it_keeps_the_console_of_a_demo_session_to_the_banner(quiet_env, embedde
         "the demo's queue",
     )
     assert any(b["state"] == "active" for b in queue)
-    assert len({b["pending_reason"] for b in queue if b["state"] == "pending"}) == 2
+    # Those that wait wait for devices (carol's over-quota A100s start borrowed: up turns
+    # QUOTA_BORROWING on), each with its reason.
+    reasons = {b["pending_reason"] for b in queue if b["state"] == "pending"}
+    assert reasons and reasons <= {"resources", "reservation", "priority"}, reasons
+    assert any(b["borrowed"] for b in queue if b["state"] == "active")
     bob = _json(f"{base}/api/v1/auth/token/", {"username": "bob", "password": DEMO_PASSWORD})
     _json(
         f"{base}/api/v1/bookings/",

@@ -14,13 +14,19 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.protocol import DeviceReading, ReadingsRequest
+from agents.protocol import DeviceReading, ProcessReading, ReadingsRequest
 from portal.errors import Busy
 from portal.services.allocation.allocation import allocation_pass
 from portal.services.core.locking import lock_nodes
 from portal.services.fleet.telemetry import samples_ingest
 from portal.worker_heartbeat import heartbeat_write
-from tests.factories import BookingFactory, make_active_booking, make_mig_gpu, make_node
+from tests.factories import (
+    BookingFactory,
+    make_active_booking,
+    make_mig_gpu,
+    make_node,
+    make_shared_booking,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -91,6 +97,35 @@ def test_it_exports_device_readings_under_dcgm_names_with_the_holding_project(
     )
     assert _value(families, "gpu_portal_node_up", node="node-m") == 1.0
     assert 0 <= _value(families, "gpu_portal_agent_last_seen_age_seconds", node="node-m") < 3600
+
+
+def test_it_labels_the_gpu_memory_of_a_shared_gpus_processes_with_their_booking(
+    project, user, django_capture_on_commit_callbacks
+):
+    node = make_node("node-sh", gpus=1)
+    gpu = node.gpus.get()
+    mine = make_shared_booking(gpu, share=0.5, memory_mib=40960, owner=user, project=project)
+    theirs = make_shared_booking(gpu, share=0.5, memory_mib=40960)
+    processes = [
+        ProcessReading(11, "u", 1000, "a", mine.pk),
+        ProcessReading(12, "u", 500, "b", mine.pk),
+        ProcessReading(21, "v", 3000, "c", theirs.pk),
+        ProcessReading(31, "w", 7000, "d", None),  # no booking named: no booking series
+    ]
+    readings = [DeviceReading(gpu.uuid, 50.0, 10.0, 11500, 81920, 50.0, 300.0, processes)]
+    with django_capture_on_commit_callbacks(execute=True):
+        samples_ingest(
+            node=node,
+            request=ReadingsRequest(hostname="node-sh", time=datetime.now(UTC), readings=readings),
+        )
+
+    families = _scrape()
+
+    name = "gpu_portal_gpu_memory_used_by_booking_mib"
+    where = {"node": "node-sh", "gpu": "0", "uuid": gpu.uuid}
+    assert _value(families, name, **where, booking=str(mine.pk), project=project.slug) == 1500
+    assert _value(families, name, **where, booking=str(theirs.pk)) == 3000
+    assert len(families[name]) == 2
 
 
 def test_it_shows_allocation_passes_as_a_histogram(project, cluster):

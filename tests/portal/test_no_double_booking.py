@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from portal.models import Allocation, Booking
 from portal.services.core.locking import is_allocation_clash
 from tests.factories import AllocationFactory, BookingFactory, MigInstanceFactory, make_node
+from tests.races import post_at_once
 
 
 @pytest.mark.django_db
@@ -66,21 +67,7 @@ def test_it_gives_a_contended_device_to_exactly_one_of_two_concurrent_requests()
         member(u, project)
     start = timezone.now() + timedelta(hours=1)
     body = {"gpus": 1, "start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
-    barrier = threading.Barrier(2)
-    statuses: list[int] = []
-
-    def submit(u):
-        client = APIClient()
-        client.force_authenticate(u)
-        barrier.wait()
-        statuses.append(client.post("/api/v1/bookings/", body, format="json").status_code)
-        connection.close()
-
-    threads = [threading.Thread(target=submit, args=(u,)) for u in users]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    statuses = post_at_once(users, "/api/v1/bookings/", body)
     assert sorted(statuses) == [201, 409]
     assert Booking.objects.filter(state="planned").count() == 1
     assert Allocation.objects.filter(live=True).count() == 1

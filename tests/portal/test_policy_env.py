@@ -42,6 +42,10 @@ VALUES = {
     "explain": ("false", False),
     "predict_last": ("2", 2),
     "topology_wait_s": ("600", 600.0),
+    "reclaim_grace_s": ("900", 900.0),
+    "reclaim_warning_s": ("60", 60.0),
+    "default_cpus_per_gpu": ("4", 4.0),
+    "default_memory_mib_per_gpu": ("16384", 16384),
 }
 
 
@@ -69,6 +73,8 @@ def test_it_lets_every_policy_field_be_set_from_the_environment():
         ("SCHEDULER_FAIRSHARE_CHARGE", "utilization", "fairshare_charge must be one of"),
         ("SCHEDULER_FAIRSHARE_IDLE_FLOOR", "1.5", "fairshare_idle_floor must be in"),
         ("SCHEDULER_FAIRSHARE_BLEND", "-0.1", "fairshare_blend must be in"),
+        ("SCHEDULER_RECLAIM_GRACE_S", "-5", "reclaim_grace_s must be >= 0"),
+        ("SCHEDULER_RECLAIM_WARNING_S", "600", "reclaim_grace_s must be at least"),
     ],
 )
 def test_it_refuses_an_invalid_policy_setting_at_load(name, text, word):
@@ -93,3 +99,28 @@ def test_it_starts_from_a_named_preset_and_lets_a_field_override_it():
 def test_it_refuses_an_unknown_preset_at_load():
     with pytest.raises(ImproperlyConfigured, match="SCHEDULER_PRESET='fastest'"):
         policy_settings({"SCHEDULER_PRESET": "fastest"})
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        ({"SCHEDULER_RECLAIM_GRACE_S": "10"}, True),  # shorter than the 30 s kill wait
+        ({"SCHEDULER_RECLAIM_GRACE_S": "10", "JOB_KILL_WAIT_S": "5"}, False),
+        ({"SCHEDULER_RECLAIM_GRACE_S": "60"}, False),
+    ],
+)
+def test_it_refuses_a_reclaim_grace_shorter_than_the_warning_at_load(env, refused):
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", "import portal.settings"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (run.returncode != 0) is refused, run.stderr
+    if refused:
+        assert "SCHEDULER_RECLAIM_GRACE_S=10 must be at least the warning" in run.stderr

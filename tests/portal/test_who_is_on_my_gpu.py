@@ -130,3 +130,81 @@ def test_it_says_free_on_the_gpu_page_of_an_idle_unbooked_gpu(user):
     client.force_login(user)
     page = client.get(f"/gpus/{node.gpus.get().pk}/").content.decode()
     assert 'data-state="free">free</span>' in page and "not free" not in page
+
+
+# -- a shared GPU: its tenants, each with its share and the memory its processes use ---------
+
+
+@pytest.fixture
+def shared_scene(user, project, django_capture_on_commit_callbacks):
+    """node-s: gpu0 shared by alice (60 %, 40 GiB) and bob (40 %, 20 GiB), each with a process
+    the agent attributed to its booking, and one it could attribute to neither."""
+    from tests.factories import UserFactory, make_shared_booking
+
+    node = make_node("node-s", gpus=1)
+    gpu = node.gpus.get()
+    mine = make_shared_booking(gpu, share=0.6, memory_mib=40960, owner=user, project=project)
+    bob = UserFactory(username="bob")
+    theirs = make_shared_booking(gpu, share=0.4, memory_mib=20480, owner=bob)
+    t0 = datetime.now(UTC) - timedelta(seconds=10)
+    for step in range(2):
+        _ingest(
+            node,
+            t0 + timedelta(seconds=5 * step),
+            [
+                _reading(
+                    gpu.uuid,
+                    ProcessReading(101, "alice", 12288, "train.py", mine.pk),
+                    ProcessReading(202, "bob", 24576, "serve.py", theirs.pk),
+                    ProcessReading(303, "bob", 512, "python", None),
+                )
+            ],
+            django_capture_on_commit_callbacks,
+        )
+    return node, gpu, mine, theirs
+
+
+def test_it_rolls_up_each_tenants_processes_under_its_own_booking(shared_scene):
+    node, gpu, mine, theirs = shared_scene
+    rows = {p.pid: p for p in ProcessUsage.objects.filter(device_uuid=gpu.uuid)}
+    assert (rows[101].booking_id, rows[202].booking_id) == (mine.pk, theirs.pk)
+    assert (rows[101].samples, rows[202].peak_memory_mib) == (2, 24576)
+    # Two tenants and the agent named neither: no booking, but not unbooked either.
+    assert (rows[303].booking_id, rows[303].foreign) == (None, False)
+
+
+def test_it_shows_a_shared_gpus_tenants_with_their_shares_and_memory(shared_scene, user):
+    node, gpu, mine, theirs = shared_scene
+    client = Client()
+    client.force_login(user)
+    page = client.get(f"/gpus/{gpu.pk}/").content.decode()
+    assert "Tenants of this shared GPU" in page
+    tenants = page[page.index('id="tenants-h"') : page.index('id="proc-h"')]
+    assert tenants.index(f'data-tenant="{mine.pk}"') < tenants.index(f'data-tenant="{theirs.pk}"')
+    mine_row = tenants[tenants.index(f'data-tenant="{mine.pk}"') :]
+    assert "60 %" in mine_row and "40.0 GiB" in mine_row and "12.0 GiB" in mine_row
+    theirs_row = tenants[tenants.index(f'data-tenant="{theirs.pk}"') :]
+    assert "40 %" in theirs_row and "20.0 GiB" in theirs_row and "24.0 GiB" in theirs_row
+    assert 'class="process-foreign"' in theirs_row and "over its memory share" in theirs_row
+    assert f"shared by #{mine.pk} alice, #{theirs.pk} bob" in page  # its state line
+    assert (
+        f'href="/bookings/{mine.pk}/"' in tenants
+        and f'href="/bookings/{theirs.pk}/"' not in tenants
+    )
+    # Who is on it now, per tenant.
+    now = page[page.index('id="proc-h"') :]
+    assert f'alice <span class="muted">#{mine.pk}</span>' in now
+    assert f'bob <span class="muted">#{theirs.pk}</span>' in now
+
+
+def test_the_overview_lists_every_tenant_of_a_shared_gpu(shared_scene, user):
+    node, gpu, mine, theirs = shared_scene
+    client = Client()
+    client.force_login(user)
+    for path in ("/", f"/?fragment=node&node={node.hostname}"):
+        page = client.get(path).content.decode()
+        row = page[page.index(f'data-uuid="{gpu.uuid}"') :]
+        row = row[: row.index("</tr>")]
+        assert f'data-tenant="{mine.pk}"' in row and f'data-tenant="{theirs.pk}"' in row, path
+        assert "60 % · 12.0 GiB of 40.0 GiB" in row and "bob" in row
+        assert "over its memory share" in row  # bob's 24 GiB of a 20 GiB share

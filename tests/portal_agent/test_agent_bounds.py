@@ -13,9 +13,11 @@ from django.db import connection
 
 from agents import protocol
 from portal.models import (
+    Allocation,
     Booking,
     Gpu,
     MigInstance,
+    MigLayoutChange,
     Node,
     NodeAlert,
     NodeRun,
@@ -77,6 +79,9 @@ COLUMNS = {
     ("DesiredBooking", "array_job_id"): (Booking, "id"),  # the array's first task
     ("DesiredBooking", "array_task_id"): (Booking, "array_task_id"),
     ("DesiredBooking", "image"): (Booking, "image"),
+    ("ProcessReading", "booking_id"): (Booking, "id"),  # ProcessUsage.booking
+    ("DesiredBooking", "gpu_fraction"): (Allocation, "share"),
+    ("DesiredBooking", "gpu_memory_mib"): (Allocation, "gpu_memory_mib"),
     ("DesiredState", "generation"): None,  # the portal's own counter, read by the agent only
     ("Event", "detail"): (NodeAlert, "detail"),  # Booking.state_detail takes it cut to 300
     ("Event", "booking_id"): (Booking, "id"),
@@ -88,10 +93,32 @@ COLUMNS = {
     ("Event", "session_host"): (Booking, "session_host"),
     ("Event", "session_port"): (Booking, "session_port"),
     ("PushMessage", "generation"): None,  # as DesiredState.generation
+    ("MigInventory", "placement_start"): (MigInstance, "placement_start"),
+    ("MigChangeResult", "change_id"): (MigLayoutChange, "id"),
+    ("MigChangeResult", "ok"): None,  # which state the change ends in
+    ("MigChangeResult", "detail"): (MigLayoutChange, "detail"),
+    ("MigSlot", "profile"): (MigInstance, "profile"),
+    ("MigSlot", "start"): (MigInstance, "placement_start"),
+    ("MigSlot", "slices"): (MigInstance, "slices"),
+    ("MigSlot", "size"): None,  # scheduler.mig_layout's data, not stored
+    ("MigSlot", "gi_profile"): None,  # likewise
+    ("MigSlot", "memory_mib"): (MigInstance, "memory_mib"),
+    ("DesiredMigLayout", "change_id"): (MigLayoutChange, "id"),
+    ("DesiredMigLayout", "gpu_uuid"): (Gpu, "uuid"),
+    ("RegisterRequest", "cpus"): (Node, "cpus"),
+    ("RegisterRequest", "memory_mib"): (Node, "memory_mib"),
+    ("NumaCpus", "numa_node"): None,  # the agent's own cpuset choice; the portal keeps none
+    ("NumaCpus", "cpu_list"): None,
+    # What the booking got on the node, sent to its agent; the allocator's rows hold it.
+    ("DesiredBooking", "cpus"): None,
+    ("DesiredBooking", "memory_mib"): None,
+    ("DesiredBooking", "cpu_list"): None,
+    ("Event", "oom_limit_mib"): None,  # said in Booking.state_detail, not stored as a number
 }
 MESSAGES = [
     protocol.MigInventory,
     protocol.GpuInventory,
+    protocol.NumaCpus,
     protocol.RegisterRequest,
     protocol.ProcessReading,
     protocol.DeviceReading,
@@ -103,6 +130,9 @@ MESSAGES = [
     protocol.Event,
     protocol.EventsRequest,
     protocol.PushMessage,
+    protocol.MigChangeResult,
+    protocol.MigSlot,
+    protocol.DesiredMigLayout,
 ]
 
 

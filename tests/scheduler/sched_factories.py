@@ -73,3 +73,11 @@ FIFO_ORDER = Policy(
 def by_id(plan) -> dict:
     """Planned lines keyed by booking id."""
     return {line.booking_id: line for line in plan.planned}
+
+
+def shared(node: str, count: int = 2, memory_mib: int = 81920, model: str = "A100"):
+    """``count`` shared GPUs (fractions only) on ``node`` named ``<node>-s<i>``."""
+    return tuple(
+        Device(f"{node}-s{i}", node, model, shared=True, memory_mib=memory_mib)
+        for i in range(count)
+    )

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sched_factories import MIG_1G, MIG_3G, gpus, mig
+from sched_factories import MIG_1G, MIG_3G, gpus, mig, shared
 
 from scheduler import Allocation, Policy, Quota, Request, State, plan
 from scheduler.kept_walk import keep_walk
@@ -17,6 +17,7 @@ DEVICES = (
     + gpus("b", 8, model="H100")
     + gpus("c", 8)
     + mig("m", {0: [MIG_3G, MIG_3G], 1: [MIG_1G] * 7})
+    + shared("s", 2, memory_mib=40000)
 )
 USERS = ("u1", "u2", "u3", "u4")
 NEWCOMER = "u5"  # holds devices but has nothing queued: the queue has no quota of theirs
@@ -25,17 +26,26 @@ NOW = 10_000.0
 
 
 def _request(draw, bid: str, submit: float) -> Request:
-    profile = draw(st.sampled_from([None, None, None, MIG_1G, MIG_3G]))
-    return Request(
+    profile = draw(st.sampled_from([None, None, None, MIG_1G, MIG_3G, "frac"]))
+    base = Request(
         bid,
         draw(st.sampled_from(USERS)),
         draw(st.sampled_from(PROJECTS)),
         submit,
         float(draw(st.integers(10, 3000))),
+        qos=draw(st.sampled_from(["low", "normal", "normal", "high"])),
+    )
+    if profile == "frac":  # a fraction of a shared GPU (both None: one whole GPU)
+        return replace(
+            base,
+            gpu_fraction=draw(st.sampled_from([None, 0.25, 0.5, 0.75])),
+            gpu_memory_mib=draw(st.sampled_from([None, 10000, 30000])),
+        )
+    return replace(
+        base,
         gpus=1 if profile else draw(st.sampled_from([1, 1, 2, 3, 4, 8, 12, 16])),
         mig_profile=profile,
         gpu_model=draw(st.sampled_from([None, None, "H100"])),
-        qos=draw(st.sampled_from(["low", "normal", "normal", "high"])),
         mixed_models=draw(st.sampled_from([False, False, True])),
     )
 

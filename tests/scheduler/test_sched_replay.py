@@ -90,3 +90,32 @@ def test_it_prints_one_json_line_with_projects_from_a_column(trace, capsys):
 def test_it_runs_a_reference_policy_by_name_from_the_command_line(trace, capsys):
     assert main([trace, "--gpus", "24", "--policy", "sjf-protect-1d"]) == 0
     assert json.loads(capsys.readouterr().out)["policy"] == "sjf-protect-1d"
+
+
+def test_it_hashes_users_into_projects_with_a_share_of_the_cluster_each():
+    from scheduler.replay_quotas import parse_quota_model
+
+    model = parse_quota_model("4x0.25", borrowing=True)
+    assert model.limit(80) == 20.0 and model.label == "4x0.25+borrowing"
+    assert {model.project_of(f"synthetic-{i}") for i in range(32)} == {
+        f"project-{i}" for i in range(4)
+    }
+    for bad in ("4", "0x0.5", "4x0", "4x1.5", "ax0.5"):
+        with pytest.raises(ValueError, match="quota model"):
+            parse_quota_model(bad)
+
+
+def test_it_replays_a_quota_model_with_borrowing_and_counts_the_waits_within_it(tmp_path):
+    from scheduler.replay_quotas import QuotaModel
+
+    # One user (so one project), limited to 4 of 8 GPUs: without borrowing the second 4-GPU
+    # job waits for the first; with it, it starts borrowed at once.
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,user,submit_time_s,duration_s,num_gpus\nj1,u,0,1000,4\nj2,u,0,1000,4\n"
+    )
+    off = replay_trace(str(trace), 8, "portal", quotas=QuotaModel(1, 0.5))
+    on = replay_trace(str(trace), 8, "portal", quotas=QuotaModel(1, 0.5, borrowing=True))
+    assert off["max_wait_s"] == 1000.0 and off["borrowed_jobs"] == 0
+    assert on["max_wait_s"] == 0.0 and on["borrowed_jobs"] == 1 and on["within_jobs"] == 1
+    assert on["borrowed_gpu_hours"] == pytest.approx(4000 / 3600)

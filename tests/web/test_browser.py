@@ -325,3 +325,22 @@ def test_it_offers_the_next_window_that_fits_and_fills_it_in(alice, asgi_server,
         page,
         'document.getElementById("estimate").textContent.includes("free for the whole window")',
     )
+
+
+def test_it_books_a_fraction_of_a_shared_gpu_with_its_estimate(alice, asgi_server, browser_page):
+    from portal.models import Gpu
+
+    Gpu.objects.filter(node__hostname="node-a", index=7).update(sharing=Gpu.Sharing.SHARED)
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.goto(f"{asgi_server}/book/")
+    page.check("input[name=kind][value=shared]")
+    assert page.is_visible("#id_gpu_fraction") and not page.is_visible("#id_gpus")
+    page.fill("#id_gpu_fraction", "0.25")
+    page.fill("#id_gpu_memory_gib", "20")
+    wait_for(page, 'document.getElementById("estimate").textContent.includes("Earliest start")')
+    page.click("button:has-text('Submit booking')")
+    page.wait_for_url(re.compile(r"/bookings/\d+/$"), timeout=30_000)
+    booking = Booking.objects.get()
+    assert (booking.gpu_fraction, booking.gpu_memory_mib) == (0.25, 20480)
+    assert "shared GPU" in page.inner_text("body")

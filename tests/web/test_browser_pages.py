@@ -66,3 +66,30 @@ def test_it_shows_a_new_queued_request_on_the_queue_page_live(alice, asgi_server
     booking = in_thread(_queued, alice)
     wait_for(page, f"!!document.querySelector('tr[data-booking=\"{booking.pk}\"]')")
     assert "Waiting for 2 free H100-80GB GPUs." in page.text_content("[data-fragment=queue]")
+
+
+def test_it_draws_a_project_reservation_on_its_lane_of_the_calendar(
+    alice, asgi_server, browser_page
+):
+    from portal.models import Project, ProjectReservation
+
+    tomorrow = timezone.now().date() + timedelta(days=1)
+    start = timezone.now().replace(
+        year=tomorrow.year, month=tomorrow.month, day=tomorrow.day, hour=10, minute=0
+    )
+    in_thread(
+        lambda: ProjectReservation.objects.create(
+            project=Project.objects.get(slug="vision"),
+            gpus=2,
+            start=start,
+            end=start + timedelta(hours=2),
+        )
+    )
+    page = browser_page
+    sign_in(page, asgi_server, "alice", PASSWORD)
+    page.goto(f"{asgi_server}/calendar/?view=day&day={start:%Y-%m-%d}")
+    bar = page.locator(".tl-reservations .tl-bar.state-reserved")
+    assert bar.count() == 1
+    assert "vision: 2 GPUs" in bar.get_attribute("title")
+    box = bar.bounding_box()
+    assert box is not None and box["width"] > 10  # placed and sized by its data-left/width

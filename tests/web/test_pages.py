@@ -211,6 +211,36 @@ def test_it_books_gpus_of_any_mix_of_models_only_when_the_box_is_ticked(
     }
 
 
+def test_it_books_a_fraction_only_where_a_gpu_is_shared(
+    client_in, project, cluster, django_capture_on_commit_callbacks
+):
+    from portal.models import Gpu
+
+    assert "A fraction of a shared GPU" not in client_in.get("/book/").content.decode()
+    shared = cluster[0].gpus.get(index=7)
+    Gpu.objects.filter(pk=shared.pk).update(sharing=Gpu.Sharing.SHARED)
+    page = client_in.get(f"/gpus/{shared.pk}/").content.decode()
+    assert "fractions of it go to several bookings" in page
+    body = client_in.get("/").content.decode()
+    row = body.split(f'data-uuid="{shared.uuid}"', 1)[1].split("</tr>", 1)[0]
+    assert "· shared" in row
+    other = body.split(f'data-uuid="{cluster[0].gpus.get(index=6).uuid}"', 1)[1]
+    assert "· shared" not in other.split("</tr>", 1)[0]
+    form = {"project": "vision", "kind": "shared", "when": "asap", "qos": "normal"}
+    assert "A fraction of a shared GPU" in client_in.get("/book/").content.decode()
+    empty = client_in.post("/book/", {**form, "duration_hours": "1"})
+    assert empty.status_code == 400
+    assert "Give a share of the GPU or the memory it needs" in empty.content.decode()
+    too_much = client_in.post("/book/", {**form, "duration_hours": "1", "gpu_memory_gib": "100"})
+    assert too_much.status_code == 400 and "the largest shared GPU has" in too_much.content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client_in.post("/book/", {**form, "duration_hours": "1", "gpu_fraction": "0.5"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    booking = Booking.objects.get()
+    assert booking.gpu_fraction == 0.5 and booking.state == Booking.State.ACTIVE
+    assert list(booking.allocations.values_list("gpu_id", "share")) == [(shared.pk, 0.5)]
+
+
 def test_it_books_an_array_after_another_booking_from_the_form(client_in, user, project, cluster):
     first = BookingFactory(owner=user, project=project, state=Booking.State.ACTIVE)
     form = {"project": "vision", "kind": "gpus", "gpus": "1", "when": "asap", "qos": "normal"}
