@@ -3,6 +3,7 @@
     python benchmarks/bench_pass.py [--pending 10000] [--gpus 1024] [--passes 8] [--clients 20]
         [--database-url postgres://postgres@127.0.0.1:5432/gp_bench_pass]
         [--redis-url redis://127.0.0.1:6379/9] [--memory-passes 100] [--no-api]
+        [--shared-nodes 8 --fractional 2000] [--cpus]
 
 PostgreSQL: --database-url names a database this script drops and creates (default
 gp_bench_pass on 127.0.0.1:5432 as user postgres); the server must let that user create
@@ -15,7 +16,10 @@ process that submit, cancel, extend and release through the REST API while the r
 ``allocation_pass`` runs back to back ``--passes`` times. It prints each pass's snapshot, plan,
 start and store times, p50/p95 of the whole pass, the worker's peak memory, the API's p95 latency
 and its 503 count. ``--memory-passes N`` then runs N more passes and prints the resident memory
-after the first tenth and at the end. The last line is one JSON object.
+after the first tenth and at the end. ``--shared-nodes N --fractional F`` (sitegen.with_shared)
+add N nodes of 8 shared GPUs running fractions and F pending bookings asking a fraction of one
+shared GPU; run it with ``--fractional 0`` too for the same site without them. The last line is
+one JSON object.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -39,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from calib import calib_s  # noqa: E402
-from sitegen import Site, generate  # noqa: E402
+from sitegen import Site, generate, with_shared  # noqa: E402
 
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/gp_bench_pass"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/9"
@@ -61,6 +66,8 @@ def _setup_django(args) -> None:
     os.environ["REDIS_URL"] = args.redis_url
     os.environ.setdefault("SECRET_KEY", "bench-" + secrets.token_urlsafe(32))
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    # --cpus: the site books cores and memory (off, the pass would count GPUs alone).
+    os.environ["SCHEDULE_CORES_MEMORY"] = "1" if args.cpus else "0"
     import django
 
     django.setup()
@@ -69,8 +76,16 @@ def _setup_django(args) -> None:
     call_command("migrate", verbosity=0)
 
 
-def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
-    """Write the site; returns (API token, ids of its active bookings) per API client."""
+# --cpus: cores and host memory per GPU of a node (a DGX-like 8 GPUs: 96 cores, 1 TiB), and
+# what bookings ask per node (None: the default, scheduler.resources.node_demand).
+CPUS_PER_GPU, MEMORY_MIB_PER_GPU = 12, 128 * 1024
+ASKED_CPUS = (None, None, 4, 8, 16)
+ASKED_MEMORY_MIB = (None, None, 16 * 1024, 64 * 1024)
+
+
+def _build(site: Site, clients: int, resources: bool = False) -> list[tuple[str, int, int]]:
+    """Write the site; returns (API token, ids of its active bookings) per API client. With
+    ``resources``, nodes have cores and memory and bookings ask some (``--cpus``)."""
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
@@ -114,9 +129,17 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
             for u, (m, b) in enumerate(site.user_quotas)
         ]
     )
+    per_node = Counter(node for node, _ in {(d.node, d.gpu) for d in site.devices})
     nodes = Node.objects.bulk_create(
-        Node(hostname=f"node{n:04d}", state=Node.State.UP) for n in range(site.nodes)
+        Node(
+            hostname=f"node{n:04d}",
+            state=Node.State.UP,
+            cpus=CPUS_PER_GPU * max(per_node[n], 1) if resources else None,
+            memory_mib=MEMORY_MIB_PER_GPU * max(per_node[n], 1) if resources else None,
+        )
+        for n in range(site.nodes)
     )
+    draw = random.Random(site.nodes)
     NodeHeartbeat.objects.bulk_create(NodeHeartbeat(node=node, last_seen=now) for node in nodes)
     gpu_rows, seen = [], {}
     for d in site.devices:
@@ -130,6 +153,7 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
                     model=d.model,
                     memory_mib=81920,
                     mig_mode=d.profile is not None,
+                    sharing=Gpu.Sharing.SHARED if d.shared else Gpu.Sharing.EXCLUSIVE,
                 )
             )
     gpus = Gpu.objects.bulk_create(gpu_rows)
@@ -179,6 +203,9 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
             command=b.command,
             state=state,
             submitted_at=now - timedelta(seconds=b.submitted_ago_s),
+            gpu_fraction=b.gpu_fraction,
+            cpus=draw.choice(ASKED_CPUS) if resources else None,
+            memory_mib=draw.choice(ASKED_MEMORY_MIB) if resources else None,
             **extra,
         )
 
@@ -220,6 +247,10 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
         start = now + timedelta(seconds=b.start_in_s)
         for device in b.devices:
             gpu_id, mig_id, fraction = where[device]
+            share = {}
+            if b.gpu_fraction is not None:  # a compute share f holds f of the GPU's memory
+                fraction = b.gpu_fraction
+                share = {"share": fraction, "gpu_memory_mib": int(fraction * 81920)}
             allocations.append(
                 Allocation(
                     booking=row,
@@ -229,6 +260,7 @@ def _build(site: Site, clients: int) -> list[tuple[str, int, int]]:
                     end=start + timedelta(seconds=b.duration_s),
                     fraction=fraction,
                     live=row.state != Booking.State.FINISHED,
+                    **share,
                 )
             )
     Allocation.objects.bulk_create(allocations, batch_size=5000)
@@ -404,7 +436,16 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--api-idle-s", type=float, default=10.0)
     parser.add_argument("--server-threads", type=int, default=8)
+    parser.add_argument("--shared-nodes", type=int, default=0)
+    parser.add_argument("--fractional", type=int, default=0)
+    parser.add_argument(
+        "--cpus",
+        action="store_true",
+        help="nodes with cores and memory, bookings asking random cpus/memory (some None)",
+    )
     args = parser.parse_args()
+    if args.fractional and not args.shared_nodes:
+        parser.error("--fractional needs --shared-nodes: fractions only go to shared GPUs")
 
     calib = calib_s()  # before anything else runs
     import redis
@@ -414,11 +455,16 @@ def main() -> int:
     _recreate_database(args.database_url)
     _setup_django(args)
     site = generate(pending=args.pending, gpus=args.gpus, seed=args.seed)
-    clients = _build(site, 0 if args.no_api else args.clients)
+    if args.shared_nodes:
+        site = with_shared(
+            site, shared_nodes=args.shared_nodes, fractional=args.fractional, seed=args.seed
+        )
+    clients = _build(site, 0 if args.no_api else args.clients, resources=args.cpus)
     print(
         f"site: {len(site.devices)} devices on {site.nodes} nodes ({args.gpus} GPUs), "
         f"{len(site.running)} running bookings, {len(site.reservations)} reservations, "
-        f"{args.pending} pending, {site.users} users in {site.projects} projects; "
+        f"{len(site.pending)} pending ({args.fractional} fractional), {site.users} users in "
+        f"{site.projects} projects; "
         f"built in {time.perf_counter() - began:.1f} s"
     )
     first, result = _pass()
@@ -456,6 +502,9 @@ def main() -> int:
     summary = {
         "pending": args.pending,
         "gpus": args.gpus,
+        "shared_nodes": args.shared_nodes,
+        "fractional": args.fractional,
+        "cpus": args.cpus,
         "passes": len(times),
         "first_pass_s": round(first, 3),
         "pass_p50_s": round(statistics.median(times), 3),

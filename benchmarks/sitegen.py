@@ -35,6 +35,7 @@ class SiteDevice:
     profile: str | None = None
     slices: int = 7
     mig: int | None = None
+    shared: bool = False  # a GPU in sharing mode: fractions only (``with_shared``)
 
     @property
     def fraction(self) -> float:
@@ -58,6 +59,7 @@ class SiteBooking:
     devices: tuple[str, ...] = ()
     start_in_s: int = 0  # running: negative (started that long ago); reservation: positive
     command: str = ""
+    gpu_fraction: float | None = None  # a fraction of one shared GPU (``with_shared``)
 
 
 @dataclass
@@ -236,3 +238,79 @@ def with_topology(state):
             links = tuple(ids[j] for j in sorted(_cube_mesh(i)))
             devices.append(replace(device, links=links, numa=i // 4, group=group))
     return replace(state, devices=tuple(devices))
+
+
+# The fractions openb_gpushare.csv's pods ask (FGD paper, ATC'23), with how many pods ask each:
+# 2,573 pods (tests/scheduler/test_sched_packing.py checks the table against the trace).
+OPENB_FRACTIONS = (
+    (0.81, 1017),
+    (0.47, 455),
+    (0.32, 288),
+    (0.65, 218),
+    (0.46, 128),
+    (0.23, 94),
+    (0.55, 71),
+    (0.16, 70),
+    (0.59, 62),
+    (0.22, 60),
+    (0.37, 46),
+    (0.48, 19),
+    (0.11, 18),
+    (0.05, 7),
+    (0.33, 7),
+    (0.35, 5),
+    (0.27, 4),
+    (0.44, 2),
+    (0.14, 1),
+    (0.29, 1),
+)
+
+
+def with_shared(site: Site, *, shared_nodes: int, fractional: int, seed: int = 1) -> Site:
+    """``site`` with ``shared_nodes`` more nodes of 8 shared A100-80GB GPUs, each running
+    fractions drawn from ``OPENB_FRACTIONS`` until the next draw would pass 90 % of its compute
+    (the first always runs), and
+    ``fractional`` more pending bookings each asking a fraction of one shared GPU."""
+    rng = random.Random(seed)
+    values = [value for value, _ in OPENB_FRACTIONS]
+    weights = [count for _, count in OPENB_FRACTIONS]
+    first = site.nodes
+    for n in range(first, first + shared_nodes):
+        for g in range(8):
+            device = SiteDevice(f"n{n}g{g}", n, g, MODELS[0], shared=True)
+            site.devices.append(device)
+            used = 0.0
+            while True:
+                fraction = rng.choices(values, weights)[0]
+                if used + fraction > 0.9:
+                    break
+                used += fraction
+                site.running.append(
+                    _fraction_booking(rng, site, f"runf{len(site.running)}", fraction, device.id)
+                )
+    site.nodes += shared_nodes
+    for i in range(fractional):
+        fraction = rng.choices(values, weights)[0]
+        site.pending.append(_fraction_booking(rng, site, f"f{i:05d}", fraction, None))
+    return site
+
+
+def _fraction_booking(rng, site: Site, key: str, fraction: float, device: str | None):
+    user = rng.randrange(site.users)
+    started = rng.randint(60, 8 * HOUR)
+    booking = SiteBooking(
+        key,
+        user,
+        site.user_project[user],
+        duration_s=rng.randint(600, 12 * HOUR),
+        submitted_ago_s=rng.randint(0, 2 * 86400),
+        gpus=1,
+        qos="normal",
+        command="jupyter lab",
+        gpu_fraction=fraction,
+    )
+    if device is not None:  # running since ``started`` on that GPU
+        booking.devices, booking.start_in_s = (device,), -started
+        booking.duration_s += started
+        booking.submitted_ago_s = started + 60
+    return booking
