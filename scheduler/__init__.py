@@ -12,7 +12,7 @@ from scheduler.quota import (
     position_refusal,
     quota_refusal,
 )
-from scheduler.resources import billing_equivalents, node_demand
+from scheduler.resources import billing_equivalents, node_demand, total_demand
 from scheduler.types import (
     REASONS,
     Allocation,
@@ -56,6 +56,7 @@ __all__ = [
     "keep_walk",
     "never_fits",
     "node_demand",
+    "total_demand",
     "billing_equivalents",
     "plan",
     "position_refusal",

@@ -15,13 +15,16 @@ from scheduler.types import Quota
 
 _EPS = 1e-9
 
+# The limits of cores and host memory a quota may set, as (field of Quota, unit in sentences).
+HOST_LIMITS = (("max_cpus", "cores"), ("max_memory_mib", "MiB of memory"))
+
 
 @dataclass(frozen=True)
 class QuotaRefusal:
     """The limit a booking would break: its name, its value, what is held or used already and
     what the booking adds. Callers word it for their audience."""
 
-    limit: str  # "max_gpus" or "gpu_hours_budget"
+    limit: str  # "max_gpus", "gpu_hours_budget", "max_cpus" or "max_memory_mib"
     limit_value: float
     usage: float
     asks: float
@@ -33,12 +36,15 @@ class QuotaSide:
     """Where a request stands against one quota key: the user in the project, or the project.
 
     ``quota`` holds the limits and the GPU-hours used in the budget period; ``held`` the most
-    GPU-equivalents held at once over the request's window (0 without a window).
+    GPU-equivalents held at once over the request's window (0 without a window), and
+    ``host_held`` the most cores and the most memory MiB held at once there (where the quota
+    limits them).
     """
 
     scope: str  # "user" or "project"
     quota: Quota
     held: float = 0.0
+    host_held: tuple[float, float] = (0.0, 0.0)
 
     def limits_only(self) -> QuotaSide:
         """The same limits with nothing used or held (could it ever run?)."""
@@ -51,15 +57,30 @@ def over(limit: float | None, amount: float) -> bool:
 
 
 def position_refusal(
-    sides: Iterable[QuotaSide], *, gpus: float, gpu_hours: float
+    sides: Iterable[QuotaSide],
+    *,
+    gpus: float,
+    gpu_hours: float,
+    host: tuple[float, float] | None = None,
 ) -> QuotaRefusal | None:
     """The one check of a quota position, for every path (the allocator's ledgers compare the
     same way): each side by ``quota_refusal``, the project's first, so a refusal names the
-    project's limit whenever that one binds (as the allocator's reasons do, ``Quotas.of``)."""
-    for side in sorted(sides, key=lambda side: side.scope != "project"):
+    project's limit whenever that one binds (as the allocator's reasons do, ``Quotas.of``).
+    With ``host`` (the cores and memory MiB the request holds, summed over its nodes), the
+    limits of cores and memory too: ``host_held`` plus the request's within ``max_cpus`` and
+    ``max_memory_mib``."""
+    ordered = sorted(sides, key=lambda side: side.scope != "project")
+    for side in ordered:
         refusal = quota_refusal(side.quota, gpus=gpus, gpu_hours=gpu_hours, held=side.held)
         if refusal is not None:
             return replace(refusal, scope=side.scope)
+    if host is None:
+        return None
+    for side in ordered:
+        for index, (limit, _) in enumerate(HOST_LIMITS):
+            value = getattr(side.quota, limit)
+            if over(value, side.host_held[index] + host[index]):
+                return QuotaRefusal(limit, value, side.host_held[index], host[index], side.scope)
     return None
 
 
@@ -202,10 +223,6 @@ class ArrayLedger(Ledger):
         """A sentence saying how many of the array's tasks hold devices now."""
         tasks = round(self.peak(now, now + _EPS) / self.task_size) if self.task_size else 0
         return f"{self.label}: {tasks} of at most {self.limit} tasks running"
-
-
-# The limits of cores and host memory a quota may set, as (field of Quota, unit in sentences).
-HOST_LIMITS = (("max_cpus", "cores"), ("max_memory_mib", "MiB of memory"))
 
 
 class HostLedger(Ledger):

@@ -252,3 +252,111 @@ def test_it_books_cores_and_memory_by_default(tmp_path):
     code = "import portal.settings as s; print(s.SCHEDULE_CORES_MEMORY)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "True", out.stderr
+
+
+def _window(hours_from_now: float, hours: float = 1.0) -> dict:
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=hours_from_now)
+    return {"start": start.isoformat(), "end": (start + timedelta(hours=hours)).isoformat()}
+
+
+@pytest.mark.both_databases
+def test_it_places_a_reservation_only_where_its_cores_fit_in_the_window(
+    post_booking, project, sized
+):
+    first = post_booking(gpus=2, cpus=80, **_window(2))
+    assert first.status_code == 201, first.json()
+    # The node's other 6 GPUs are free in that window, but 16 of its 96 cores are.
+    refused = post_booking(gpus=2, cpus=32, **_window(2.5))
+    assert refused.status_code == 409, refused.json()
+    error = error_of(refused)
+    assert error["code"] == "no_capacity" and "cpus" in error["fields"], error
+    assert "not the cores" in error["message"], error
+    assert Booking.objects.count() == 1
+    # After the first one's window, the cores are free again.
+    assert post_booking(gpus=2, cpus=32, **_window(3)).status_code == 201
+    # A second node with room: the same request goes there.
+    other = _sized(make_node("gpu-b01", gpus=4), cpus=48, memory_mib=512 * 1024)
+    moved = post_booking(gpus=2, cpus=32, **_window(2.5))
+    assert moved.status_code == 201, moved.json()
+    held = Allocation.objects.filter(booking_id=moved.json()["id"]).values_list(
+        "gpu__node_id", flat=True
+    )
+    assert set(held) == {other.pk}
+
+
+@pytest.mark.both_databases
+def test_it_refuses_a_reservation_past_its_projects_limit_of_cores_in_the_window(
+    post_booking, project, sized
+):
+    project.quotas.update(max_cpus=48)
+    assert post_booking(gpus=1, cpus=32, **_window(2)).status_code == 201
+    refused = post_booking(gpus=1, cpus=32, **_window(2.5))
+    assert refused.status_code == 409, refused.json()
+    error = error_of(refused)
+    assert error["code"] == "quota" and error["limit"] == "max_cpus", error
+    assert "32 of 48 cores in that window" in error["fields"]["cpus"], error
+    assert Booking.objects.count() == 1
+    assert post_booking(gpus=1, cpus=32, **_window(3)).status_code == 201  # after it: room
+
+
+@pytest.mark.both_databases
+def test_it_refuses_an_extension_into_cores_another_booking_holds_then(
+    api, post_booking, project, sized, user
+):
+    gpus = list(sized.gpus.order_by("index"))
+    running = make_active_booking(gpus[6:], owner=user, project=project, cpus=48)
+    end = Allocation.objects.filter(booking=running).first().end
+    later = {"start": end.isoformat(), "end": (end + timedelta(hours=1)).isoformat()}
+    # From its end, another booking takes two other GPUs of the node and 64 of its 96 cores.
+    assert post_booking(gpus=2, cpus=64, **later).status_code == 201
+    response = api.post(f"/api/v1/bookings/{running.pk}/extend/", {"by_s": 1800}, format="json")
+    assert response.status_code == 409, response.json()
+    error = error_of(response)
+    assert "by_s" in error["fields"] and "cores" in error["message"], error
+    assert Allocation.objects.filter(booking=running).first().end == end
+
+
+@pytest.mark.both_databases
+def test_it_refuses_an_extension_past_its_projects_limit_of_cores(
+    api, post_booking, project, sized, user
+):
+    project.quotas.update(max_cpus=64)
+    gpus = list(sized.gpus.order_by("index"))
+    running = make_active_booking(gpus[7:], owner=user, project=project, cpus=32)
+    end = Allocation.objects.filter(booking=running).first().end
+    later = {"start": end.isoformat(), "end": (end + timedelta(hours=1)).isoformat()}
+    assert post_booking(gpus=1, cpus=40, **later).status_code == 201
+    response = api.post(f"/api/v1/bookings/{running.pk}/extend/", {"by_s": 1800}, format="json")
+    assert response.status_code == 409, response.json()
+    error = error_of(response)
+    assert error["limit"] == "max_cpus" and "by_s" in error["fields"], error
+    ok = api.post(f"/api/v1/bookings/{running.pk}/extend/", {"by_s": 0}, format="json")
+    assert ok.status_code == 400  # and nothing changed
+    assert Allocation.objects.filter(booking=running).first().end == end
+
+
+@pytest.mark.both_databases
+def test_it_rechecks_a_reservations_cores_under_the_node_lock(
+    post_booking, project, sized, monkeypatch
+):
+    from portal.services.inventory import placement
+
+    window = _window(2)
+    start, end = (timezone.datetime.fromisoformat(window[k]) for k in ("start", "end"))
+    gpus = list(sized.gpus.order_by("index"))
+    place, taken = placement.devices_for_window, []
+
+    def another_takes_the_cores_meanwhile(**kwargs):
+        found = place(**kwargs)
+        if not taken:  # placed on a free node; then another booking takes 80 of its cores
+            other = BookingFactory(state=Booking.State.PLANNED, start=start, end=end, cpus=80)
+            for gpu in gpus[6:]:
+                AllocationFactory(booking=other, gpu=gpu, start=start, end=end)
+            taken.append(other)
+        return found
+
+    monkeypatch.setattr(placement, "devices_for_window", another_takes_the_cores_meanwhile)
+    refused = post_booking(gpus=2, cpus=32, **window)
+    assert refused.status_code == 409, refused.json()
+    assert "cpus" in error_of(refused)["fields"], refused.json()
+    assert Booking.objects.count() == 1  # the other one only

@@ -175,11 +175,15 @@ def test_it_offers_no_device_that_shares_compute_slices_with_a_held_one():
         for i in range(3)
     ]
     node_inventory_update(node=node, gpus=[{**layout, "mig_instances": new}])
-    offered, free = devices_for_window(gpus=1, mig_profile="2g.20gb", **window)
+    offered, free, _ = devices_for_window(gpus=1, mig_profile="2g.20gb", **window)
     assert [MigInstance.objects.get(pk=d.mig).uuid for d in offered] == ["MIG-new-2"]
     assert free == 1
     Gpu.objects.filter(pk=held.gpu_id).update(mig_mode=False)  # the GPU leaves MIG mode
-    assert devices_for_window(gpus=1, **window) == (None, 0)  # not while a slice of it is held
+    assert devices_for_window(gpus=1, **window) == (
+        None,
+        0,
+        None,
+    )  # not while a slice of it is held
 
 
 def test_it_tells_two_slices_of_one_profile_on_one_gpu_apart(api):

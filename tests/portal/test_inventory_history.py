@@ -306,7 +306,9 @@ def test_it_never_places_a_reservation_on_a_retired_card(agent):
     _register(agent, _gpu(0, "GPU-a"))
     start = timezone.now() + timedelta(hours=1)
 
-    slots, free = placement.devices_for_window(start=start, end=start + timedelta(hours=1), gpus=2)
+    slots, free, _ = placement.devices_for_window(
+        start=start, end=start + timedelta(hours=1), gpus=2
+    )
 
     assert slots is None and free == 1
 

@@ -180,8 +180,8 @@ def test_it_checks_the_gpu_quota_of_concurrent_reservations_one_at_a_time(monkey
         finally:
             connection.close()
 
-    def second_submit_meanwhile(user, request, now):
-        check_quota(user, request, now)
+    def second_submit_meanwhile(user, request, now, devices=None):
+        check_quota(user, request, now, devices)
         if not others:
             others.append(threading.Thread(target=submit_h100))
             others[0].start()

@@ -125,7 +125,7 @@ def test_a_booking_gets_the_free_nvlink_quad_and_its_page_says_so(
 def test_a_reservation_gets_the_free_nvlink_quad_too(cube_mesh):
     start = timezone.now() + timedelta(hours=1)
     make_active_booking([cube_mesh[5]])
-    slots, _ = placement.devices_for_window(
+    slots, _, _ = placement.devices_for_window(
         start=timezone.now(), end=start + timedelta(hours=1), gpus=4
     )
     assert sorted(slot.gpu for slot in slots) == sorted(cube_mesh[i].pk for i in (0, 1, 2, 3))
@@ -137,7 +137,7 @@ def test_a_multi_node_reservation_takes_nodes_of_one_rack(db):
         node_inventory_from_spec(hostname=hostname, spec="8xV100-32GB@cube-mesh")
     Node.objects.update(state=Node.State.UP)
     start = timezone.now() + timedelta(hours=1)
-    slots, _ = placement.devices_for_window(start=start, end=start + timedelta(hours=1), gpus=16)
+    slots, _, _ = placement.devices_for_window(start=start, end=start + timedelta(hours=1), gpus=16)
     hosts = set(
         Gpu.objects.filter(pk__in=[s.gpu for s in slots]).values_list("node__hostname", flat=True)
     )

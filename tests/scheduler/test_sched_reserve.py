@@ -145,3 +145,107 @@ def test_it_finds_the_next_window_of_the_same_length_that_fits(case, gpus, holds
 
     wanted = Wanted(gpus=gpus, start=100, end=200)
     assert next_window(wanted, TWO, holds, until=until) == start, case
+
+
+# Cores and memory in a reservation's placement (issue 40): node 1 and node 2 have 64 cores and
+# 512 GiB each for their 8 GPUs, node 3 32 cores and 256 GiB for its 4.
+def _hosts(*holds, default_cpus=None):
+    from scheduler.reserve import Hosts
+    from scheduler.types import NodeResources, Policy
+
+    capacities = {
+        1: NodeResources(64, 512 * 1024, 8),
+        2: NodeResources(64, 512 * 1024, 8),
+        3: NodeResources(32, 256 * 1024, 4),
+    }
+    return Hosts(capacities, tuple(holds), Policy(default_cpus_per_gpu=default_cpus))
+
+
+def _host_hold(node, cpus, memory_mib=1024, start=0.0, end=1000.0):
+    from scheduler.reserve import HostHold
+
+    return HostHold(node, start, end, cpus, memory_mib)
+
+
+@pytest.mark.parametrize(
+    ("wanted", "host_holds", "expected", "short"),
+    [
+        # The best-fit node (3) has the GPUs but 24 of its 32 cores are held: node 1 instead.
+        (Wanted(2, 0.0, 100.0, cpus=16), [_host_hold(3, 24)], [10, 11], None),
+        # A hold that ends before the window, or starts after it, takes nothing from it.
+        (Wanted(2, 100.0, 200.0, cpus=16), [_host_hold(3, 24, end=100.0)], [30, 31], None),
+        (Wanted(2, 0.0, 100.0, cpus=16), [_host_hold(3, 24, start=100.0)], [30, 31], None),
+        # Two holds that never overlap in time are not added up.
+        (
+            Wanted(2, 0.0, 100.0, cpus=16),
+            [_host_hold(3, 16, end=50.0), _host_hold(3, 16, start=50.0)],
+            [30, 31],
+            None,
+        ),
+        # Every node short of cores: nothing, and the reason says cores.
+        (
+            Wanted(2, 0.0, 100.0, cpus=40),
+            [_host_hold(1, 30), _host_hold(2, 30)],
+            [],
+            "cpus",
+        ),
+        # Short of memory alone: the reason says memory.
+        (
+            Wanted(2, 0.0, 100.0, memory_mib=300 * 1024),
+            [_host_hold(1, 1, 300 * 1024), _host_hold(2, 1, 300 * 1024)],
+            [],
+            "memory",
+        ),
+        # No ask: the node's share for the GPUs taken (2 of 4 on node 3: 16 of 32 cores), which
+        # 17 cores held there leave no room for.
+        (Wanted(2, 0.0, 100.0), [_host_hold(3, 17)], [10, 11], None),
+        # Larger than a node: whole nodes, each with room for what it asks per node. Node 1
+        # has 24 cores free, too few for 30: node 2 and node 3 (32 cores) hold the 12.
+        (
+            Wanted(12, 0.0, 100.0, cpus=30),
+            [_host_hold(1, 40)],
+            list(range(20, 28)) + list(range(30, 34)),
+            None,
+        ),
+        # 40 per node: node 3 (32 cores) cannot, node 1 has 34 free: only node 2's 8 GPUs.
+        (Wanted(12, 0.0, 100.0, cpus=40), [_host_hold(1, 30)], [], "cpus"),
+    ],
+)
+def test_it_places_a_reservation_only_where_its_cores_and_memory_fit(
+    wanted, host_holds, expected, short
+):
+    placed = reserve(wanted, CLUSTER, (), _hosts(*host_holds))
+    assert [s.gpu for s in placed.slots] == expected
+    assert placed.short == short
+
+
+def test_it_places_a_slice_and_a_fraction_only_on_nodes_with_room():
+    from scheduler.reserve import Hosts
+    from scheduler.types import NodeResources
+
+    slices = _slices(1, 10, [0, 1]) + _slices(2, 20, [0, 1])
+    hosts = Hosts(
+        {1: NodeResources(8, 1024, 1), 2: NodeResources(8, 1024, 1)},
+        (_host_hold(1, 8, 10),),
+    )
+    placed = reserve(Wanted(0, 0.0, 100.0, "1g.10gb", cpus=2), slices, (), hosts)
+    assert [(s.node, s.gpu) for s in placed.slots] == [(2, 20)]
+    shared = (
+        Slot(1, 10, None, "A100", shared=True, memory_mib=80000),
+        Slot(2, 20, None, "A100", shared=True, memory_mib=80000),
+    )
+    placed = reserve(Wanted(0, 0.0, 100.0, gpu_fraction=0.25, cpus=2), shared, (), hosts)
+    assert [s.gpu for s in placed.slots] == [20]
+    # Without hosts (a site that counts GPUs alone) the first of them fits.
+    assert [s.gpu for s in reserve(Wanted(0, 0.0, 100.0, gpu_fraction=0.25), shared, ()).slots] == [
+        10
+    ]
+
+
+def test_it_offers_the_next_window_where_the_cores_free_up():
+    from scheduler.reserve import next_window
+
+    hosts = _hosts(_host_hold(1, 60, end=500.0), _host_hold(2, 60, end=300.0))
+    wanted = Wanted(8, 0.0, 100.0, cpus=32)
+    assert next_window(wanted, CLUSTER, (), until=10_000.0) == 0.0  # GPUs alone: now
+    assert next_window(wanted, CLUSTER, (), until=10_000.0, hosts=hosts) == 300.0

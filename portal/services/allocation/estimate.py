@@ -158,6 +158,8 @@ def _next_window(user, request: BookingRequest, now: datetime, image: str):
         runtimes=image_runtimes(image) if image else (),
         gpu_fraction=request.gpu_fraction,
         gpu_memory_mib=request.gpu_memory_mib,
+        cpus=request.cpus,
+        memory_mib=request.memory_mib,
         project_holds=holds_against(
             project=request.project.slug,
             start=request.start,

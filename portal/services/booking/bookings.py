@@ -21,7 +21,7 @@ from portal.errors import (
     QuotaExceeded,
     ValidationFailed,
 )
-from portal.models import Allocation, Booking, BookingDependency
+from portal.models import Allocation, Booking, BookingDependency, Node
 from portal.services.access.audit import SYSTEM, Source, audit_booking, booking_state
 from portal.services.booking import events, fairshare
 from portal.services.booking.booking_bounds import request_bounds
@@ -46,8 +46,14 @@ from portal.services.core.locking import (
     lock_quota_subjects,
     share_lock_nodes,
 )
+from portal.services.core.policy import scheduler_policy
 from portal.services.inventory import placement
 from portal.services.inventory import selectors as inventory
+from portal.services.inventory.resources import (
+    host_demand,
+    node_capacities,
+    resources_fit,
+)
 from portal.services.inventory.sharing import share_fits
 from portal.services.inventory.windows import window_in_the_way
 from scheduler.reserve import Slot
@@ -222,10 +228,10 @@ def _reserve(booking: Booking, request: BookingRequest, now: datetime, *, source
         try:
             with transaction.atomic(durable=True):
                 lock_quota_subjects(project_id=request.project.pk, user_id=booking.owner_id)
-                _check_window_quota(booking.owner, request, now)
+                _check_window_quota(booking.owner, request, now, devices)
                 if refusal is not None:
                     raise refusal  # after the quota: a quota refusal says more
-                _hold_nodes(devices, request.start, request.end)
+                _hold_nodes(devices, request)
                 booking.save()
                 if not allocations_write(
                     booking=booking, devices=devices, start=request.start, end=request.end
@@ -238,20 +244,37 @@ def _reserve(booking: Booking, request: BookingRequest, now: datetime, *, source
     raise NoCapacity("Other bookings took these devices a moment ago; try again.")
 
 
-def _hold_nodes(devices: list[Slot], start: datetime, end: datetime) -> None:
+def _hold_nodes(devices: list[Slot], request: BookingRequest) -> None:
     """Share-lock the chosen devices' nodes and check, under that lock, that the nodes are up
     and the devices still bookable (not retired since they were placed). A fraction of a shared
-    GPU locks its node outright (the constraint does not add shares up: two reservations must
-    not both see the room) and checks the room under the lock."""
+    GPU, or devices on nodes whose cores and memory are booked, lock their nodes outright (the
+    constraint adds neither shares nor cores up: two reservations must not both see the room)
+    and check the room under the lock."""
+    start, end = request.start, request.end
     nodes = {d.node for d in devices}
-    if any(d.shared for d in devices):
-        if set(lock_nodes(nodes)) != nodes or not all(
-            share_fits(gpu_id=d.gpu, share=d.fraction, memory_mib=d.held_mib, start=start, end=end)
-            for d in devices
+    if any(d.shared for d in devices) or node_capacities(nodes):
+        locked = set(lock_nodes(nodes))
+        if locked != nodes or Node.objects.filter(pk__in=nodes, state=Node.State.UP).count() != len(
+            nodes
         ):
             raise _PlaceAgain
-        return
-    if share_lock_nodes(nodes) != nodes:
+        if not all(
+            share_fits(gpu_id=d.gpu, share=d.fraction, memory_mib=d.held_mib, start=start, end=end)
+            for d in devices
+            if d.shared
+        ):
+            raise _PlaceAgain
+        if not resources_fit(
+            booking_id=0,
+            asked=(request.cpus, request.memory_mib),
+            devices=[(d.node, d.fraction) for d in devices],
+            during=(start, end),
+            policy=scheduler_policy(),
+        ):
+            raise _PlaceAgain
+        if any(d.shared for d in devices):
+            return
+    elif share_lock_nodes(nodes) != nodes:
         raise _PlaceAgain
     whole = [d.gpu for d in devices if d.mig is None]
     migs = [d.mig for d in devices if d.mig is not None]
@@ -293,18 +316,29 @@ def check_reservation(
 ) -> list[Slot]:
     """The devices a reservation would get now, or the refusal (quota, no capacity). Reads only."""
     _check_window_quota(user, request, now)
-    return _place(request, image)
+    devices = _place(request, image)
+    _check_window_quota(user, request, now, devices)
+    return devices
 
 
-def _check_window_quota(user, request: BookingRequest, now: datetime) -> None:
+def _check_window_quota(
+    user, request: BookingRequest, now: datetime, devices: list[Slot] | None = None
+) -> None:
     """The one quota rule over the reservation's window, for the user in the project and for
-    the project: most held at once there, GPU-hours used in the period plus the booking's."""
+    the project: most held at once there, GPU-hours used in the period plus the booking's;
+    with ``devices`` (its placement), the cores and memory it would hold on their nodes too."""
     position = quota_position(
         project=request.project, user=user, now=now, window=(request.start, request.end)
     )
     hours = request.gpu_equivalents * request.duration_s / 3600
+    host = None
+    if devices:
+        host = host_demand(
+            asked=(request.cpus, request.memory_mib),
+            devices=[(d.node, d.fraction) for d in devices],
+        )
     refusal = scheduler.position_refusal(
-        position.sides, gpus=request.gpu_equivalents, gpu_hours=hours
+        position.sides, gpus=request.gpu_equivalents, gpu_hours=hours, host=host
     )
     if refusal is not None:
         field = "gpus" if request.gpus else "mig_profile"
@@ -323,6 +357,18 @@ def _quota_exceeded(
         "usage": round(refusal.usage, 4),
         "asks": round(refusal.asks, 4),
     }
+    if refusal.limit in ("max_cpus", "max_memory_mib"):
+        unit = "cores" if refusal.limit == "max_cpus" else "MiB of host memory"
+        field = "cpus" if refusal.limit == "max_cpus" else "memory_mib"
+        reason = (
+            f"{who} up to {refusal.usage:g} of {refusal.limit_value:g} {unit} {where}; "
+            f"this asks {refusal.asks:g} more."
+        )
+        if concurrent == "by_s":
+            field = "by_s"
+        return QuotaExceeded(
+            f"Quota {refusal.limit}: {reason}", fields={field: reason}, extra=extra
+        )
     if refusal.limit == "max_gpus":
         reason = (
             f"{who} up to {round(refusal.usage, 2):g} of {refusal.limit_value:g} GPUs {where}; "
@@ -338,7 +384,7 @@ def _quota_exceeded(
 
 
 def _place(request: BookingRequest, image: str) -> list[Slot]:
-    devices, free = placement.devices_for_window(
+    devices, free, short = placement.devices_for_window(
         runtimes=image_runtimes(image) if image else (),
         start=request.start,
         end=request.end,
@@ -349,10 +395,24 @@ def _place(request: BookingRequest, image: str) -> list[Slot]:
         allowed_models=request.quota.allowed_models,
         gpu_fraction=request.gpu_fraction,
         gpu_memory_mib=request.gpu_memory_mib,
+        cpus=request.cpus,
+        memory_mib=request.memory_mib,
         project_holds=holds_against(
             project=request.project.slug, start=request.start, end=request.end
         ),
     )
+    if not devices and short is not None:
+        what = "cores" if short == "cpus" else "host memory"
+        raise NoCapacity(
+            f"The GPUs are free for the whole window {request.start:%Y-%m-%d %H:%M} to "
+            f"{request.end:%Y-%m-%d %H:%M} UTC, but not the {what} this booking asks on their "
+            "nodes; ask for less, pick another window or submit without a window to queue.",
+            fields={
+                "cpus" if short == "cpus" else "memory_mib": (
+                    "not free on the nodes with free GPUs for the whole window"
+                )
+            },
+        )
     if not devices:
         what = f"{request.gpus} GPU(s)" if request.gpus else f"a {request.mig_profile} MIG slice"
         if request.gpu_fraction is not None or request.gpu_memory_mib is not None:
@@ -567,8 +627,15 @@ def _check_extend_quota(booking: Booking, by_s: int, now: datetime) -> None:
         # A memory request holds the share it got on its GPU (at most 1 while it waits).
         held = Allocation.objects.filter(booking=booking, live=True).aggregate(s=Max("fraction"))
         width = held["s"] or width
+    host = None
+    if window is not None:  # what it holds on its nodes, held longer
+        held = Allocation.objects.filter(booking=booking, live=True)
+        host = host_demand(
+            asked=(booking.cpus, booking.memory_mib),
+            devices=held.values_list("gpu__node_id", "fraction"),
+        )
     refusal = scheduler.position_refusal(
-        position.sides, gpus=width, gpu_hours=width * rest_s / 3600
+        position.sides, gpus=width, gpu_hours=width * rest_s / 3600, host=host
     )
     if refusal is not None:
         raise _quota_exceeded(refusal, concurrent="by_s", budget="by_s", where="in the added time")
@@ -589,7 +656,7 @@ def _extend_fraction(allocations: list[Allocation], *, start, end) -> None:
 
 
 def _extend_allocations(booking: Booking, by: timedelta) -> None:
-    allocations = list(Allocation.objects.filter(booking=booking, live=True))
+    allocations = list(Allocation.objects.filter(booking=booking, live=True).select_related("gpu"))
     old_end = max(a.end for a in allocations)
     window = window_in_the_way(
         gpu_ids={a.gpu_id for a in allocations}, start=old_end, end=old_end + by
@@ -610,6 +677,18 @@ def _extend_allocations(booking: Booking, by: timedelta) -> None:
             f"{other.device_label} is booked from {other.start:%Y-%m-%d %H:%M} UTC by another "
             "booking; extend by less.",
             fields={"by_s": "devices not free that long"},
+        )
+    if not resources_fit(
+        booking_id=booking.pk,
+        asked=(booking.cpus, booking.memory_mib),
+        devices=[(a.gpu.node_id, a.fraction) for a in allocations],
+        during=(old_end, old_end + by),
+        policy=scheduler_policy(),
+    ):
+        raise NoCapacity(
+            "Other bookings hold the cores or host memory of its nodes in the added time; "
+            "extend by less.",
+            fields={"by_s": "cores or memory of its nodes not free that long"},
         )
     try:
         with transaction.atomic():

@@ -16,6 +16,7 @@ from django.db.models.functions import Greatest, Least
 import scheduler
 from portal.models import Allocation, Project, Quota
 from portal.services.core.clock import EpochSeconds, to_epoch
+from portal.services.inventory.resources import held_on_nodes, node_capacities
 from scheduler.quota import Ledger
 
 DEFAULT_BUDGET_PERIOD_DAYS = 30
@@ -112,17 +113,31 @@ def quota_positions(
         used = usage_gpu_hours_many(project_ids={p for p, _ in pairs}, now=now, periods=periods)
     windowed = {key: ask for key, ask in asks.items() if use and ask.window is not None}
     held = _held_many(windowed)
+    hosted = {
+        key: ask
+        for key, ask in windowed.items()
+        if _host_limited(limits[(ask.project_id, ask.user_id)])
+        or _host_limited(limits[(ask.project_id, None)])
+    }
+    host_held = _host_held_many(hosted)
     out = {}
     for key, ask in asks.items():
         mine, theirs = limits[(ask.project_id, ask.user_id)], limits[(ask.project_id, None)]
         user_held, project_held = held.get(key, (0.0, 0.0))
+        user_host, project_host = host_held.get(key, ((0.0, 0.0), (0.0, 0.0)))
         out[key] = QuotaPosition(
             user_limits=mine,
             project_limits=theirs,
-            user=_side("user", mine, used, (ask.project_id, ask.user_id), user_held),
-            project=_side("project", theirs, used, (ask.project_id, None), project_held),
+            user=_side("user", mine, used, (ask.project_id, ask.user_id), user_held, user_host),
+            project=_side(
+                "project", theirs, used, (ask.project_id, None), project_held, project_host
+            ),
         )
     return out
+
+
+def _host_limited(limits: EffectiveQuota) -> bool:
+    return limits.max_cpus is not None or limits.max_memory_mib is not None
 
 
 def quota_position(
@@ -139,11 +154,19 @@ def quota_position(
     return quota_positions(now=now, asks={None: ask}, use=use)[None]
 
 
-def _side(scope: str, limits: EffectiveQuota, used: dict, key: tuple, held: float):
+def _side(
+    scope: str,
+    limits: EffectiveQuota,
+    used: dict,
+    key: tuple,
+    held: float,
+    host_held: tuple[float, float] = (0.0, 0.0),
+):
     hours = 0.0
     if limits.gpu_hours_budget is not None:
         hours = used.get((limits.budget_period_days, *key), 0.0)
-    return scheduler.QuotaSide(scope, scheduler_quota(limits, gpu_hours_used=hours), held)
+    quota = scheduler_quota(limits, gpu_hours_used=hours)
+    return scheduler.QuotaSide(scope, quota, held, host_held)
 
 
 def _held_many(asks: Mapping[Hashable, QuotaAsk]) -> dict[Hashable, tuple[float, float]]:
@@ -177,6 +200,61 @@ def _held_many(asks: Mapping[Hashable, QuotaAsk]) -> dict[Hashable, tuple[float,
                 mine.add(*span)
         # Unrounded: a slice is a seventh, and the check compares at the limit itself.
         out[key] = (mine.peak(lo, hi), theirs.peak(lo, hi))
+    return out
+
+
+def _host_held_many(
+    asks: Mapping[Hashable, QuotaAsk],
+) -> dict[Hashable, tuple[tuple[float, float], tuple[float, float]]]:
+    """Most cores and most memory MiB held at once by live allocations over each ask's window
+    (``resources.held_on_nodes``, each booking over its span), by the user in the project and
+    by the project: ((user cores, user memory), (project cores, project memory)). Borrowed
+    allocations count too: these limits are never borrowed past (``quota.HostLedger``)."""
+    if not asks:
+        return {}
+    start = min(ask.window[0] for ask in asks.values())
+    end = max(ask.window[1] for ask in asks.values())
+    capacities = node_capacities()
+    rows = list(
+        Allocation.objects.filter(
+            booking__project_id__in={ask.project_id for ask in asks.values()},
+            live=True,
+            start__lt=end,
+            end__gt=start,
+            gpu__node_id__in=list(capacities),
+        ).values_list(
+            "booking_id",
+            "gpu__node_id",
+            "fraction",
+            "booking__cpus",
+            "booking__memory_mib",
+            "booking__project_id",
+            "booking__owner_id",
+            "start",
+            "end",
+        )
+    )
+    held = held_on_nodes((row[:5] for row in rows), capacities)
+    whose = {row[0]: (row[5], row[6]) for row in rows}
+    spans: dict[int, tuple[float, float]] = {}
+    for row in rows:
+        first, last = spans.get(row[0], (to_epoch(row[7]), to_epoch(row[8])))
+        spans[row[0]] = (min(first, to_epoch(row[7])), max(last, to_epoch(row[8])))
+    out = {}
+    for key, ask in asks.items():
+        lo, hi = to_epoch(ask.window[0]), to_epoch(ask.window[1])
+        ledgers = [[Ledger("", scheduler.Quota()) for _ in range(2)] for _ in range(2)]
+        for (booking_id, _), demand in held.items():
+            project_id, owner_id = whose[booking_id]
+            if project_id != ask.project_id or booking_id == ask.exclude_booking:
+                continue
+            for side, counts in enumerate(ledgers):
+                if side == 0 and owner_id != ask.user_id:
+                    continue
+                for index, ledger in enumerate(counts):
+                    ledger.add(*spans[booking_id], demand[index], str(booking_id))
+        mine, theirs = ((c.peak(lo, hi), m.peak(lo, hi)) for c, m in ledgers)
+        out[key] = (mine, theirs)
     return out
 
 

@@ -101,7 +101,7 @@ def _move(booking: Booking, now: datetime, detail: str) -> bool:
     with transaction.atomic():
         # Its own devices are free to it again (those that are still live may be chosen).
         Allocation.objects.filter(booking=booking, live=True).update(live=False)
-        devices, _ = placement.devices_for_window(
+        devices, _, _ = placement.devices_for_window(
             start=start,
             end=booking.end,
             gpus=booking.gpus,
@@ -111,6 +111,8 @@ def _move(booking: Booking, now: datetime, detail: str) -> bool:
             runtimes=image_runtimes(booking.image) if booking.image else (),
             gpu_fraction=booking.gpu_fraction,
             gpu_memory_mib=booking.gpu_memory_mib,
+            cpus=booking.cpus,
+            memory_mib=booking.memory_mib,
             project_holds=holds_against(project=booking.project.slug, start=start, end=booking.end),
         )
         if not devices or not allocations_write(

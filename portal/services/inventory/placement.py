@@ -5,12 +5,14 @@ The callers hold the node locks; this reads the candidate devices (bookable ones
 allocations that overlap the window on their GPUs, asks the pure rule, and hands back its slots.
 """
 
+from dataclasses import replace
 from datetime import datetime
 
 from portal.models import Allocation, Gpu, Node, mig_fraction
 from portal.services.core.clock import from_epoch, to_epoch
 from portal.services.inventory import selectors as inventory
 from portal.services.inventory.mig_layouts import gpus_changing_before
+from portal.services.inventory.resources import window_hosts
 from portal.services.inventory.windows import window_holds
 from scheduler.reserve import Hold, Slot, Wanted, clashes, next_window, reserve
 
@@ -27,22 +29,27 @@ def devices_for_window(
     runtimes: tuple[str, ...] = (),
     gpu_fraction: float | None = None,
     gpu_memory_mib: int | None = None,
+    cpus: int | None = None,
+    memory_mib: int | None = None,
     project_holds: tuple[Hold, ...] = (),
-) -> tuple[list[Slot] | None, int]:
-    """Devices for a fixed window by the placement rules, or None; and how many matched free.
-    With ``runtimes`` (a booking in a container) only nodes with one of them count. With
+) -> tuple[list[Slot] | None, int, str | None]:
+    """Devices for a fixed window by the placement rules, or None; how many matched free; and
+    "cpus" or "memory" where the GPUs were free but that was short on their nodes. With
+    ``runtimes`` (a booking in a container) only nodes with one of them count. With
     ``gpu_fraction`` / ``gpu_memory_mib``, a fraction of one shared GPU (its slot says what it
-    holds: ``fraction`` and ``held_mib``). ``project_holds``: other projects' reservations in
-    the way, as holds (the caller's)."""
+    holds: ``fraction`` and ``held_mib``). ``cpus`` / ``memory_mib``: per node (None: the
+    site's default). ``project_holds``: other projects' reservations in the way, as holds (the
+    caller's)."""
     share = (gpu_fraction, gpu_memory_mib)
     wanted, slots, gpu_ids = _wanted(
         start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes, share
     )
+    wanted = replace(wanted, cpus=cpus, memory_mib=memory_mib)
     holds = holds_on(gpu_ids=gpu_ids, start=start, end=end)
     holds += window_holds(gpu_ids=gpu_ids, start=start, end=end)
     holds += tuple(project_holds)
-    placement = reserve(wanted, slots, holds)
-    return (list(placement.slots) or None), placement.free
+    placement = reserve(wanted, slots, holds, window_hosts(start, end))
+    return (list(placement.slots) or None), placement.free, placement.short
 
 
 def next_window_start(
@@ -58,18 +65,24 @@ def next_window_start(
     runtimes: tuple[str, ...] = (),
     gpu_fraction: float | None = None,
     gpu_memory_mib: int | None = None,
+    cpus: int | None = None,
+    memory_mib: int | None = None,
     project_holds: tuple[Hold, ...] = (),
 ) -> datetime | None:
     """The earliest start from ``start`` to ``until`` at which a window as long as [start, end)
-    gets devices by the same rules (``scheduler.reserve.next_window``), or None."""
+    gets devices (and cores and memory) by the same rules (``scheduler.reserve.next_window``),
+    or None."""
     share = (gpu_fraction, gpu_memory_mib)
     wanted, slots, gpu_ids = _wanted(
         start, end, gpus, mig_profile, gpu_model, mixed_models, allowed_models, runtimes, share
     )
-    holds = holds_on(gpu_ids=gpu_ids, start=start, end=until + (end - start))
-    holds += window_holds(gpu_ids=gpu_ids, start=start, end=until + (end - start))
+    wanted = replace(wanted, cpus=cpus, memory_mib=memory_mib)
+    last = until + (end - start)
+    holds = holds_on(gpu_ids=gpu_ids, start=start, end=last)
+    holds += window_holds(gpu_ids=gpu_ids, start=start, end=last)
     holds += tuple(project_holds)
-    found = next_window(wanted, slots, holds, until=to_epoch(until))
+    hosts = window_hosts(start, last)
+    found = next_window(wanted, slots, holds, until=to_epoch(until), hosts=hosts)
     return None if found is None else from_epoch(found)
 
 

@@ -13,7 +13,9 @@ from django.conf import settings
 from django.db.models import Count, Max, Min, Q
 
 import scheduler
+import scheduler.reserve
 from portal.models import Allocation, Node
+from portal.services.core.clock import to_epoch
 from portal.services.core.policy import scheduler_policy
 
 
@@ -132,6 +134,41 @@ def held_by_booking(
     ):
         out[booking_id].append({"node": names[node_id], "cpus": cpus, "memory_mib": memory_mib})
     return out
+
+
+def host_demand(
+    *, asked: tuple[int | None, int | None], devices: Iterable[tuple[int, float]]
+) -> tuple[int, int] | None:
+    """(cores, memory MiB) a booking asking ``asked`` (cpus, memory_mib) holds in all on these
+    devices ((node id, GPU-equivalents) each), by ``held_on_nodes``: what its quota's limits of
+    cores and memory count; None where no node of them reports cores."""
+    devices = list(devices)
+    capacities = node_capacities({node_id for node_id, _ in devices})
+    if not capacities:
+        return None
+    held = held_on_nodes(((0, node_id, amount, *asked) for node_id, amount in devices), capacities)
+    return scheduler.total_demand(held.values())
+
+
+def window_hosts(
+    start: datetime, end: datetime, *, exclude_booking: int | None = None
+) -> scheduler.reserve.Hosts | None:
+    """The nodes' cores and memory and what each live booking holds of them over [start, end)
+    (``held_on_nodes``, each over its allocations' span), as a reservation's placement takes
+    them (``scheduler.reserve.Hosts``); None while the site counts GPUs alone."""
+    capacities = node_capacities()
+    if not capacities:
+        return None
+    held = live_holdings(during=(start, end), capacities=capacities)
+    held = {key: value for key, value in held.items() if key[0] != exclude_booking}
+    windows = _windows({booking_id for booking_id, _ in held}, (start, end))
+    holds = tuple(
+        scheduler.reserve.HostHold(
+            node_id, to_epoch(windows[booking_id][0]), to_epoch(windows[booking_id][1]), *value
+        )
+        for (booking_id, node_id), value in held.items()
+    )
+    return scheduler.reserve.Hosts(capacities, holds, scheduler_policy())
 
 
 def _windows(booking_ids: set[int], during: tuple[datetime, datetime]) -> dict[int, tuple]:
