@@ -310,6 +310,7 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
             ("Detail", booking.get("state_detail")),
             ("Owner", f"{booking['owner']} ({booking['project']})"),
             ("What", what(booking)),
+            ("Cores and memory", _host(booking)),
             ("QOS", booking.get("qos")),
             ("Duration", duration(booking.get("duration_s"))),
             ("Submitted", when(booking.get("submitted_at"))),
@@ -341,6 +342,30 @@ def _show_or_json(booking: dict, args, *, summary: str = "") -> None:
         print()
         rows = [[r["rank"], r["node"], r["state"], r["exit_code"]] for r in runs]
         print(table(["RANK", "NODE", "STATE", "EXIT"], rows))
+
+
+def _host(booking: dict) -> str:
+    """'16 cores, 64 GiB per node; holds gpu-a01: 16 cores, 64 GiB' (what it asked, else the
+    site's default, then what it holds on each node)."""
+    asked = []
+    if booking.get("cpus") is not None:
+        asked.append(f"{booking['cpus']} cores")
+    if booking.get("memory_mib") is not None:
+        asked.append(_gib(booking["memory_mib"]))
+    text = ", ".join(asked) + " per node" if asked else "the site's default"
+    held = booking.get("held") or []
+    if held:
+        text += "; holds " + "; ".join(
+            f"{h['node']}: {h['cpus']} cores, {_gib(h['memory_mib'])}" for h in held
+        )
+    return text
+
+
+def _gib(mib: int) -> str:
+    """'64 GiB', '85.3 GiB' or '512 MiB'."""
+    if mib < 1024:
+        return f"{mib} MiB"
+    return f"{mib // 1024} GiB" if mib % 1024 == 0 else f"{mib / 1024:.1f} GiB"
 
 
 def _by_node(devices: list) -> list:

@@ -243,13 +243,24 @@ class Booking(models.Model):
             what = f"{share or memory} of a shared GPU" + (
                 f", {memory}" if share and memory else ""
             )
-            return what + (f" {self.gpu_model}" if self.gpu_model else "")
+            return what + (f" {self.gpu_model}" if self.gpu_model else "") + self._host_asked()
         what = (
             f"{self.gpus} GPU" + ("s" if self.gpus != 1 else "")
             if self.gpus
             else f"MIG {self.mig_profile}"
         )
-        return what + (f" {self.gpu_model}" if self.gpu_model else "")
+        return what + (f" {self.gpu_model}" if self.gpu_model else "") + self._host_asked()
+
+    def _host_asked(self) -> str:
+        """ ", 16 cores, 64 GiB per node": the cores and memory asked ("" where none was)."""
+        parts = []
+        if self.cpus is not None:
+            parts.append(f"{self.cpus} core" + ("s" if self.cpus != 1 else ""))
+        if self.memory_mib is not None:
+            mib = self.memory_mib
+            whole = mib >= 1024 and mib % 1024 == 0
+            parts.append(f"{mib // 1024} GiB" if whole else f"{mib} MiB")
+        return f", {', '.join(parts)} per node" if parts else ""
 
 
 class BookingDependency(models.Model):

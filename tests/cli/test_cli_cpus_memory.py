@@ -36,3 +36,24 @@ def test_it_refuses_a_bad_size_or_count_as_a_usage_error(flags, said, capsys):
         build_parser().parse_args(["submit", "-g", "1", *flags])
     assert stopped.value.code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_shows_the_cores_and_memory_asked_and_held_per_node(site, cli):
+    from portal.models import Booking, Node
+    from tests.cli.conftest import token_for
+
+    Node.objects.filter(pk=site["node"].pk).update(cpus=32, memory_mib=256 * 1024)
+    token = token_for(site["alice"])
+    result = cli("submit", "-g", "1", "-t", "1h", "--cpus", "16", "--mem", "64G", token=token)
+    assert result.returncode == 0, result.stderr
+    booking = Booking.objects.get()
+    shown = cli("show", str(booking.pk), token=token).stdout
+    line = next(line for line in shown.splitlines() if line.startswith("Cores and memory:"))
+    assert line.endswith("16 cores, 64 GiB per node; holds cli-a: 16 cores, 64 GiB"), shown
+    assert booking.describe_request() == "1 GPU, 16 cores, 64 GiB per node"
+    # Asked for nothing: the site's default, and what that comes to on its node.
+    cli("submit", "-g", "1", "-t", "1h", token=token)
+    other = Booking.objects.exclude(pk=booking.pk).get()
+    shown = cli("show", str(other.pk), token=token).stdout
+    assert "the site's default; holds cli-a: 10 cores, 85.3 GiB" in shown, shown
