@@ -404,7 +404,7 @@ class _Pass:
         if not hosts:
             return fit.start
         held = total_demand(self.demands(request, fit))
-        return self.quotas.host_earliest(hosts, held, request.duration_s, fit.start)
+        return self.quotas.earliest(hosts, held, request.duration_s, fit.start)
 
     def host_refusal(self, request: Request, fit: Fit) -> str | None:
         """The sentence of the cores or memory limit that keeps ``request`` off ``fit`` at

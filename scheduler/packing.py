@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from scheduler.allocator import plan
 from scheduler.fragmentation import EPSILON, Shape
+from scheduler.replay import POLICIES
 from scheduler.types import Allocation, Device, Policy, Request, State
 
 MAX_PODS = 200_000  # rows a trace may hold: refused past this, before anything is built
@@ -36,18 +37,7 @@ SHARED_MEMORY_MIB = 81920
 COLUMNS = ("job_id", "submit_time_s", "duration_s", "num_gpus")
 # Arrival order, no priority factors and no estimates past the head (the replay's "easy"):
 # only placement differs between runs.
-PACKING_POLICY = Policy(
-    order="arrival",
-    backfill="easy",
-    weight_age=0.0,
-    weight_fairshare=0.0,
-    weight_size=0.0,
-    weight_qos=0.0,
-    protect_after_runs=None,
-    protect_oldest=0,
-    estimate_all=False,
-    explain=False,
-)
+PACKING_POLICY = POLICIES["easy"]
 
 
 @dataclass(frozen=True)

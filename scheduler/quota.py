@@ -134,6 +134,10 @@ class Ledger:
         for i in range(first, last):
             levels[i] += amount
 
+    def amount_in(self, amount):
+        """What this ledger counts of a booking's ``amount`` (GPU-equivalents: all of it)."""
+        return amount
+
     def remove(self, booking_id: str) -> None:
         """Forget a booking's use (it is being preempted)."""
         self.intervals = [iv for iv in self.intervals if iv[3] != booking_id]
@@ -237,6 +241,10 @@ class HostLedger(Ledger):
         self.index = 0 if limit == "max_cpus" else 1
         self.unit = dict(HOST_LIMITS)[limit]
 
+    def amount_in(self, demand: tuple[int, int]) -> int:
+        """Its element of a (cores, memory) demand."""
+        return demand[self.index]
+
     def describe_now(self, now: float, amount: float) -> str:
         """A sentence saying how much of the limit is in use now."""
         used = self.peak(now, now + _EPS)
@@ -282,28 +290,14 @@ class Quotas:
         """Count ``demand`` (cores, memory: all a booking holds, summed over its nodes) over
         ``span`` against ``ledgers`` (``host_of``)."""
         for ledger in ledgers:
-            if demand[ledger.index]:
-                ledger.add(span[0], span[1], demand[ledger.index], bid)
-
-    def host_earliest(self, ledgers, demand, duration: float, t: float) -> float | None:
-        """Earliest t' >= t at which every cores and memory limit has room for ``demand`` over
-        [t', t' + duration) (None: a limit is below the demand itself)."""
-        while True:
-            latest = t
-            for ledger in ledgers:
-                found = ledger.earliest(demand[ledger.index], duration, t)
-                if found is None:
-                    return None
-                latest = max(latest, found)
-            if latest == t:
-                return t
-            t = latest
+            if ledger.amount_in(demand):
+                ledger.add(span[0], span[1], ledger.amount_in(demand), bid)
 
     def host_blocking(self, ledgers, demand, now: float, duration: float) -> str | None:
         """A sentence naming the cores or memory limit that stops a start at ``now`` (or that
         is below the demand itself), else None."""
         for ledger in ledgers:
-            amount = demand[ledger.index]
+            amount = ledger.amount_in(demand)
             if over(ledger.quota.max_gpus, amount):
                 return (
                     f"{ledger.label} quota: limit {ledger.quota.max_gpus:g} {ledger.unit}, "
@@ -340,12 +334,14 @@ class Quotas:
             if not borrowed or isinstance(ledger, ArrayLedger):
                 ledger.add(span[0], span[1], amount, bid)
 
-    def earliest(self, ledgers: list[Ledger], amount: float, duration: float, t: float):
-        """Earliest t' >= t allowed by every ledger (None: a limit is below ``amount``)."""
+    def earliest(self, ledgers: list[Ledger], amount, duration: float, t: float):
+        """Earliest t' >= t allowed by every ledger (None: a limit is below ``amount``): GPU
+        ledgers take ``amount`` GPU-equivalents, the cores and memory ledgers (``host_of``)
+        a (cores, memory) demand, each its own element of it (``Ledger.amount_in``)."""
         while True:
             latest = t
             for ledger in ledgers:
-                found = ledger.earliest(amount, duration, t)
+                found = ledger.earliest(ledger.amount_in(amount), duration, t)
                 if found is None:
                     return None
                 latest = max(latest, found)
