@@ -48,7 +48,8 @@ def devices_for_window(
     holds = holds_on(gpu_ids=gpu_ids, start=start, end=end)
     holds += window_holds(gpu_ids=gpu_ids, start=start, end=end)
     holds += tuple(project_holds)
-    placement = reserve(wanted, slots, holds, window_hosts(start, end))
+    hosts = window_hosts(start, end, {slot.node for slot in slots})
+    placement = reserve(wanted, slots, holds, hosts)
     return (list(placement.slots) or None), placement.free, placement.short
 
 
@@ -81,7 +82,7 @@ def next_window_start(
     holds = holds_on(gpu_ids=gpu_ids, start=start, end=last)
     holds += window_holds(gpu_ids=gpu_ids, start=start, end=last)
     holds += tuple(project_holds)
-    hosts = window_hosts(start, last)
+    hosts = window_hosts(start, last, {slot.node for slot in slots})
     found = next_window(wanted, slots, holds, until=to_epoch(until), hosts=hosts)
     return None if found is None else from_epoch(found)
 

@@ -151,16 +151,16 @@ def host_demand(
 
 
 def window_hosts(
-    start: datetime, end: datetime, *, exclude_booking: int | None = None
+    start: datetime, end: datetime, node_ids: Iterable[int] | None = None
 ) -> scheduler.reserve.Hosts | None:
-    """The nodes' cores and memory and what each live booking holds of them over [start, end)
-    (``held_on_nodes``, each over its allocations' span), as a reservation's placement takes
-    them (``scheduler.reserve.Hosts``); None while the site counts GPUs alone."""
-    capacities = node_capacities()
+    """The cores and memory of these nodes (None: all) and what each live booking holds of
+    them over [start, end) (``held_on_nodes``, each over its allocations' span), as a
+    reservation's placement takes them (``scheduler.reserve.Hosts``); None while the site
+    counts GPUs alone."""
+    capacities = node_capacities(node_ids)
     if not capacities:
         return None
     held = live_holdings(during=(start, end), capacities=capacities)
-    held = {key: value for key, value in held.items() if key[0] != exclude_booking}
     windows = _windows({booking_id for booking_id, _ in held}, (start, end))
     holds = tuple(
         scheduler.reserve.HostHold(
