@@ -64,7 +64,8 @@ def preempt_phase(run, ranked) -> tuple[list[Preemption], dict[str, Fit]]:
         asked = (request.cpus, request.memory_mib, request.duration_s)
         if level <= lowest or any(_covers(seen, asked) for seen in hopeless.get(shape, ())):
             continue
-        if not _eligible(run, request, shape + asked[:2], fits_now):
+        # How long a shape fits from now does not depend on its QOS: keyed without it.
+        if not _eligible(run, request, shape[:3] + asked[:2], fits_now):
             continue
         choice = _cheapest(run, request, level, by_node)
         if choice is None:
@@ -118,7 +119,7 @@ def _eligible(run, request: Request, shape: tuple, fits_now: dict) -> bool:
         return False
     # Its devices alone first (one horizon per device shape): where they do not fit now, its
     # cores and memory cannot make it fit; only where they do is its own demand asked.
-    for key, resources in ((shape[:4], False), (shape, True)):
+    for key, resources in ((shape[:3], False), (shape, True)):
         if key not in fits_now:
             timelines = [node.timeline for node in run.nodes]
             multi = is_multi_node(request, run.nodes)
