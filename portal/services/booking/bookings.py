@@ -250,29 +250,14 @@ def _hold_nodes(devices: list[Slot], request: BookingRequest) -> None:
     GPU, or devices on nodes whose cores and memory are booked, lock their nodes outright (the
     constraint adds neither shares nor cores up: two reservations must not both see the room)
     and check the room under the lock."""
-    start, end = request.start, request.end
     nodes = {d.node for d in devices}
-    if any(d.shared for d in devices) or node_capacities(nodes):
+    shared = any(d.shared for d in devices)
+    if shared or node_capacities(nodes):
         locked = set(lock_nodes(nodes))
-        if locked != nodes or Node.objects.filter(pk__in=nodes, state=Node.State.UP).count() != len(
-            nodes
-        ):
+        up = Node.objects.filter(pk__in=nodes, state=Node.State.UP).count()
+        if locked != nodes or up != len(nodes) or not _room_fits(devices, request):
             raise _PlaceAgain
-        if not all(
-            share_fits(gpu_id=d.gpu, share=d.fraction, memory_mib=d.held_mib, start=start, end=end)
-            for d in devices
-            if d.shared
-        ):
-            raise _PlaceAgain
-        if not resources_fit(
-            booking_id=0,
-            asked=(request.cpus, request.memory_mib),
-            devices=[(d.node, d.fraction) for d in devices],
-            during=(start, end),
-            policy=scheduler_policy(),
-        ):
-            raise _PlaceAgain
-        if any(d.shared for d in devices):
+        if shared:
             return
     elif share_lock_nodes(nodes) != nodes:
         raise _PlaceAgain
@@ -282,6 +267,25 @@ def _hold_nodes(devices: list[Slot], request: BookingRequest) -> None:
         raise _PlaceAgain
     if migs and inventory.mig_instances_bookable().filter(pk__in=migs).count() != len(migs):
         raise _PlaceAgain
+
+
+def _room_fits(devices: list[Slot], request: BookingRequest) -> bool:
+    """Under the node locks: each fraction still has room on its shared GPU, and the cores and
+    memory the reservation holds still fit beside the others' on its nodes."""
+    start, end = request.start, request.end
+    if not all(
+        share_fits(gpu_id=d.gpu, share=d.fraction, memory_mib=d.held_mib, start=start, end=end)
+        for d in devices
+        if d.shared
+    ):
+        return False
+    return resources_fit(
+        booking_id=0,
+        asked=(request.cpus, request.memory_mib),
+        devices=[(d.node, d.fraction) for d in devices],
+        during=(start, end),
+        policy=scheduler_policy(),
+    )
 
 
 def allocations_write(
