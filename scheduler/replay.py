@@ -114,7 +114,9 @@ def load_jobs(
 ) -> list[Job]:
     """Read a trace CSV (job_id,user,submit_time_s,duration_s,num_gpus; extra columns ignored).
 
-    Walltime (what the allocator is told) is ``duration * estimate_factor``, or with
+    Walltime (what the allocator is told) is the row's ``requested_s`` where it has one (a
+    portal's own history, portal/services/reporting/site_history.py, whose rows that never ran,
+    ``state`` cancelled with no time held, are left out), else ``duration * estimate_factor``, or with
     ``factor_range=(lo, hi)`` ``duration * U(lo, hi)`` rounded up to the hour, U drawn per job
     from a generator seeded by (seed, job id). ``half``: "first" or "second" keeps the jobs
     submitted in that half of the trace's submit span.
@@ -123,7 +125,11 @@ def load_jobs(
     with open(path, newline="") as handle:
         for row in csv.DictReader(handle):
             duration = float(row["duration_s"])
+            if row.get("state") == "cancelled" and duration <= 0:
+                continue  # cancelled before it started: nothing to replay
             walltime = duration * estimate_factor
+            if row.get("requested_s"):
+                walltime = float(row["requested_s"])
             if factor_range is not None:
                 draw = random.Random(f"{seed}:{row['job_id']}").uniform(*factor_range)
                 walltime = math.ceil(duration * draw / 3600.0) * 3600.0

@@ -7,6 +7,7 @@ from rest_framework.routers import DefaultRouter
 from agents import protocol
 from portal.api import (  # noqa: F401  (schema registers the auth extension)
     agent,
+    history,
     maintenance,
     mig_layouts,
     notifications,
@@ -46,6 +47,7 @@ urlpatterns = [
     ),
     path("api/v1/accounting/", views.AccountingView.as_view(), name="accounting"),
     path("api/v1/audit/", views.AuditView.as_view(), name="audit"),
+    path("api/v1/history/", history.SiteHistoryView.as_view(), name="site-history"),
     path(
         "api/v1/gpus/<str:pk>/mig-layout/",
         mig_layouts.GpuMigLayoutView.as_view(),
