@@ -37,6 +37,7 @@ import random
 import sys
 import zlib
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from scheduler.allocator import plan
@@ -121,38 +122,58 @@ def load_jobs(
     from a generator seeded by (seed, job id). ``half``: "first" or "second" keeps the jobs
     submitted in that half of the trace's submit span.
     """
-    jobs = []
     with open(path, newline="") as handle:
-        for row in csv.DictReader(handle):
-            duration = float(row["duration_s"])
-            if row.get("state") == "cancelled" and duration <= 0:
-                continue  # cancelled before it started: nothing to replay
-            walltime = duration * estimate_factor
-            if row.get("requested_s"):
-                walltime = float(row["requested_s"])
-            if factor_range is not None:
-                draw = random.Random(f"{seed}:{row['job_id']}").uniform(*factor_range)
-                walltime = math.ceil(duration * draw / 3600.0) * 3600.0
-            jobs.append(
-                Job(
-                    job_id=row["job_id"],
-                    user=row.get("user") or synthetic_user(row["job_id"]),
-                    project=row[project_column] if project_column else "all",
-                    submit=float(row["submit_time_s"]),
-                    duration=duration,
-                    walltime=walltime,
-                    gpus=int(row["num_gpus"]),
-                    after=parse_dependency(row["dependency"], numeric=False)
-                    if row.get("dependency")
-                    else (),
-                    failed=bool(row.get("exit_code")) and int(row["exit_code"]) != 0,
-                )
-            )
+        jobs = jobs_from_rows(
+            csv.DictReader(handle), estimate_factor, project_column, factor_range, seed
+        )
     jobs.sort(key=lambda job: (job.submit, job.job_id))
     if half is not None and jobs:
         middle = (jobs[0].submit + jobs[-1].submit) / 2.0
         first = half == "first"
         jobs = [job for job in jobs if (job.submit < middle) is first]
+    return jobs
+
+
+# A portal history's states that end a booking other than successfully (``afterok`` not met).
+NOT_OK_STATES = ("failed", "expired", "preempted", "cancelled")
+
+
+def jobs_from_rows(
+    rows: Iterable[dict],
+    estimate_factor: float = 1.0,
+    project_column: str | None = None,
+    factor_range: tuple[float, float] | None = None,
+    seed: int = 0,
+) -> list[Job]:
+    """The jobs of trace rows (dicts of the CSV's columns, strings or numbers), unsorted, by
+    ``load_jobs``' rules."""
+    jobs = []
+    for row in rows:
+        duration = float(row["duration_s"])
+        if row.get("state") == "cancelled" and duration <= 0:
+            continue  # cancelled before it started: nothing to replay
+        walltime = duration * estimate_factor
+        if row.get("requested_s"):
+            walltime = float(row["requested_s"])
+        if factor_range is not None:
+            draw = random.Random(f"{seed}:{row['job_id']}").uniform(*factor_range)
+            walltime = math.ceil(duration * draw / 3600.0) * 3600.0
+        jobs.append(
+            Job(
+                job_id=row["job_id"],
+                user=row.get("user") or synthetic_user(row["job_id"]),
+                project=row[project_column] if project_column else "all",
+                submit=float(row["submit_time_s"]),
+                duration=duration,
+                walltime=walltime,
+                gpus=int(row["num_gpus"]),
+                after=parse_dependency(row["dependency"], numeric=False)
+                if row.get("dependency")
+                else (),
+                failed=(bool(row.get("exit_code")) and int(row["exit_code"]) != 0)
+                or row.get("state") in NOT_OK_STATES,
+            )
+        )
     return jobs
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -140,3 +142,45 @@ def test_it_documents_the_endpoint_in_the_openapi_schema(api):
     schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
     names = {p["name"] for p in schema["paths"]["/api/v1/history/"]["get"]["parameters"]}
     assert names >= {"days", "real_names", "format"}
+
+
+def _replay_site(*args: str) -> tuple[str, str]:
+    from django.core.management import call_command
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command("replay_site", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.both_databases
+def test_it_replays_the_sites_history_under_every_preset_at_each_load(history, tmp_path):
+    out, err = _replay_site("--days", "30", "--export", str(tmp_path / "trace.csv"))
+    assert "4 bookings submitted" in out and "replayed on 4 GPUs (4 per node)" in out
+    for load in ("0.75", "1", "1.25"):
+        assert f"load {load} (2 jobs, 1 skipped)" in out  # the MIG booking: no whole GPU
+    for name in ("current", "portal", "easy-sjbf", "conservative", "portal-predict"):
+        assert f"\n{name} " in out, out
+    assert out.count("dominating the current policy:") == 3
+    assert "[30/30] portal-predict at load 1.25" in err  # 10 policies x 3 loads, on stderr
+    assert (tmp_path / "trace.csv").read_text().startswith("job_id,user,project,")
+    lines, _ = _replay_site("--presets", "portal,sjf-easy", "--loads", "1", "--json")
+    rows = [json.loads(line) for line in lines.splitlines()]
+    assert [(r["policy"], r["load"]) for r in rows] == [("portal", 1.0), ("sjf-easy", 1.0)]
+    assert {"mean_wait_s", "p99_wait_s", "max_wait_s", "mean_bsld", "utilization"} <= set(rows[0])
+    assert rows[0]["bound"] == "(k+1)W" and rows[1]["bound"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--days", "0"], "--days: must be a whole number of days from 1 to 366"),
+        (["--loads", "0.1"], "--loads: each load must be from 0.25 to 4"),
+        (["--loads", "fast"], "--loads: 'fast' is not a list of numbers"),
+        (["--presets", "nope"], "--presets: no preset named nope; choose from current, portal"),
+    ],
+)
+def test_it_refuses_bad_input_naming_the_option(history, args, said):
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=re.escape(said)):
+        _replay_site(*args)
