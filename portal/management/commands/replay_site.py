@@ -5,6 +5,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from portal.cli.output import table
 from portal.errors import ValidationFailed
 from portal.services.reporting.site_history import trace_csv
 from portal.services.reporting.site_replay import site_replay
@@ -87,14 +88,10 @@ class Command(BaseCommand):
 
 
 def _table(rows: list[dict]) -> str:
-    cells = [[title for _, title, _ in COLUMNS]]
-    for row in rows:
-        cells.append(
-            [("-" if row[key] is None else fmt.format(row[key])) for key, _, fmt in COLUMNS]
-        )
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
-    lines = ("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in cells)
-    return "\n".join(line.rstrip() for line in lines)
+    return table(
+        [title for _, title, _ in COLUMNS],
+        [[None if row[k] is None else fmt.format(row[k]) for k, _, fmt in COLUMNS] for row in rows],
+    )
 
 
 def _json_line(row: dict) -> str:

@@ -151,16 +151,22 @@ def host_demand(
 
 
 def window_hosts(
-    start: datetime, end: datetime, node_ids: Iterable[int] | None = None
+    start: datetime,
+    end: datetime,
+    node_ids: Iterable[int] | None = None,
+    *,
+    exclude_booking: int | None = None,
+    policy: scheduler.Policy | None = None,
 ) -> scheduler.reserve.Hosts | None:
-    """The cores and memory of these nodes (None: all) and what each live booking holds of
-    them over [start, end) (``held_on_nodes``, each over its allocations' span), as a
-    reservation's placement takes them (``scheduler.reserve.Hosts``); None while the site
-    counts GPUs alone."""
+    """The cores and memory of these nodes (None: all) and what each live booking (but
+    ``exclude_booking``) holds of them over [start, end) (``held_on_nodes``, each over its
+    allocations' span), as a reservation's placement takes them (``scheduler.reserve.Hosts``);
+    None while the site counts GPUs alone."""
     capacities = node_capacities(node_ids)
     if not capacities:
         return None
     held = live_holdings(during=(start, end), capacities=capacities)
+    held = {key: value for key, value in held.items() if key[0] != exclude_booking}
     windows = _windows({booking_id for booking_id, _ in held}, (start, end))
     holds = tuple(
         scheduler.reserve.HostHold(
@@ -168,7 +174,7 @@ def window_hosts(
         )
         for (booking_id, node_id), value in held.items()
     )
-    return scheduler.reserve.Hosts(capacities, holds, scheduler_policy())
+    return scheduler.reserve.Hosts(capacities, holds, policy or scheduler_policy())
 
 
 def _windows(booking_ids: set[int], during: tuple[datetime, datetime]) -> dict[int, tuple]:
@@ -194,28 +200,16 @@ def resources_fit(
 ) -> bool:
     """Whether a booking asking ``asked`` (cpus, memory_mib) on these devices ((node id,
     GPU-equivalents) each) fits beside what the other allocations over ``during`` hold on
-    their nodes: its start's re-check under the node locks (pass_start)."""
-    devices = list(devices)
-    capacities = node_capacities({node_id for node_id, _ in devices})
-    if not capacities:
+    their nodes: the re-check under the node locks of a start (pass_start), a reservation and
+    an extension, by the placement's own rule (``scheduler.reserve.Hosts``)."""
+    equivalents: dict[int, float] = defaultdict(float)
+    for node_id, amount in devices:
+        equivalents[node_id] += amount
+    hosts = window_hosts(*during, equivalents, exclude_booking=booking_id, policy=policy)
+    if hosts is None:
         return True
-    others = live_holdings(during=during, capacities=capacities)
-    mine = held_on_nodes(
-        ((booking_id, node_id, amount, *asked) for node_id, amount in devices), capacities, policy
+    wanted = scheduler.reserve.Wanted(
+        0, to_epoch(during[0]), to_epoch(during[1]), cpus=asked[0], memory_mib=asked[1]
     )
-    windows = _windows({other for other, _ in others}, during)
-    for (_, node_id), (cpus, memory_mib) in mine.items():
-        held = [
-            (windows[other], value)
-            for (other, node), value in others.items()
-            if node == node_id and other != booking_id
-        ]
-        capacity = capacities[node_id]
-        # The most held at once: at the window's start or where another's window starts.
-        for at in {during[0], *(start for (start, _), _ in held if start > during[0])}:
-            now_held = [value for (start, end), value in held if start <= at < end]
-            if cpus + sum(c for c, _ in now_held) > capacity.cpus:
-                return False
-            if memory_mib + sum(m for _, m in now_held) > capacity.memory_mib:
-                return False
-    return True
+    room = hosts.room(wanted)
+    return all(room.fits(node_id, amount) for node_id, amount in equivalents.items())
